@@ -1,0 +1,33 @@
+# JAX Pathways: two commands do all the set-up on a fresh machine.
+#   make site   build .venv if needed, then compile the catalog into build/
+#   make test   build .venv if needed, then run the whole test matrix
+# The environment is pinned by constraints.txt; every `ready` project is
+# installed in editable mode with all of its extras.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+
+.PHONY: site test venv lint clean
+
+site: $(STAMP)
+	$(BIN)/catalog-compile --out build
+
+test: $(STAMP)
+	$(BIN)/python scripts/run_matrix.py
+
+venv: $(STAMP)
+
+# Re-install whenever a pin, a pyproject or a manifest's status changes.
+$(STAMP): constraints.txt pyproject.toml $(wildcard projects/*/pyproject.toml) $(wildcard projects/*/project.toml)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet -c constraints.txt -e '.[dev]' $$($(PYTHON) scripts/ready_projects.py)
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check compiler scripts tests projects/*/src projects/*/tests
+
+clean:
+	rm -rf build $(VENV)

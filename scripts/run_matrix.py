@@ -1,0 +1,157 @@
+"""The whole test matrix, as `make test` runs it.
+
+Runs, each in its own pytest process: the compiler tests, the repository
+contract tests, every `ready` project's tests (from inside the project folder,
+as a learner would), and the browser check of the built site. Then prints one
+table, suite x stage, with passed / failed / skipped counts and seconds, and a
+closing line `N passed, N failed, N skipped`. A project's test files map to
+stages through its `project.toml`; files no stage declares show as `extra`.
+
+Exit status: 0 when every suite passed, 1 otherwise. A JSON copy of the table
+goes to `matrix-report.json`.
+
+Usage: python scripts/run_matrix.py [SUITE ...]   (default: all suites)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from ready_projects import ready_projects  # noqa: E402
+
+
+@dataclass
+class Suite:
+    """One pytest process: a name, where it runs, its arguments, and how test
+    files group into rows (file stem -> row label)."""
+
+    name: str
+    cwd: Path
+    args: list[str]
+    rows: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    suite: str
+    stage: str
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+
+
+def stage_rows(project: Path) -> dict[str, str]:
+    """Map each declared test file's stem to its stage label, e.g. `1`."""
+    with (project / "project.toml").open("rb") as f:
+        manifest = tomllib.load(f)
+    rows = {}
+    for stage in manifest.get("stages", []):
+        for test in stage.get("tests", []):
+            rows[Path(test).stem] = stage["id"]
+    return rows
+
+
+def suites() -> list[Suite]:
+    found = [
+        Suite("compiler", ROOT, ["compiler/tests"]),
+        Suite("contract", ROOT, ["tests", "-m", "not browser"]),
+    ]
+    for project in ready_projects():
+        found.append(Suite(project.name, project, [], stage_rows(project)))
+    found.append(Suite("browser", ROOT, ["tests", "-m", "browser"]))
+    return found
+
+
+def row_label(suite: Suite, classname: str, name: str) -> str:
+    """The row a junit testcase belongs to: its stage, else its file stem."""
+    parts = (classname or name).split(".")
+    for part in parts:
+        if part in suite.rows:
+            return suite.rows[part]
+    stems = [p for p in parts if p.startswith("test_")]
+    if suite.rows:
+        return "extra"
+    return stems[0] if stems else "(collection)"
+
+
+def run_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
+    """Run one pytest process; return its rows and its exit code."""
+    xml_path = report_dir / f"{suite.name}.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", f"--junitxml={xml_path}", *suite.args]
+    print(f"\n=== {suite.name}: {' '.join(cmd[2:])} (in {suite.cwd.relative_to(ROOT) or '.'})",
+          flush=True)
+    start = time.perf_counter()
+    code = subprocess.call(cmd, cwd=suite.cwd)
+    wall = time.perf_counter() - start
+    rows: dict[str, Row] = {}
+    if xml_path.exists():
+        for case in ET.parse(xml_path).getroot().iter("testcase"):
+            label = row_label(suite, case.get("classname", ""), case.get("name", ""))
+            row = rows.setdefault(label, Row(suite.name, label))
+            row.seconds += float(case.get("time", 0.0))
+            if case.find("failure") is not None or case.find("error") is not None:
+                row.failed += 1
+            elif case.find("skipped") is not None:
+                row.skipped += 1
+            else:
+                row.passed += 1
+    if not rows:
+        # Nothing ran (pytest exit 5, or a crash before the report was written).
+        rows["(none)"] = Row(suite.name, "(none)", failed=0 if code == 0 else 1, seconds=wall)
+    return sorted(rows.values(), key=lambda r: r.stage), code
+
+
+def print_table(rows: list[Row], codes: dict[str, int]) -> None:
+    header = f"{'suite':<28} {'stage':<28} {'passed':>6} {'failed':>6} {'skipped':>7} {'seconds':>8}"
+    print("\n" + header)
+    print("-" * len(header))
+    for r in rows:
+        status = "" if codes[r.suite] in (0,) else f"  (pytest exit {codes[r.suite]})"
+        print(f"{r.suite:<28} {r.stage:<28} {r.passed:>6} {r.failed:>6} {r.skipped:>7} "
+              f"{r.seconds:>8.1f}{status}")
+    print("-" * len(header))
+
+
+def main(argv: list[str]) -> int:
+    chosen = [s for s in suites() if not argv or s.name in argv]
+    unknown = set(argv) - {s.name for s in suites()}
+    if unknown:
+        print(f"Unknown suite(s): {', '.join(sorted(unknown))}. "
+              f"Known: {', '.join(s.name for s in suites())}.", file=sys.stderr)
+        return 2
+    all_rows: list[Row] = []
+    codes: dict[str, int] = {}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for suite in chosen:
+            rows, code = run_suite(suite, Path(tmp))
+            all_rows += rows
+            codes[suite.name] = code
+    print_table(all_rows, codes)
+    passed = sum(r.passed for r in all_rows)
+    failed = sum(r.failed for r in all_rows)
+    skipped = sum(r.skipped for r in all_rows)
+    bad = [name for name, code in codes.items() if code != 0]
+    print(f"matrix wall time {time.perf_counter() - start:.0f} s; "
+          f"suites not passing: {', '.join(bad) if bad else 'none'}")
+    (ROOT / "matrix-report.json").write_text(json.dumps(
+        {"rows": [r.__dict__ for r in all_rows], "exit_codes": codes}, indent=2) + "\n")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if bad or failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,87 @@
+"""Build the published catalog from checked sources (only called without errors).
+
+Contract: :func:`published_catalog` returns the dict that ``catalog.json``
+serialises: ``schemaVersion``, ``roles`` in ``catalog.yaml`` order, then
+``domains``; keys in the order of the reference catalog, defaults expanded,
+and ``skillEvidence[].scope`` derived (see DESIGN.md, "Derived field: scope").
+"""
+
+from __future__ import annotations
+
+from catalog_compiler.discover import Discovery
+from catalog_compiler.models import Defaults, Role, SkillEvidence
+from catalog_compiler.sources import CatalogSources
+
+REQUIRED = "Required route practice"
+
+
+def scope(outside: int) -> str:
+    """The scope text for a project with ``outside`` preparation lessons off the route.
+
+    The published text keeps "lessons" even for one lesson.
+    """
+    if outside == 0:
+        return REQUIRED
+    return (
+        f"Optional project extension; {outside} project preparation lessons "
+        "lie outside the required route"
+    )
+
+
+def _evidence(item: SkillEvidence, defaults: Defaults, scope_text: str) -> dict:
+    return {
+        "skill": item.skill,
+        "lessonIds": list(item.lessonIds),
+        "projectId": item.projectId,
+        "evidence": item.evidence,
+        "reviewCriterion": item.reviewCriterion or defaults.reviewCriterion,
+        "scope": scope_text,
+        "stageIds": list(item.stageIds),
+    }
+
+
+def _role(role: Role, defaults: Defaults, preparation: dict[str, list[str]]) -> dict:
+    data = role.model_dump(exclude={"scopeNote", "skillEvidence"})
+    route = {phase for milestone in role.milestones for phase in milestone.phaseIds}
+    evidence = []
+    for item in role.skillEvidence:
+        outside = sum(phase not in route for phase in preparation[item.projectId])
+        evidence.append(_evidence(item, defaults, scope(outside)))
+    data["scopeNote"] = role.scopeNote or defaults.scopeNote
+    data["skillEvidence"] = evidence
+    return data
+
+
+def published_catalog(sources: CatalogSources, discovery: Discovery) -> dict:
+    """Return the published catalog (see the module docstring)."""
+    assert sources.root is not None  # Guaranteed by the caller: no errors.
+    root = sources.root.obj
+    lesson_phase = {e.obj.id: e.obj.phase for e in sources.lists["lessons"]}
+    # Each project's preparation, as the phases of its lessons.
+    preparation = {
+        folder: [lesson_phase[lesson] for lesson in project.manifest.preparation]
+        for folder, project in discovery.projects.items()
+        if project.manifest is not None
+    }
+    return {
+        "schemaVersion": root.schemaVersion,
+        "roles": [_role(sources.roles[r].obj, root.defaults, preparation) for r in root.roles],
+        "domains": [e.obj.model_dump() for e in sources.lists["domains"]],
+    }
+
+
+def site_inputs(sources: CatalogSources, discovery: Discovery) -> dict[str, list[dict]]:
+    """Return the plain lists that ``site.write_site`` takes besides the catalog."""
+    projects = [
+        p.manifest.model_dump()
+        for _, p in sorted(discovery.projects.items())
+        if p.manifest is not None
+    ]
+    lists = {key: [e.obj.model_dump() for e in entries] for key, entries in sources.lists.items()}
+    return {
+        "projects": projects,
+        "phases": lists["phases"],
+        "lessons": lists["lessons"],
+        "pathways": lists["pathways"],
+        "tracks": lists["tracks"],
+    }

@@ -1,0 +1,111 @@
+"""``catalog-compile``: validate the catalog and build its route documents.
+
+Run from anywhere inside the repository::
+
+    catalog-compile [--root DIR] [--out DIR] [--strict] [--check] [--format text|json]
+
+It prints every problem it finds (``file:line:col: severity[CODE] message``
+with a hint) and, when there is no error, writes ``<out>/catalog.json``,
+``<out>/routes/<role>.txt`` and the site in ``<out>/site/`` (``--check``
+compares instead of writing). Exit status: 0 clean (warnings allowed unless
+``--strict``), 1 errors, 2 usage. This module is the one place that sets it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from catalog_compiler.diagnostics import Diagnostic, Severity
+
+EXIT_OK, EXIT_ERRORS, EXIT_USAGE = 0, 1, 2
+MARKER = Path("catalog") / "catalog.yaml"
+
+
+def find_root(start: Path) -> Path | None:
+    """Return the nearest folder at or above ``start`` that has catalog/catalog.yaml."""
+    for folder in (start, *start.parents):
+        if (folder / MARKER).is_file():
+            return folder
+    return None
+
+
+def exit_code(diagnostics: list[Diagnostic]) -> int:
+    """The exit status of a run (``--strict`` has already promoted warnings)."""
+    return EXIT_ERRORS if any(d.severity is Severity.ERROR for d in diagnostics) else EXIT_OK
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The repository (default: the one containing the current folder).",
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="The build folder (default: <root>/build)."
+)
+@click.option("--strict", is_flag=True, help="Treat warnings as errors.")
+@click.option(
+    "--check", is_flag=True, help="Compare the build folder with fresh outputs; write nothing."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="How to print diagnostics.",
+)
+def main(root: Path | None, out: Path | None, strict: bool, check: bool, fmt: str) -> None:
+    """Validate the JAX Pathways catalog against the projects on disk and build it."""
+    from catalog_compiler import emit, report
+    from catalog_compiler.pipeline import compile_catalog
+
+    if root is None:
+        root = find_root(Path.cwd())
+        if root is None:
+            raise click.UsageError(
+                f"No catalog repository contains `{Path.cwd()}` (no `{MARKER}` above it); "
+                "run inside the repository or pass --root."
+            )
+    elif not (root / MARKER).is_file():
+        raise click.BadParameter(
+            f"`{root}` is not a catalog repository: it has no `{MARKER}`.", param_hint="--root"
+        )
+    out = out if out is not None else root / "build"
+    compiled = compile_catalog(root, strict=strict)
+    diagnostics = compiled.diagnostics
+    outcome = "Nothing written."
+    if compiled.ok:
+        shown = _shown(out, root)
+        if check:
+            diagnostics = diagnostics + emit.check_build(
+                out, shown, compiled.catalog, compiled.inputs
+            )
+            outcome = f"`{shown}` is up to date." if exit_code(diagnostics) == 0 else ""
+        else:
+            try:
+                emit.write_build(out, compiled.catalog, compiled.inputs)
+            except emit.OutputFolderError as error:
+                raise click.BadParameter(str(error), param_hint="--out") from None
+            roles = len(compiled.catalog["roles"])
+            outcome = f"Wrote `{shown}` ({roles} route{'' if roles == 1 else 's'})."
+    code = exit_code(diagnostics)
+    if fmt == "json":
+        click.echo(report.json_report(diagnostics, outcome, code), nl=False)
+    else:
+        click.echo(report.text_report(diagnostics, outcome), nl=False)
+    sys.exit(code)
+
+
+if __name__ == "__main__":  # python -m catalog_compiler.cli
+    main(prog_name="catalog-compile")

@@ -1,0 +1,414 @@
+"""write_site: every page written, every relative link resolves, route pages
+carry exactly the route text, and every catalog string is escaped.
+
+Runs on a small synthetic catalog (always) and on the reference catalog with
+the repository's own manifests and catalog lists (when the reference is
+present). The browser check of the same properties is
+``tests/test_site_browser.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tomllib
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from catalog_compiler.route_text import route_text
+from catalog_compiler.site import write_site
+from ruamel.yaml import YAML
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE_CATALOG = REPO.parent / "shared" / "reference" / "catalog.json"
+
+SCRIPT = "<script>alert(1)</script>"
+SCRIPT_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+ATTRIBUTE_BREAK = '" onmouseover="alert(2)'
+
+
+# --- inputs -------------------------------------------------------------------
+
+
+def _skill(skill: str, project_id: str, stage_ids: list[str], lesson_ids: list[str]) -> dict:
+    return {
+        "skill": skill,
+        "lessonIds": lesson_ids,
+        "projectId": project_id,
+        "evidence": f"Evidence for {skill}.",
+        "reviewCriterion": "Explain the independent check.",
+        "scope": "Required route practice",
+        "stageIds": stage_ids,
+    }
+
+
+def _role(role_id: str, title: str, skills: list[dict], phase_ids: list[str]) -> dict:
+    return {
+        "id": role_id,
+        "title": title,
+        "headline": f"{title} headline.",
+        "description": f"{title} description.",
+        "pathwayIds": ["main"],
+        "modalityTrackIds": ["text"],
+        "portfolio": "A portfolio.",
+        "readiness": "Ready when it works.",
+        "background": "Some background.",
+        "workExample": "A work example.",
+        "milestones": [
+            {"title": "Start", "phaseIds": phase_ids, "deliverable": "A first result"},
+            {"title": "Unlinked", "phaseIds": [], "deliverable": "A second result"},
+        ],
+        "reviewQuestions": ["What did you check?", "What changed?"],
+        "scopeNote": "A learning route, not a claim of job readiness; a reviewer’s feedback.",
+        "skillEvidence": skills,
+    }
+
+
+def synthetic_inputs() -> dict:
+    """A small catalog: one role in a domain, one outside every domain (and
+    citing a project that is not passed), a referenced and an unreferenced
+    project, two phases with lessons."""
+    optional = _skill("Skill two", "proj-one", ["2"], ["beta-01"])
+    optional["scope"] = (
+        "Optional project extension; 1 project preparation lessons lie outside the required route"
+    )
+    role_a = _role(
+        "role-a",
+        "Role A",
+        [_skill("Skill one", "proj-one", ["1", "2"], ["alpha-01"]), optional],
+        ["alpha"],
+    )
+    role_b = _role("role-b", "Role B", [_skill("Ghost skill", "ghost", ["1"], ["gone-01"])], [])
+    catalog = {
+        "schemaVersion": 1,
+        "roles": [role_a, role_b],
+        "domains": [
+            {
+                "id": "dom",
+                "title": "Domain",
+                "headline": "A headline.",
+                "description": "A domain description.",
+                "roleIds": ["role-a"],
+                "pathwayIds": ["main"],
+            }
+        ],
+    }
+    stage = {"deliverable": "A result", "tests": ["tests/test_stage_1.py"], "hardware": "cpu"}
+    projects = [
+        {
+            "id": "proj-one",
+            "title": "Project one",
+            "status": "ready",
+            "preparation": ["alpha-01", "beta-01"],
+            "stages": [
+                {"id": "1", "title": "First", **stage},
+                {"id": "2", "title": "Two", **stage},
+            ],
+        },
+        {
+            "id": "proj-two",
+            "title": "Project two",
+            "status": "planned",
+            "preparation": [],
+            "stages": [{"id": "1", "title": "Only", **stage}],
+        },
+    ]
+    return {
+        "catalog": catalog,
+        "projects": projects,
+        "phases": [{"id": "alpha", "title": "Alpha"}, {"id": "beta", "title": "Beta"}],
+        "lessons": [
+            {"id": "alpha-01", "phase": "alpha", "title": "Alpha one"},
+            {"id": "alpha-02", "phase": "alpha", "title": "Alpha two"},
+            {"id": "beta-01", "phase": "beta", "title": "Beta one"},
+        ],
+        "pathways": [{"id": "main", "title": "Main", "summary": "The main pathway."}],
+        "tracks": [{"id": "text", "title": "Text"}],
+    }
+
+
+def reference_inputs() -> dict:
+    """The reference catalog with the repository's manifests and catalog lists."""
+    if not REFERENCE_CATALOG.is_file():
+        pytest.skip(f"reference catalog not present at {REFERENCE_CATALOG}")
+    yaml = YAML(typ="safe")
+
+    def listed(name: str) -> list[dict]:
+        return yaml.load((REPO / "catalog" / f"{name}.yaml").read_text(encoding="utf-8"))[name]
+
+    projects = [
+        tomllib.loads(path.read_text(encoding="utf-8"))
+        for path in sorted((REPO / "projects").glob("*/project.toml"))
+    ]
+    return {
+        "catalog": json.loads(REFERENCE_CATALOG.read_text(encoding="utf-8")),
+        "projects": sorted(projects, key=lambda project: project["id"]),
+        "phases": listed("phases"),
+        "lessons": listed("lessons"),
+        "pathways": listed("pathways"),
+        "tracks": listed("tracks"),
+    }
+
+
+@pytest.fixture(params=["synthetic", "reference"])
+def inputs(request: pytest.FixtureRequest) -> dict:
+    return synthetic_inputs() if request.param == "synthetic" else reference_inputs()
+
+
+def build(site_dir: Path, inputs: dict) -> list[Path]:
+    return write_site(site_dir, **inputs)
+
+
+# --- HTML reading ---------------------------------------------------------------
+
+
+class _Page(HTMLParser):
+    """Links, ids and an approximation of Chromium's innerText of a page.
+
+    The approximation follows the rules the route pages rely on: block
+    elements break lines, inline elements run together, whitespace collapses,
+    nothing in <head> is shown. A <p> would add a blank line in a browser, so
+    it is recorded to be refused.
+    """
+
+    BLOCK = {
+        "address", "article", "aside", "body", "div", "footer", "h1", "h2", "h3", "h4", "h5",
+        "h6", "header", "html", "li", "main", "nav", "ol", "section", "table", "tbody", "td",
+        "th", "thead", "tr", "ul",
+    }  # fmt: skip
+    HIDDEN = {"head", "script", "style", "template"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+        self.icons: list[str] = []
+        self.ids: set[str] = set()
+        self.tags: list[str] = []
+        self.attribute_names: set[str] = set()
+        self._parts: list[str] = []
+        self._hidden = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        self.attribute_names.update(name for name, _ in attrs)
+        values = dict(attrs)
+        if values.get("id"):
+            self.ids.add(values["id"])
+        if values.get("href") is not None:
+            if tag == "link" and values.get("rel") == "icon":
+                self.icons.append(values["href"])
+            elif tag in ("a", "link"):
+                self.links.append(values["href"])
+        if tag in self.HIDDEN:
+            self._hidden += 1
+        if tag in self.BLOCK or tag == "br":
+            self._parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self.HIDDEN:
+            self._hidden -= 1
+        if tag in self.BLOCK:
+            self._parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._hidden:
+            self._parts.append(re.sub(r"\s+", " ", data))
+
+    def text(self) -> str:
+        lines = (line.strip() for line in "".join(self._parts).split("\n"))
+        return "\n".join(line for line in lines if line)
+
+
+def read_page(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    page.close()
+    return page
+
+
+# --- tests ----------------------------------------------------------------------
+
+
+def test_every_page_is_written_and_returned(tmp_path: Path, inputs: dict) -> None:
+    site = tmp_path / "site"
+    written = build(site, inputs)
+    on_disk = {path for path in site.rglob("*") if path.is_file()}
+    assert set(written) == on_disk
+    assert len(written) == len(set(written))
+    expected = {site / "index.html", site / "style.css"}
+    expected |= {site / "routes" / f"{r['id']}.html" for r in inputs["catalog"]["roles"]}
+    expected |= {site / "projects" / f"{p['id']}.html" for p in inputs["projects"]}
+    expected |= {site / "phases" / f"{p['id']}.html" for p in inputs["phases"]}
+    assert on_disk == expected
+
+
+def test_every_relative_link_resolves(tmp_path: Path, inputs: dict) -> None:
+    site = tmp_path / "site"
+    pages = {
+        path.resolve(): read_page(path) for path in build(site, inputs) if path.suffix == ".html"
+    }
+    written = {path.resolve() for path in site.rglob("*") if path.is_file()}
+    checked = 0
+    for path, page in pages.items():
+        assert page.links, f"{path} has no links"
+        # The only non-relative reference: an empty inline icon.
+        assert page.icons == ["data:,"], path
+        for href in page.links:
+            parts = urlsplit(href)
+            assert not parts.scheme and not parts.netloc, f"{path}: absolute link {href}"
+            assert not parts.path.startswith("/"), f"{path}: root-relative link {href}"
+            target = (path.parent / unquote(parts.path)).resolve() if parts.path else path
+            assert target in written, f"{path}: {href} points to no written file"
+            if parts.fragment:
+                assert parts.fragment in pages[target].ids, f"{path}: {href} has no target id"
+            checked += 1
+    assert checked
+
+
+def test_route_pages_show_exactly_the_route_text(tmp_path: Path, inputs: dict) -> None:
+    site = tmp_path / "site"
+    build(site, inputs)
+    for role in inputs["catalog"]["roles"]:
+        page = read_page(site / "routes" / f"{role['id']}.html")
+        assert "p" not in page.tags, "a <p> adds blank lines to the rendered text"
+        assert page.text() == route_text(role)
+
+
+def test_route_page_links(tmp_path: Path) -> None:
+    inputs = synthetic_inputs()
+    site = tmp_path / "site"
+    build(site, inputs)
+    role_a = read_page(site / "routes" / "role-a.html")
+    assert role_a.links.count("../index.html") == 2
+    assert "../style.css" in role_a.links
+    assert "../projects/proj-one.html" in role_a.links
+    assert {"../projects/proj-one.html#stage-1", "../projects/proj-one.html#stage-2"} <= set(
+        role_a.links
+    )
+    assert "../phases/alpha.html#alpha-01" in role_a.links
+    assert "../phases/alpha.html" in role_a.links
+    # A project, lesson or phase that was not passed in is shown, not linked.
+    role_b = read_page(site / "routes" / "role-b.html")
+    assert not [href for href in role_b.links if "ghost" in href or "gone" in href]
+    assert role_b.text() == route_text(inputs["catalog"]["roles"][1])
+
+
+def test_index_project_and_phase_pages(tmp_path: Path) -> None:
+    inputs = synthetic_inputs()
+    site = tmp_path / "site"
+    build(site, inputs)
+
+    index = read_page(site / "index.html")
+    text = index.text()
+    for value in ("Domain", "A headline.", "A domain description.", "Role A headline."):
+        assert value in text
+    assert "Other routes" in text  # role-b belongs to no domain
+    assert {"routes/role-a.html", "routes/role-b.html"} <= set(index.links)
+    assert {"projects/proj-one.html", "projects/proj-two.html"} <= set(index.links)
+    assert {"phases/alpha.html", "phases/beta.html"} <= set(index.links)
+
+    project = read_page(site / "projects" / "proj-one.html")
+    text = project.text()
+    assert "Project one" in text and "ready" in text
+    assert "tests/test_stage_1.py" in text and "cpu" in text and "A result" in text
+    assert {"stage-1", "stage-2"} <= project.ids
+    assert "../phases/alpha.html#alpha-01" in project.links
+    assert "../phases/beta.html#beta-01" in project.links
+    assert "../routes/role-a.html#skill-1" in project.links
+    assert "../routes/role-a.html#skill-2" in project.links
+    assert "Role A: Skill one" in text and "Role A: Skill two" in text
+
+    unused = read_page(site / "projects" / "proj-two.html").text()
+    assert "planned" in unused and "No route cites this project yet." in unused
+
+    alpha = read_page(site / "phases" / "alpha.html")
+    text = alpha.text()
+    assert "Alpha one" in text and "Alpha two" in text
+    assert {"alpha-01", "alpha-02"} <= alpha.ids
+    assert "../projects/proj-one.html" in alpha.links
+    assert "../routes/role-a.html" in alpha.links
+    assert "../projects/proj-two.html" not in alpha.links
+
+
+def _cited_project(inputs: dict) -> tuple[int, dict]:
+    """The first skill of the first role whose project was passed in, and that project."""
+    projects = {project["id"]: project for project in inputs["projects"]}
+    for number, item in enumerate(inputs["catalog"]["roles"][0]["skillEvidence"]):
+        if item["projectId"] in projects:
+            return number, projects[item["projectId"]]
+    raise AssertionError("the first role cites no project that was passed in")
+
+
+def _inject(inputs: dict, value: str) -> None:
+    role = inputs["catalog"]["roles"][0]
+    number, project = _cited_project(inputs)
+    role["title"] = value
+    role["skillEvidence"][number]["skill"] = value
+    role["skillEvidence"][-1]["evidence"] = value
+    role["milestones"][0]["title"] = value
+    role["reviewQuestions"][0] = value
+    inputs["catalog"]["domains"][0]["description"] = value
+    project["title"] = value
+    project["stages"][0]["title"] = value
+    project["stages"][0]["tests"] = [value]
+    lesson_id = project["preparation"][0]
+    next(lesson for lesson in inputs["lessons"] if lesson["id"] == lesson_id)["title"] = value
+    inputs["phases"][0]["title"] = value
+    inputs["pathways"][0]["title"] = value
+
+
+@pytest.mark.parametrize("source", ["synthetic", "reference"])
+def test_catalog_strings_are_escaped(tmp_path: Path, source: str) -> None:
+    inputs = synthetic_inputs() if source == "synthetic" else reference_inputs()
+    inputs = copy.deepcopy(inputs)
+    _inject(inputs, SCRIPT)
+    site = tmp_path / "site"
+    pages = {path: path.read_text(encoding="utf-8") for path in build(site, inputs)}
+    role = inputs["catalog"]["roles"][0]
+    project_id = _cited_project(inputs)[1]["id"]
+    # The injected value is on each of these pages (so escaping is exercised)...
+    for relative in (
+        "index.html",
+        f"routes/{role['id']}.html",
+        f"projects/{project_id}.html",
+        f"phases/{inputs['phases'][0]['id']}.html",
+    ):
+        assert SCRIPT_ESCAPED in pages[site / relative], relative
+    # ...and no page anywhere carries it raw.
+    for path, html in pages.items():
+        assert SCRIPT not in html, path
+        assert "<script" not in html.lower(), path
+    # The escaped route page still shows the catalog's text as it is.
+    assert read_page(site / "routes" / f"{role['id']}.html").text() == route_text(role)
+
+
+def test_attribute_values_are_escaped(tmp_path: Path) -> None:
+    inputs = synthetic_inputs()
+    _inject(inputs, ATTRIBUTE_BREAK)
+    site = tmp_path / "site"
+    for path in build(site, inputs):
+        if path.suffix != ".html":
+            continue
+        assert ATTRIBUTE_BREAK not in path.read_text(encoding="utf-8"), path
+        # The value stays inside its attribute or text: no element gains an
+        # event handler attribute.
+        assert not [name for name in read_page(path).attribute_names if name.startswith("on")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "bad_id"), [("role", "../escape"), ("project", "Has Space"), ("phase", "a/b")]
+)
+def test_ids_that_cannot_name_a_file_are_refused(tmp_path: Path, kind: str, bad_id: str) -> None:
+    inputs = synthetic_inputs()
+    if kind == "role":
+        inputs["catalog"]["roles"][0]["id"] = bad_id
+    elif kind == "project":
+        inputs["projects"][0]["id"] = bad_id
+    else:
+        inputs["phases"][0]["id"] = bad_id
+    with pytest.raises(ValueError, match="kebab-case"):
+        build(tmp_path / "site", inputs)
+    assert not (tmp_path / "site").exists()

@@ -10,7 +10,8 @@ build's ``routes/<role-id>.txt`` line for line, and for training-engineer the
 published reference text. Opening the site from ``file://`` works too.
 
 Needs Debian's Chromium at /usr/bin/chromium (or ``CHROMIUM``); skipped with
-the install command when it is missing.
+the install command when it is missing, except where ``REQUIRE_BROWSER=1``
+(CI sets it): there a missing browser fails the test instead.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ CHROMIUM_ARGS = [
 def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The build folder written by ``catalog-compile --root <repo> --out <tmp>``."""
     if not Path(CHROMIUM).is_file():
+        if os.environ.get("REQUIRE_BROWSER") == "1":
+            pytest.fail(f"REQUIRE_BROWSER=1 but Chromium is not at {CHROMIUM}.")
         pytest.skip(
             f"Chromium not found at {CHROMIUM}; install it with `apt-get install chromium` "
             "(or point CHROMIUM at a Chromium binary)"

@@ -1,0 +1,922 @@
+"""`mlp-classifier bench`: one training epoch of the project's MLP, four ways, timed
+side by side as /work/shared/BENCHMARKS.md prescribes.
+
+Run: `mlp-classifier bench [--out runs/bench.json] [--size default|tiny]`.
+The default size takes one to three minutes on a shared 2-core CPU (mostly
+the 25 rounds of the large setting); `tiny` takes seconds and is for tests.
+It prints a table, writes the JSON report to `--out` and a plot of the time
+distributions next to it (same name, `.png`). Progress goes to stderr.
+
+The paths, all training the same `model.MLP` with `train.loss_fn`, the same
+optimizer, initial weights and batches:
+  (a) `nnx_jit`: a Python loop over an `nnx.jit` step (in-place updates).
+  (b) `split_jit`: `nnx.split` once, a Python loop over a pure `jax.jit` step
+      on `(graphdef, state)`, `nnx.merge` when the weights are read back.
+  (c) `scan`: the whole epoch as one `jax.lax.scan` inside one `jax.jit`.
+  (d) `torch`: the same MLP in PyTorch eager (only if torch is installed).
+  `scan_aa`: a second instance of (c) with its own state, reusing (c)'s
+      executable: the A/A control; its ratio to (c) shows the noise.
+  `train_step` (small setting only): the project's own `train.train_step` in
+      a Python loop, i.e. what `mlp-classifier train` runs per step.
+(b) and (c) donate the training state to the step, so XLA may update it in
+place. The batches of an epoch are put on the device before timing (their
+transfer time is reported apart), so no path waits for input.
+
+Two settings: `small` (the project's default config: hidden (256, 128),
+batch 32, the digits train split) for the loop-overhead ratios, and `large`
+(hidden (512, 512), batch 512, synthetic uniform [0, 1) inputs of width 512)
+where the epoch's FLOP rate is compared with a large f32 GEMM timed in the
+same rounds (`gemm_ceiling`). Ratios are `<setting>/<a>_vs_<b>` = median
+time of b / median time of a: above 1 means a is faster.
+"""
+
+import dataclasses
+import functools
+import gc
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import click
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from mlp_classifier import data, train
+from mlp_classifier.config import Config
+from mlp_classifier.model import MLP
+from mlp_classifier.train import loss_fn
+
+Batch = dict[str, jax.Array]
+
+# Event names of `jax.monitoring` (defined in jax/_src/dispatch.py): one
+# backend-compile event per XLA compilation, one trace event per jaxpr trace.
+# Cache hits emit neither, so a loop that reuses its executable adds zero.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+
+# Expected ratios (from the project's issue); reported, never asserted.
+TARGETS = {
+    "small/scan_vs_nnx_jit": 3.0,
+    "small/scan_vs_torch": 1.5,
+    "large/scan_vs_gemm_ceiling": 0.3,
+}
+
+
+# --- SIZES -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One workload, run identically by every path.
+
+    name: `small` or `large`; prefixes the setting's measurement and ratio keys.
+    config: the project config that fixes the model, optimizer, dropout and
+      batch size (`Config.seed` fixes the initial weights and data order).
+    source: `digits` (the project's train split, padded to whole batches) or
+      `synthetic` (uniform [0, 1) features, uniform labels, no padding).
+    in_features: input width; 64 for `digits`.
+    num_steps: steps per epoch; for `digits`, None means the whole train split.
+    """
+
+    name: str
+    config: Config
+    source: str
+    in_features: int
+    num_steps: int | None
+
+    def describe(self) -> dict[str, Any]:
+        """The setting as JSON-ready data (also what the config hash covers)."""
+        return {
+            "config": self.config.model_dump(mode="json"),
+            "source": self.source,
+            "in_features": self.in_features,
+            "num_steps": self.num_steps,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSize:
+    """A full bench run: both settings, `repeats` timed epochs per path, and a
+    `gemm_n`-cubed f32 matmul for the FLOP/s ceiling."""
+
+    small: Setting
+    large: Setting
+    repeats: int
+    gemm_n: int
+
+
+def bench_size(size: str) -> BenchSize:
+    """`default`: the measured run (1-3 minutes). `tiny`: the same code on
+    toy shapes and 3 repeats, a few seconds, for tests only."""
+    base = Config.default()
+    if size == "tiny":
+        small = Config(**{**base.model_dump(), "hidden_sizes": (16,), "dropout_rate": 0.1})
+        large = Config(**{**base.model_dump(), "hidden_sizes": (32, 32), "batch_size": 64})
+        return BenchSize(
+            small=Setting("small", small, "digits", data.NUM_FEATURES, num_steps=4),
+            large=Setting("large", large, "synthetic", 32, num_steps=3),
+            repeats=3,
+            gemm_n=128,
+        )
+    if size == "default":
+        # The project default, widened: same depth as its (256, 128), width 512.
+        large_hidden = tuple(512 for _ in base.hidden_sizes) or (512,)
+        large = Config(**{**base.model_dump(), "hidden_sizes": large_hidden, "batch_size": 512})
+        return BenchSize(
+            small=Setting("small", base, "digits", data.NUM_FEATURES, num_steps=None),
+            large=Setting("large", large, "synthetic", 512, num_steps=16),
+            repeats=25,
+            gemm_n=2048,
+        )
+    raise click.BadParameter(f"Unknown bench size `{size}`; use `tiny` or `default`.")
+
+
+# --- DATA --------------------------------------------------------------------
+
+
+def make_batches(setting: Setting) -> dict[str, np.ndarray]:
+    """One epoch of batches, stacked: `image` float32 `(S, B, F)`, `label`
+    int32 `(S, B)`, `mask` bool `(S, B)`. Same setting, same arrays."""
+    config = setting.config
+    batch_size = config.batch_size
+    rng = np.random.default_rng(config.seed)
+    if setting.source == "digits":
+        digits, ids = _digits_train_split(
+            config.split_seed, config.val_fraction, config.test_fraction
+        )
+        ids = rng.permutation(ids)
+        num_steps = math.ceil(len(ids) / batch_size)
+        if setting.num_steps is not None:
+            num_steps = min(num_steps, setting.num_steps)
+        ids = ids[: num_steps * batch_size]
+        # The last batch is padded and masked, as in the project's pipeline.
+        padded = np.full(num_steps * batch_size, -1)
+        padded[: len(ids)] = ids
+        images = np.where(padded[:, None] >= 0, digits.images[padded], 0.0).astype(np.float32)
+        labels = np.where(padded >= 0, digits.labels[padded], 0).astype(np.int32)
+        mask = padded >= 0
+    elif setting.source == "synthetic":
+        n = setting.num_steps * batch_size
+        images = rng.random((n, setting.in_features), dtype=np.float32)
+        labels = rng.integers(0, data.NUM_CLASSES, n).astype(np.int32)
+        mask = np.ones(n, dtype=bool)
+    else:
+        raise ValueError(f"Unknown data source `{setting.source}`; use `digits` or `synthetic`.")
+    return {
+        "image": images.reshape(-1, batch_size, setting.in_features),
+        "label": labels.reshape(-1, batch_size),
+        "mask": mask.reshape(-1, batch_size),
+    }
+
+
+@functools.cache
+def _digits_train_split(
+    split_seed: int, val_fraction: float, test_fraction: float
+) -> tuple[data.Digits, np.ndarray]:
+    """The digits and the project's train IDs; cached because `split_ids`
+    compiles a permutation per class size, seconds on a busy 2-core machine."""
+    digits = data.load()
+    key = jax.random.key(split_seed)
+    return digits, data.split_ids(digits.labels, key, val_fraction, test_fraction)["train"]
+
+
+# --- THE TRAINING STEP, THREE WAYS ---------------------------------------------
+
+
+def _model_key(config: Config) -> jax.Array:
+    """The key `train.train_and_evaluate` gives `train.create_train_state`."""
+    _key, model_key = jax.random.split(jax.random.key(config.seed))
+    return model_key
+
+
+def init_train_state(setting: Setting) -> tuple[MLP, nnx.Optimizer]:
+    """A fresh model (train mode) and optimizer (`train.make_optimizer`).
+
+    Keys as in `train.create_model`, which this repeats for any input width:
+    at width 64 the weights and dropout stream equal those that
+    `mlp-classifier train` starts from, and every path starts from them.
+    Built under one `nnx.jit`: run eagerly, each initializer op would compile
+    on its own (dozens of small compiles per setting).
+    """
+    return _jit_init(setting)
+
+
+@functools.partial(nnx.jit, static_argnums=0)
+def _jit_init(setting: Setting) -> tuple[MLP, nnx.Optimizer]:
+    config = setting.config
+    init_key, dropout_key = jax.random.split(_model_key(config))
+    model = MLP(
+        setting.in_features,
+        config.hidden_sizes,
+        data.NUM_CLASSES,
+        config.dropout_rate,
+        rngs=nnx.Rngs(params=init_key, dropout=dropout_key),
+    )
+    model.train()
+    return model, nnx.Optimizer(model, train.make_optimizer(config), wrt=nnx.Param)
+
+
+def train_step(model: MLP, optimizer: nnx.Optimizer, batch: Batch) -> jax.Array:
+    """One optimizer step on `batch`; returns the loss before the update.
+    Updates `model` (weights and dropout RNG state) and `optimizer` in place."""
+    grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
+    (loss, _logits), grads = grad_fn(model, batch)
+    # optax's bias correction relies on standard promotion (see train.train_step).
+    with jax.numpy_dtype_promotion("standard"):
+        optimizer.update(model, grads)  # In-place update.
+    return loss
+
+
+# (a) nnx.jit walks the object graph in Python on every call.
+nnx_train_step = nnx.jit(train_step)
+
+
+def make_pure_step(graphdef: nnx.GraphDef) -> Callable:
+    """(b) The explicit form: `pure_step(state, batch) -> (new_state, loss)`,
+    with `state = nnx.state((model, optimizer))`. Nothing is mutated outside;
+    the merged objects live only inside the trace."""
+
+    def pure_step(state: nnx.State, batch: Batch) -> tuple[nnx.State, jax.Array]:
+        model, optimizer = nnx.merge(graphdef, state)
+        loss = train_step(model, optimizer, batch)
+        return nnx.state((model, optimizer)), loss
+
+    return pure_step
+
+
+def make_pure_epoch(graphdef: nnx.GraphDef) -> Callable:
+    """(c) `pure_epoch(state, batches) -> (new_state, losses)`: `pure_step`
+    scanned over the leading axis of `batches` (`(S, B, ...)`), losses `(S,)`."""
+    pure_step = make_pure_step(graphdef)
+
+    def pure_epoch(state: nnx.State, batches: Batch) -> tuple[nnx.State, jax.Array]:
+        return jax.lax.scan(pure_step, state, batches)
+
+    return pure_epoch
+
+
+# --- PATHS -------------------------------------------------------------------
+
+
+class TimedPath(Protocol):
+    """What the timing loop needs from a path.
+
+    `prepare()` lowers and compiles ahead of time and returns
+    `{"lower_s", "compile_s"}`; `run_epoch()` trains one epoch and returns only
+    when the results are computed (it ends in `jax.block_until_ready`);
+    `losses()` is float32 `(S,)` for the last epoch (None for the GEMM).
+    """
+
+    name: str
+
+    def prepare(self) -> dict[str, float]: ...
+
+    def run_epoch(self) -> None: ...
+
+    def losses(self) -> np.ndarray | None: ...
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    """Wall seconds of `fn()`. The garbage collector is paused so that a
+    collection triggered by one path is not billed to another."""
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def _split_batches(batches: dict[str, np.ndarray]) -> list[Batch]:
+    """Per-step device batches for the Python loops, placed before timing."""
+    steps = batches["image"].shape[0]
+    return [jax.device_put({k: v[i] for k, v in batches.items()}) for i in range(steps)]
+
+
+class NnxJitPath:
+    """(a) A Python loop over `nnx_train_step`."""
+
+    def __init__(self, name: str, setting: Setting, batches: dict[str, np.ndarray]):
+        self.name = name
+        self.model, self.optimizer = init_train_state(setting)
+        self.batches = _split_batches(batches)
+        self._losses: list[jax.Array] = []
+
+    def prepare(self) -> dict[str, float]:
+        start = time.perf_counter()
+        lowered = nnx_train_step.lower(self.model, self.optimizer, self.batches[0])
+        lowered_at = time.perf_counter()
+        lowered.compile()
+        return {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+
+    def run_epoch(self) -> None:
+        losses = []
+        for batch in self.batches:
+            losses.append(nnx_train_step(self.model, self.optimizer, batch))  # In-place update.
+        # The last update is done when the weights it wrote are ready.
+        jax.block_until_ready((losses, nnx.state((self.model, self.optimizer))))
+        self._losses = losses
+
+    def losses(self) -> np.ndarray:
+        return np.asarray(jnp.stack(self._losses))
+
+    def params(self) -> dict[str, np.ndarray]:
+        return _param_arrays(self.model)
+
+
+class SplitJitPath:
+    """(b) `nnx.split` once, a Python loop over a pure `jax.jit` step that
+    donates the state, `nnx.merge` when the weights are read."""
+
+    def __init__(self, name: str, setting: Setting, batches: dict[str, np.ndarray]):
+        self.name = name
+        self.graphdef, self.state = nnx.split(init_train_state(setting))
+        self.step = jax.jit(make_pure_step(self.graphdef), donate_argnums=0)
+        self.batches = _split_batches(batches)
+        self._losses: list[jax.Array] = []
+        self.cost: dict[str, float] = {}
+
+    def prepare(self) -> dict[str, float]:
+        start = time.perf_counter()
+        lowered = self.step.lower(self.state, self.batches[0])
+        lowered_at = time.perf_counter()
+        compiled = lowered.compile()
+        times = {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+        self.cost = _cost(compiled)
+        return times
+
+    def run_epoch(self) -> None:
+        state, losses = self.state, []
+        for batch in self.batches:
+            state, loss = self.step(state, batch)
+            losses.append(loss)
+        self.state = jax.block_until_ready(state)
+        self._losses = jax.block_until_ready(losses)
+
+    def losses(self) -> np.ndarray:
+        return np.asarray(jnp.stack(self._losses))
+
+    def params(self) -> dict[str, np.ndarray]:
+        model, _optimizer = nnx.merge(self.graphdef, self.state)
+        return _param_arrays(model)
+
+
+class ScanPath:
+    """(c) One `jax.jit` call per epoch: `lax.scan` over device-resident,
+    stacked batches; the state is donated.
+
+    `twin_of`: another `ScanPath` of the same setting whose jitted epoch (and
+    so executable) this one reuses, with its own state: the A/A control runs
+    the very same code as a separate entry, and costs no second compile.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        setting: Setting,
+        batches: dict[str, np.ndarray],
+        twin_of: "ScanPath | None" = None,
+    ):
+        self.name = name
+        self.graphdef, self.state = nnx.split(init_train_state(setting))
+        if twin_of is not None:
+            if twin_of.graphdef != self.graphdef:
+                raise ValueError(f"`{name}` and its twin `{twin_of.name}` differ in structure.")
+            self.epoch = twin_of.epoch
+        else:
+            self.epoch = jax.jit(make_pure_epoch(self.graphdef), donate_argnums=0)
+        self.batches = jax.device_put(batches)
+        self._losses: jax.Array | None = None
+        self.cost: dict[str, float] = {}
+
+    def prepare(self) -> dict[str, float]:
+        start = time.perf_counter()
+        lowered = self.epoch.lower(self.state, self.batches)
+        lowered_at = time.perf_counter()
+        compiled = lowered.compile()
+        times = {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+        self.cost = _cost(compiled)
+        return times
+
+    def run_epoch(self) -> None:
+        self.state, self._losses = jax.block_until_ready(self.epoch(self.state, self.batches))
+
+    def losses(self) -> np.ndarray:
+        return np.asarray(self._losses)
+
+    def params(self) -> dict[str, np.ndarray]:
+        model, _optimizer = nnx.merge(self.graphdef, self.state)
+        return _param_arrays(model)
+
+
+class TrainStepPath:
+    """The project's own step, `train.train_step` (split + `jax.jit`, graphdef
+    and optimizer static, a `TrainState` in and out, no donation), in a Python
+    loop: what `mlp-classifier train` runs. Input width 64 only."""
+
+    def __init__(self, name: str, setting: Setting, batches: dict[str, np.ndarray]):
+        if setting.in_features != data.NUM_FEATURES:
+            raise ValueError(
+                f"`train.train_step` builds the model for {data.NUM_FEATURES} input features, "
+                f"but setting `{setting.name}` has `in_features = {setting.in_features}`."
+            )
+        self.name = name
+        self.tx = train.make_optimizer(setting.config)
+        self.graphdef, self.state = train.create_train_state(
+            setting.config, self.tx, _model_key(setting.config)
+        )
+        self.batches = _split_batches(batches)
+        self._losses: list[jax.Array] = []
+
+    def prepare(self) -> dict[str, float]:
+        start = time.perf_counter()
+        lowered = train.train_step.lower(self.graphdef, self.tx, self.state, self.batches[0])
+        lowered_at = time.perf_counter()
+        lowered.compile()
+        return {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+
+    def run_epoch(self) -> None:
+        state, losses = self.state, []
+        for batch in self.batches:
+            state, metrics = train.train_step(self.graphdef, self.tx, state, batch)
+            losses.append(metrics["loss"])
+        self.state = jax.block_until_ready(state)
+        self._losses = jax.block_until_ready(losses)
+
+    def losses(self) -> np.ndarray:
+        return np.asarray(jnp.stack(self._losses))
+
+    def params(self) -> dict[str, np.ndarray]:
+        flat = nnx.to_flat_state(self.state.params)
+        return {"/".join(str(part) for part in path): np.asarray(v[...]) for path, v in flat}
+
+
+class GemmPath:
+    """The FLOP/s ceiling: one jitted `n x n @ n x n` f32 matmul per call,
+    `2 n^3` FLOPs."""
+
+    def __init__(self, name: str, n: int, seed: int):
+        self.name = name
+        self.n = n
+        key_a, key_b = jax.random.split(jax.random.key(seed))
+        self.a = jax.random.uniform(key_a, (n, n), jnp.float32)
+        self.b = jax.random.uniform(key_b, (n, n), jnp.float32)
+        self.matmul = jax.jit(jnp.matmul)
+        self.cost: dict[str, float] = {}
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.n**3
+
+    def prepare(self) -> dict[str, float]:
+        start = time.perf_counter()
+        lowered = self.matmul.lower(self.a, self.b)
+        lowered_at = time.perf_counter()
+        compiled = lowered.compile()
+        times = {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+        self.cost = _cost(compiled)
+        return times
+
+    def run_epoch(self) -> None:
+        jax.block_until_ready(self.matmul(self.a, self.b))
+
+    def losses(self) -> None:
+        return None
+
+
+def _param_arrays(model: MLP) -> dict[str, np.ndarray]:
+    """The `nnx.Param` leaves of `model` keyed by state path (`hidden/0/kernel`)."""
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return {"/".join(str(part) for part in path): np.asarray(v[...]) for path, v in flat}
+
+
+def _cost(compiled: Any) -> dict[str, float]:
+    """FLOPs and bytes accessed from XLA's cost analysis of an executable."""
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, list | tuple):  # Older jax: one dict per device.
+        analysis = analysis[0]
+    analysis = analysis or {}
+    return {
+        "flops": float(analysis.get("flops", math.nan)),
+        "bytes_accessed": float(analysis.get("bytes accessed", math.nan)),
+    }
+
+
+# --- MEASUREMENT ---------------------------------------------------------------
+
+
+class CompileCounter:
+    """Counts XLA backend compiles and jaxpr traces while active (a context
+    manager over a `jax.monitoring` listener)."""
+
+    def __init__(self) -> None:
+        self.compiles = 0
+        self.traces = 0
+
+    def _on_event(self, event: str, duration_secs: float, **kwargs: Any) -> None:
+        del duration_secs, kwargs
+        if event == BACKEND_COMPILE_EVENT:
+            self.compiles += 1
+        elif event == TRACE_EVENT:
+            self.traces += 1
+
+    def snapshot(self) -> tuple[int, int]:
+        return self.compiles, self.traces
+
+    def __enter__(self) -> "CompileCounter":
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        jax.monitoring.unregister_event_duration_listener(self._on_event)
+
+
+def measure(
+    paths: Sequence[TimedPath], repeats: int, counter: CompileCounter, log: Callable[[str], None]
+) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray]]:
+    """Compiles each path, runs its first epoch, then `repeats` rounds of one
+    epoch per path in a fixed interleaved order (A B C D A B C D ...).
+
+    Returns the per-path measurements (BENCHMARKS.md fields plus `lower_s`,
+    `min_s`, `max_s`, every timed value in `times_s`, and the compiles/traces
+    seen while preparing, during the first call and during the timed rounds)
+    and each path's per-step losses from its first epoch.
+    """
+    results: dict[str, dict[str, Any]] = {}
+    first_losses: dict[str, np.ndarray] = {}
+    for path in paths:
+        before = counter.snapshot()
+        result = dict(path.prepare())
+        prepared = counter.snapshot()
+        result["first_call_s"] = _timed(path.run_epoch)
+        after = counter.snapshot()
+        result["compiles"] = {
+            "prepare": prepared[0] - before[0],
+            "first_call": after[0] - prepared[0],
+        }
+        result["traces"] = {
+            "prepare": prepared[1] - before[1],
+            "first_call": after[1] - prepared[1],
+        }
+        results[path.name] = result
+        losses = path.losses()
+        if losses is not None:
+            first_losses[path.name] = losses
+        log(
+            f"  {path.name:<14} lower {result['lower_s']:.3f}s  compile {result['compile_s']:.3f}s"
+            f"  first call {result['first_call_s']:.4f}s"
+        )
+    times: dict[str, list[float]] = {path.name: [] for path in paths}
+    timed_compiles = dict.fromkeys(times, 0)
+    timed_traces = dict.fromkeys(times, 0)
+    for round_index in range(repeats):
+        gc.collect()
+        for path in paths:
+            before = counter.snapshot()
+            times[path.name].append(_timed(path.run_epoch))
+            after = counter.snapshot()
+            timed_compiles[path.name] += after[0] - before[0]
+            timed_traces[path.name] += after[1] - before[1]
+        if (round_index + 1) % max(1, repeats // 5) == 0 or round_index + 1 == repeats:
+            log(f"  round {round_index + 1}/{repeats}")
+    for name, values in times.items():
+        arr = np.asarray(values)
+        results[name].update(
+            median_s=float(np.median(arr)),
+            p90_s=float(np.percentile(arr, 90)),
+            min_s=float(arr.min()),
+            max_s=float(arr.max()),
+            n=len(values),
+            times_s=[float(v) for v in values],
+        )
+        results[name]["compiles"]["timed"] = timed_compiles[name]
+        results[name]["traces"]["timed"] = timed_traces[name]
+    return results, first_losses
+
+
+def _ratio(measurements: dict[str, dict[str, Any]], a: str, b: str) -> float:
+    """`<a>_vs_<b>`: median time of b over median time of a; above 1, a is faster."""
+    return measurements[b]["median_s"] / measurements[a]["median_s"]
+
+
+def run_setting(
+    setting: Setting,
+    repeats: int,
+    gemm_n: int | None,
+    torch_module: Any,
+    counter: CompileCounter,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Builds every path for `setting`, measures them interleaved and derives
+    the ratios, the loss-agreement checks and (with `gemm_n`) the FLOP rates.
+    Measurement keys are `<setting>/<path>`."""
+    batches = make_batches(setting)
+    # Host->device placement of one epoch, timed apart: the paths get their
+    # batches on the device before the clock starts, so no step waits for data.
+    start = time.perf_counter()
+    jax.block_until_ready(jax.device_put(batches))
+    transfer_s = time.perf_counter() - start
+
+    scan = ScanPath("scan", setting, batches)
+    split = SplitJitPath("split_jit", setting, batches)
+    paths: list[TimedPath] = [NnxJitPath("nnx_jit", setting, batches), split, scan]
+    torch_path = None
+    if torch_module is not None:
+        model, _optimizer = init_train_state(setting)
+        torch_path = torch_module.TorchPath(model, setting.config, batches, setting.config.seed)
+        paths.append(torch_path)
+    paths.append(ScanPath("scan_aa", setting, batches, twin_of=scan))
+    if setting.in_features == data.NUM_FEATURES:
+        paths.append(TrainStepPath("train_step", setting, batches))
+    gemm = None
+    if gemm_n is not None:
+        gemm = GemmPath("gemm_ceiling", gemm_n, setting.config.seed)
+        paths.append(gemm)
+
+    steps = batches["image"].shape[0]
+    log(
+        f"[{setting.name}] hidden {setting.config.hidden_sizes}, batch "
+        f"{setting.config.batch_size}, {steps} steps/epoch, {setting.source} data"
+    )
+    measurements, first_losses = measure(paths, repeats, counter, log)
+    if torch_path is not None:
+        measurements["torch"].update(
+            threads=torch_path.threads, thread_trials_s=torch_path.thread_trials_s
+        )
+
+    ratios = {
+        "scan_vs_nnx_jit": _ratio(measurements, "scan", "nnx_jit"),
+        "scan_vs_split_jit": _ratio(measurements, "scan", "split_jit"),
+        "split_jit_vs_nnx_jit": _ratio(measurements, "split_jit", "nnx_jit"),
+        "scan_vs_scan_aa": _ratio(measurements, "scan", "scan_aa"),
+    }
+    if torch_module is not None:
+        ratios["scan_vs_torch"] = _ratio(measurements, "scan", "torch")
+    if "train_step" in measurements:
+        ratios["scan_vs_train_step"] = _ratio(measurements, "scan", "train_step")
+
+    # Same init, same batches: the JAX paths' first-epoch losses must agree to
+    # float32 rounding (dropout keys included, since the RNG state is part of
+    # the model state). Torch draws other dropout masks, so its losses are
+    # compared only when dropout is off.
+    reference = first_losses["nnx_jit"]
+    checks = {
+        f"{name}_vs_nnx_jit_max_abs_loss_diff": float(np.max(np.abs(losses - reference)))
+        for name, losses in first_losses.items()
+        if name != "nnx_jit" and (name != "torch" or setting.config.dropout_rate == 0.0)
+    }
+
+    # XLA's cost analysis counts a while loop's body once, whatever its trip
+    # count (checked: the scan executable reports the FLOPs of one step), so
+    # the epoch's FLOPs are the scan's figure times the number of steps.
+    flops = {
+        "scan_cost_analysis_flops": scan.cost["flops"],
+        "scan_cost_analysis_bytes_accessed": scan.cost["bytes_accessed"],
+        "step_cost_analysis_flops": split.cost["flops"],
+        "steps_per_epoch": steps,
+        "epoch_flops": scan.cost["flops"] * steps,
+        "scan_flop_per_s": scan.cost["flops"] * steps / measurements["scan"]["median_s"],
+    }
+    if gemm is not None:
+        gemm_rate = gemm.flops / measurements["gemm_ceiling"]["median_s"]
+        flops.update(
+            gemm_n=gemm.n,
+            gemm_flops=gemm.flops,
+            gemm_cost_analysis_flops=gemm.cost["flops"],
+            gemm_flop_per_s=gemm_rate,
+        )
+        ratios["scan_vs_gemm_ceiling"] = flops["scan_flop_per_s"] / gemm_rate
+
+    return {
+        "measurements": {f"{setting.name}/{k}": v for k, v in measurements.items()},
+        "ratios": {f"{setting.name}/{k}": v for k, v in ratios.items()},
+        "checks": {f"{setting.name}/{k}": v for k, v in checks.items()},
+        "setting": {**setting.describe(), "steps_per_epoch": steps, "transfer_s": transfer_s},
+        "flops": flops,
+    }
+
+
+# --- REPORT --------------------------------------------------------------------
+
+
+def _git_commit() -> str:
+    """`git rev-parse HEAD` of the checkout holding this file, or `unknown`."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def identity(size: BenchSize, size_name: str, torch_info: dict[str, Any]) -> dict[str, Any]:
+    """What was measured and on what: versions, backend, devices, flags,
+    commit, and the sha256 of the bench configuration."""
+    import flax
+    import jaxlib
+
+    config_blob = json.dumps(
+        {
+            "size": size_name,
+            "repeats": size.repeats,
+            "gemm_n": size.gemm_n,
+            "settings": {s.name: s.describe() for s in (size.small, size.large)},
+        },
+        sort_keys=True,
+    )
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "flax": flax.__version__,
+        "optax": optax.__version__,
+        "numpy": np.__version__,
+        "torch": torch_info.get("version"),
+        "python": platform.python_version(),
+        "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+        "device_kind": jax.devices()[0].device_kind,
+        "cpu_cores": len(os.sched_getaffinity(0)),
+        # XLA's CPU client sizes its intra-op thread pool to the visible cores.
+        "jax_threads": "XLA CPU default: one intra-op thread per visible core",
+        # Chosen per setting by timing 1 and all cores: `measurements.*/torch.threads`.
+        "torch_threads": torch_info.get("threads"),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "commit": _git_commit(),
+        "config_sha256": hashlib.sha256(config_blob.encode()).hexdigest(),
+    }
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Writes a PNG: one panel per setting, each path's timed epochs as a box
+    plot with the points on top (log time axis, milliseconds)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    settings = ["small", "large"]
+    fig = Figure(figsize=(9, 6.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(settings), 1)
+    for ax, setting in zip(axes, settings, strict=True):
+        names = [k for k in report["measurements"] if k.startswith(f"{setting}/")]
+        values = [np.asarray(report["measurements"][k]["times_s"]) * 1e3 for k in names]
+        ax.boxplot(values, orientation="horizontal", showfliers=False)
+        for i, v in enumerate(values, start=1):
+            jitter = np.random.default_rng(i).uniform(-0.15, 0.15, len(v))
+            ax.scatter(v, np.full(len(v), i) + jitter, s=8, alpha=0.6)
+        ax.set_yticks(range(1, len(names) + 1), [n.split("/", 1)[1] for n in names])
+        ax.set_xscale("log")
+        ax.set_xlabel("time per call (ms, log scale)")
+        s = report["settings"][setting]
+        hidden = tuple(s["config"]["hidden_sizes"])
+        ax.set_title(
+            f"{setting}: hidden {hidden}, batch {s['config']['batch_size']}, "
+            f"{s['steps_per_epoch']} steps/epoch"
+        )
+    fig.suptitle(
+        f"mlp-classifier bench ({report['identity']['backend']}): one call = one training "
+        "epoch; gemm_ceiling = one matmul"
+    )
+    fig.savefig(path, dpi=110)
+
+
+def _table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{'path':<22}{'compile_s':>10}{'first_s':>10}{'median_ms':>11}{'p90_ms':>10}{'n':>5}"
+        f"{'compiles(timed)':>17}"
+    ]
+    for name, m in report["measurements"].items():
+        lines.append(
+            f"{name:<22}{m['compile_s']:>10.3f}{m['first_call_s']:>10.4f}"
+            f"{m['median_s'] * 1e3:>11.3f}{m['p90_s'] * 1e3:>10.3f}{m['n']:>5}"
+            f"{m['compiles']['timed']:>17}"
+        )
+    lines.append("")
+    for name, value in report["ratios"].items():
+        target = TARGETS.get(name)
+        note = ""
+        if target is not None:
+            note = f"   (target >= {target}: {'met' if value >= target else 'NOT met'})"
+        lines.append(f"{name:<36}{value:>9.3f}{note}")
+    return "\n".join(lines)
+
+
+def _torch_or_reason() -> tuple[Any, str | None]:
+    """The torch path module, or None and the reason it is skipped."""
+    try:
+        from mlp_classifier import bench_torch
+    except ImportError as err:
+        return None, (
+            f"torch is not importable ({err}); install the optional extra "
+            f"`mlp-classifier[torch]` to run the PyTorch baseline."
+        )
+    return bench_torch, None
+
+
+def run_bench(size_name: str, repeats: int | None, log: Callable[[str], None]) -> dict[str, Any]:
+    """Runs both settings and returns the report (see the module docstring)."""
+    size = bench_size(size_name)
+    if repeats is not None:
+        size = dataclasses.replace(size, repeats=repeats)
+    torch_module, skip_reason = _torch_or_reason()
+    torch_info: dict[str, Any] = {}
+    previous_threads = None
+    if torch_module is not None:
+        import torch
+
+        # TorchPath.prepare picks the thread count per setting; restore after.
+        previous_threads = torch.get_num_threads()
+        torch_info = {"version": torch.__version__, "threads": "per setting"}
+    try:
+        with CompileCounter() as counter:
+            small = run_setting(size.small, size.repeats, None, torch_module, counter, log)
+            large = run_setting(size.large, size.repeats, size.gemm_n, torch_module, counter, log)
+    finally:
+        if previous_threads is not None:
+            torch.set_num_threads(previous_threads)
+
+    notes = [
+        "One call of a training path is one epoch; ratios compare median epoch times.",
+        "Batches are placed on the device before timing; settings.*.transfer_s is that "
+        "placement, timed apart.",
+        "epoch_flops = the scan executable's cost-analysis FLOPs x steps per epoch: XLA "
+        "counts a while-loop body once.",
+        "large uses synthetic inputs (uniform [0, 1), width 512), not the digits.",
+    ]
+    if skip_reason is not None:
+        notes.append(f"torch path skipped: {skip_reason}")
+    return {
+        "identity": identity(size, size_name, torch_info),
+        "measurements": {**small["measurements"], **large["measurements"]},
+        "ratios": {**small["ratios"], **large["ratios"]},
+        "targets": {
+            name: {
+                "expected_at_least": target,
+                "measured": (value := {**small["ratios"], **large["ratios"]}.get(name)),
+                "met": None if value is None else bool(value >= target),
+            }
+            for name, target in TARGETS.items()
+        },
+        "checks": {**small["checks"], **large["checks"]},
+        "settings": {"small": small["setting"], "large": large["setting"]},
+        "flops": {"small": small["flops"], "large": large["flops"]},
+        "size": size_name,
+        "repeats": size.repeats,
+        "torch_skipped": skip_reason,
+        "notes": notes,
+    }
+
+
+@click.command("bench")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("runs/bench.json"),
+    show_default=True,
+    help="JSON report; the plot is written next to it with a .png suffix.",
+)
+@click.option(
+    "--size",
+    type=click.Choice(["tiny", "default"]),
+    default="default",
+    show_default=True,
+    help="`default`: the measured run (1-3 minutes). `tiny`: seconds, for tests.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Timed epochs per path (default: 25, or 3 for `tiny`).",
+)
+def bench(out: Path, size: str, repeats: int | None) -> None:
+    """Time one training epoch four ways (nnx.jit loop, split+jit loop, one
+    scan, PyTorch eager) and write a JSON report and a plot."""
+
+    def log(message: str) -> None:
+        click.echo(message, err=True)
+        sys.stderr.flush()
+
+    report = run_bench(size, repeats, log)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    plot_path = out.with_suffix(".png")
+    plot(report, plot_path)
+    click.echo(_table(report))
+    click.echo(f"\nwrote {out} and {plot_path}")

@@ -1,0 +1,54 @@
+"""The model: a multilayer perceptron written with Flax NNX.
+
+Each hidden layer is `Linear -> relu -> Dropout`; a final `Linear` gives the
+logits. Dropout is active in `model.train()` mode and off in `model.eval()`
+mode; its random keys come from the `dropout` stream of the `nnx.Rngs` given
+at construction, so the RNG state is part of the model's state (`nnx.state`).
+"""
+
+from collections.abc import Sequence
+
+import jax
+from flax import nnx
+
+
+class MLP(nnx.Module):
+    """A multilayer perceptron classifier.
+
+    Args:
+      in_features: width of one input row (64 for the 8x8 digits).
+      hidden_sizes: width of each hidden layer, in order; may be empty.
+      num_classes: number of output logits.
+      dropout_rate: probability of zeroing a hidden unit in train mode.
+      rngs: `nnx.Rngs` with a `params` stream (weight init) and a `dropout`
+        stream (dropout masks).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_sizes: Sequence[int],
+        num_classes: int,
+        dropout_rate: float,
+        *,
+        rngs: nnx.Rngs,
+    ):
+        widths = [in_features, *hidden_sizes]
+        # nnx.List makes the layers part of the graph, so `nnx.state` lists
+        # them as `hidden/0/...`, `hidden/1/...`.
+        self.hidden = nnx.List(
+            [
+                nnx.Linear(d_in, d_out, rngs=rngs)
+                for d_in, d_out in zip(widths[:-1], widths[1:], strict=True)
+            ]
+        )
+        self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+        self.head = nnx.Linear(widths[-1], num_classes, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Maps `x`, float32 of shape `(batch, in_features)`, to logits of shape
+        `(batch, num_classes)`. In train mode each call draws a fresh dropout
+        key, which advances the model's RNG state (an in-place update)."""
+        for layer in self.hidden:
+            x = self.dropout(nnx.relu(layer(x)))
+        return self.head(x)

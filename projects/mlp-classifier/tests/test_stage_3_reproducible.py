@@ -1,0 +1,385 @@
+"""Stage 3: a reproducible classifier.
+
+Independent checks: split properties recomputed from the saved IDs and the raw
+labels; the IDs the training loop consumed, cross-checked against the pixels it
+was actually fed; bitwise equality of two runs with the same config (and a
+difference with another seed, so the check can fail); an Orbax round trip
+compared leaf by leaf; the dossier read back from disk; `reproduce` through the
+CLI, including a tampered dossier it must reject.
+"""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mlp_classifier import checkpoint, data, dossier, plots, train
+from mlp_classifier.cli import main
+from mlp_classifier.config import Config
+
+# A quick config that still learns: about a second of training after compilation.
+QUICK = Config.tiny().model_copy(update={"hidden_sizes": (64,), "num_epochs": 12, "batch_size": 32})
+
+
+@pytest.fixture(scope="module")
+def digits() -> data.Digits:
+    return data.load()
+
+
+@pytest.fixture(scope="module")
+def quick_dossier(tmp_path_factory) -> Path:
+    """A dossier written by the CLI, as a user would: `train --config --workdir`."""
+    root = tmp_path_factory.mktemp("quick")
+    (root / "quick.json").write_text(QUICK.to_json())
+    workdir = root / "run"
+    result = CliRunner().invoke(
+        main, ["train", "--config", str(root / "quick.json"), "--workdir", str(workdir)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "epoch  12" in result.stderr  # Progress goes to stderr, one line per epoch.
+    return workdir
+
+
+@pytest.mark.parametrize("split_seed", [0, 1])
+def test_split_is_disjoint_covering_and_stratified(evidence, digits, split_seed):
+    key = jax.random.key(split_seed)
+    split = data.split_ids(digits.labels, key, 0.15, 0.2)
+    again = data.split_ids(digits.labels, jax.random.key(split_seed), 0.15, 0.2)
+    sets = {name: set(ids.tolist()) for name, ids in split.items()}
+    n = len(digits.labels)
+    overall = np.bincount(digits.labels) / n
+    deviation = {
+        name: float(
+            np.abs(np.bincount(digits.labels[ids], minlength=10) / len(ids) - overall).max()
+        )
+        for name, ids in split.items()
+    }
+    observed = {
+        "sizes": {name: len(ids) for name, ids in split.items()},
+        "disjoint": all(not (sets[a] & sets[b]) for a in sets for b in sets if a < b),
+        "covers_all_ids": set().union(*sets.values()) == set(range(n)),
+        "no_duplicates": sum(map(len, split.values())) == n,
+        "deterministic": all(np.array_equal(split[k], again[k]) for k in split),
+        "max_class_proportion_deviation": deviation,
+    }
+    # Per class, rounding moves at most one example, i.e. about 1/(class size) ~ 0.006 of
+    # a class; 0.01 of the split's size bounds the proportion shift with margin.
+    tolerance = 0.01
+    assert evidence.record(
+        "split: disjoint, covers every sample ID once, stratified, deterministic",
+        f"split_seed={split_seed}",
+        observed,
+        {"max_class_proportion_deviation": tolerance},
+        observed["disjoint"]
+        and observed["covers_all_ids"]
+        and observed["no_duplicates"]
+        and observed["deterministic"]
+        and max(deviation.values()) <= tolerance,
+    )
+
+
+def test_other_split_seed_gives_other_split(digits):
+    a = data.split_ids(digits.labels, jax.random.key(0), 0.15, 0.2)
+    b = data.split_ids(digits.labels, jax.random.key(1), 0.15, 0.2)
+    assert not np.array_equal(a["test"], b["test"])
+
+
+def test_no_test_id_reaches_the_training_loop(evidence, digits, monkeypatch):
+    fed = []
+    real_step = train.train_step
+
+    def recording_step(graphdef, tx, state, batch):
+        fed.append({k: np.asarray(v) for k, v in batch.items()})  # What the step really gets.
+        return real_step(graphdef, tx, state, batch)
+
+    monkeypatch.setattr(train, "train_step", recording_step)
+    result = train.train_and_evaluate(Config.tiny())
+
+    images = np.concatenate([b["image"][b["mask"]] for b in fed])
+    labels = np.concatenate([b["label"][b["mask"]] for b in fed])
+    seen = result.train_ids_seen
+    held_out = set(result.split["test"].tolist()) | set(result.split["validation"].tolist())
+    counts = np.bincount(seen, minlength=len(digits.labels))[result.split["train"]]
+    observed = {
+        "examples_fed": int(len(seen)),
+        "recorded_ids_match_fed_pixels": bool(
+            np.array_equal(images, digits.images[seen])
+            and np.array_equal(labels, digits.labels[seen])
+        ),
+        "held_out_ids_seen": len(held_out & set(seen.tolist())),
+        "each_train_id_once_per_epoch": bool(np.all(counts == Config.tiny().num_epochs)),
+        "padding_rows_fed": int(sum((~b["mask"]).sum() for b in fed)),
+    }
+    assert evidence.record(
+        "training loop consumes train IDs only, each once per epoch",
+        "tiny config, 3 epochs, batches instrumented at train_step",
+        observed,
+        {"held_out_ids_seen": 0},
+        observed["recorded_ids_match_fed_pixels"]
+        and observed["held_out_ids_seen"] == 0
+        and observed["each_train_id_once_per_epoch"],
+    )
+
+
+def test_same_config_and_seed_give_bitwise_identical_metrics(evidence):
+    first = train.train_and_evaluate(Config.tiny())
+    second = train.train_and_evaluate(Config.tiny())
+    other = train.train_and_evaluate(Config.tiny().model_copy(update={"seed": 1}))
+
+    def fingerprint(result):
+        return hashlib.sha256(json.dumps(result.metrics, sort_keys=True).encode()).hexdigest()
+
+    observed = {
+        "run_1": fingerprint(first),
+        "run_2": fingerprint(second),
+        "seed_1": fingerprint(other),
+        "state_digests_equal": first.metrics["state_sha256"] == second.metrics["state_sha256"],
+    }
+    assert evidence.record(
+        "same config and seed: metrics and final state bitwise identical; another seed differs",
+        "tiny config run twice, then with seed=1",
+        observed,
+        {"bitwise": True},
+        first.metrics == second.metrics
+        and observed["run_1"] == observed["run_2"]
+        and observed["state_digests_equal"]
+        and observed["seed_1"] != observed["run_1"],
+    )
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_orbax_round_trip_is_bitwise(evidence, digits, tmp_path, optimizer):
+    overrides = {"optimizer": optimizer}
+    if optimizer == "sgd":
+        overrides["weight_decay"] = 0.0
+    config = Config.tiny().model_copy(update=overrides)
+    tx = train.make_optimizer(config)
+    graphdef, state = train.create_train_state(config, tx, jax.random.key(1))
+    for batch in data.dataset(digits, np.arange(200), 64, seed=0):
+        batch.pop("id")
+        state, _ = train.train_step(graphdef, tx, state, batch)
+    checkpoint.save(tmp_path / "ckpt", state)
+    _, fresh = train.create_train_state(config, tx, jax.random.key(2))  # Other values.
+    restored = checkpoint.restore(tmp_path / "ckpt", fresh)
+
+    leaves_a = jax.tree.leaves(checkpoint.to_arrays(state))
+    leaves_b = jax.tree.leaves(checkpoint.to_arrays(restored))
+    observed = {
+        "leaves": len(leaves_a),
+        "leaves_bitwise_equal": sum(
+            a.dtype == b.dtype and np.array_equal(a, b)
+            for a, b in zip(leaves_a, leaves_b, strict=True)
+        ),
+        "same_tree_structure": jax.tree.structure(state) == jax.tree.structure(restored),
+        "digest_equal": checkpoint.digest(state) == checkpoint.digest(restored),
+        "fresh_state_differed": checkpoint.digest(state) != checkpoint.digest(fresh),
+    }
+    assert evidence.record(
+        "Orbax save/restore of params + opt state + RNG + step is bitwise",
+        f"optimizer={optimizer}, after 4 steps",
+        observed,
+        {"bitwise": True},
+        observed["leaves_bitwise_equal"] == observed["leaves"]
+        and observed["same_tree_structure"]
+        and observed["digest_equal"]
+        and observed["fresh_state_differed"],
+    )
+    # The restored state trains on exactly like the original.
+    batch = {
+        k: v for k, v in next(iter(data.dataset(digits, np.arange(64), 64))).items() if k != "id"
+    }
+    after_a, _ = train.train_step(graphdef, tx, state, batch)
+    after_b, _ = train.train_step(graphdef, tx, restored, batch)
+    assert checkpoint.digest(after_a) == checkpoint.digest(after_b)
+
+
+def test_dossier_contents(quick_dossier, digits):
+    saved = dossier.load(quick_dossier)  # Verifies every hash in the manifest.
+    names = {
+        p.relative_to(quick_dossier).as_posix() for p in quick_dossier.rglob("*") if p.is_file()
+    }
+    for name in (
+        "config.json",
+        "split.json",
+        "metrics.json",
+        "learning_curves.png",
+        "confusion_matrix.png",
+        "errors.png",
+        "COMPLETE",
+    ):
+        assert name in names
+    assert any(n.startswith("checkpoint/") for n in names)
+    for png in quick_dossier.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert saved.config == QUICK
+    expected = data.split_ids(digits.labels, jax.random.key(QUICK.split_seed), 0.15, 0.2)
+    assert all(saved.split[k] == expected[k].tolist() for k in expected)
+    metrics = saved.metrics
+    assert [e["epoch"] for e in metrics["epochs"]] == list(range(1, QUICK.num_epochs + 1))
+    confusion = np.array(metrics["confusion_matrix"])
+    assert confusion.sum() == len(expected["test"]) == metrics["test"]["count"]
+    assert confusion.trace() / confusion.sum() == metrics["test"]["accuracy"]
+    wrong = metrics["misclassified"]
+    assert len(wrong) == confusion.sum() - confusion.trace()
+    assert all(w["id"] in set(saved.split["test"]) and w["label"] != w["prediction"] for w in wrong)
+    assert all(digits.labels[w["id"]] == w["label"] for w in wrong)
+
+
+def test_quick_config_accuracy(evidence, quick_dossier):
+    accuracy = dossier.load(quick_dossier).metrics["test"]["accuracy"]
+    assert evidence.record(
+        "held-out test accuracy of a quick config",
+        "hidden=[64], 12 epochs, batch 32, seed 0",
+        {"test_accuracy": accuracy},
+        {"min_accuracy": 0.9},
+        accuracy >= 0.9,
+    )
+
+
+def test_train_refuses_to_overwrite(quick_dossier, tmp_path):
+    config_file = tmp_path / "tiny.json"
+    config_file.write_text(Config.tiny().to_json())
+    before = (quick_dossier / "COMPLETE").read_bytes()
+    args = ["train", "--config", str(config_file), "--workdir", str(quick_dossier)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "--overwrite" in result.output and "Traceback" not in result.output
+    assert (quick_dossier / "COMPLETE").read_bytes() == before
+
+    target = tmp_path / "copy"
+    assert (
+        CliRunner()
+        .invoke(main, ["train", "--config", str(config_file), "--workdir", str(target)])
+        .exit_code
+        == 0
+    )
+    result = CliRunner().invoke(
+        main, ["train", "--config", str(config_file), "--workdir", str(target), "--overwrite"]
+    )
+    assert result.exit_code == 0, result.output
+    assert dossier.load(target).config == Config.tiny()
+
+
+def test_crash_never_leaves_a_complete_looking_dossier(tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise OSError("disk full (simulated)")
+
+    # Fails half-way through writing: after the JSON files and the first plot.
+    monkeypatch.setattr(plots, "confusion_matrix", crash)
+    with pytest.raises(OSError, match="simulated"):
+        train.train_and_evaluate(Config.tiny(), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    partial = list(tmp_path.glob("run.partial-*"))
+    assert partial and not (partial[0] / dossier.MANIFEST).exists()
+    with pytest.raises(dossier.DossierError, match="incomplete"):
+        dossier.load(partial[0])
+
+
+def test_reproduce_is_bitwise_and_reports_seed_spread(evidence, quick_dossier):
+    result = CliRunner().invoke(
+        main, ["reproduce", str(quick_dossier), "--seeds", "3", "--tolerance", "0.05"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((quick_dossier / "reproduce.json").read_text())
+    seeds = report["seeds"]
+    assert evidence.record(
+        "reproduce: re-run bitwise equal; 3 new seeds within tolerance of the original",
+        "quick config; seeds 1, 2, 3 on the same split",
+        {
+            "values_compared": report["values_compared"],
+            "differences": len(report["differences"]),
+            "checkpoint_matches_metrics": report["checkpoint_matches_metrics"],
+            "accuracies": [seeds["original"]["test_accuracy"]]
+            + [r["test_accuracy"] for r in seeds["new"]],
+            "stdev": seeds["stdev"],
+        },
+        {"bitwise": True, "seed_tolerance": seeds["tolerance"]},
+        report["bitwise_equal"]
+        and report["checkpoint_matches_metrics"]
+        and seeds["within_tolerance"],
+    )
+    assert len(seeds["new"]) == 3 and "stdev" in result.output
+
+
+def test_reproduce_fails_on_a_changed_result(quick_dossier, tmp_path):
+    """A dossier whose metrics differ from what its config produces (manifest
+    re-signed, so only the re-run can notice): reproduce must exit 1."""
+    forged = tmp_path / "forged"
+    shutil.copytree(quick_dossier, forged)
+    metrics = json.loads((forged / "metrics.json").read_text())
+    metrics["epochs"][-1]["val_loss"] = np.nextafter(metrics["epochs"][-1]["val_loss"], 0.0)
+    (forged / "metrics.json").write_text(json.dumps(metrics))
+    manifest = json.loads((forged / "COMPLETE").read_text())
+    manifest["sha256"]["metrics.json"] = hashlib.sha256(
+        (forged / "metrics.json").read_bytes()
+    ).hexdigest()
+    (forged / "COMPLETE").write_text(json.dumps(manifest))
+
+    result = CliRunner().invoke(main, ["reproduce", str(forged)])
+    assert result.exit_code == 1
+    assert "FAIL" in result.output and "val_loss" in result.output
+
+
+@pytest.mark.parametrize(
+    "damage", ["missing dir", "no manifest", "changed file", "bad config", "corrupt checkpoint"]
+)
+def test_reproduce_rejects_a_bad_dossier_clearly(quick_dossier, tmp_path, damage):
+    target = tmp_path / "d"
+    if damage != "missing dir":
+        shutil.copytree(quick_dossier, target)
+    if damage == "no manifest":
+        (target / "COMPLETE").unlink()
+    elif damage == "changed file":
+        (target / "split.json").write_text("{}")
+    elif damage == "bad config":
+        (target / "config.json").write_text('{"num_epochs": -1}')
+        manifest = json.loads((target / "COMPLETE").read_text())
+        manifest["sha256"]["config.json"] = hashlib.sha256(b'{"num_epochs": -1}').hexdigest()
+        (target / "COMPLETE").write_text(json.dumps(manifest))
+    elif damage == "corrupt checkpoint":
+        # Truncated array data, manifest re-signed: only the restore itself can notice.
+        for file in (target / "checkpoint").rglob("*"):
+            if file.is_file() and file.parent.name == "d":
+                file.write_bytes(file.read_bytes()[:8])
+        (target / "COMPLETE").write_text(json.dumps({"sha256": dossier._hash_files(target)}))
+    expected = {
+        "missing dir": "does not exist",
+        "no manifest": "incomplete",
+        "changed file": "split.json",
+        "bad config": "num_epochs",
+        "corrupt checkpoint": "checkpoint",
+    }[damage]
+    result = CliRunner().invoke(main, ["reproduce", str(target)])
+    assert result.exit_code == 2
+    assert expected in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated files", "no hash file", "other model"])
+def test_bad_checkpoint_is_a_clear_error(quick_dossier, tmp_path, damage):
+    config = QUICK
+    path = tmp_path / "ckpt"
+    if damage != "missing":
+        shutil.copytree(quick_dossier / "checkpoint", path)
+    if damage == "truncated files":
+        for file in path.rglob("*"):
+            if file.is_file() and file.name != checkpoint.HASHES and file.stat().st_size:
+                file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    if damage == "no hash file":
+        (path / checkpoint.HASHES).unlink()
+    if damage == "other model":
+        config = QUICK.model_copy(update={"hidden_sizes": (32, 16)})
+    _, like = train.create_train_state(config, train.make_optimizer(config), jax.random.key(0))
+    message = {
+        "missing": "No checkpoint",
+        "truncated files": "is corrupt",
+        "no hash file": "is incomplete",
+        "other model": "Cannot restore",
+    }[damage]
+    with pytest.raises(checkpoint.CheckpointError, match=message):
+        checkpoint.restore(path, like)

@@ -5,7 +5,8 @@ contract tests, every `ready` project's tests (from inside the project folder,
 as a learner would), and the browser check of the built site. Then prints one
 table, suite x stage, with passed / failed / skipped counts and seconds, and a
 closing line `N passed, N failed, N skipped`. A project's test files map to
-stages through its `project.toml`; files no stage declares show as `extra`.
+stages through its `project.toml`; files no stage declares show as
+`extra: <file>`.
 
 Exit status: 0 when every suite passed, 1 otherwise. A JSON copy of the table
 goes to `matrix-report.json`.
@@ -81,17 +82,19 @@ def row_label(suite: Suite, classname: str, name: str) -> str:
         if part in suite.rows:
             return suite.rows[part]
     stems = [p for p in parts if p.startswith("test_")]
-    if suite.rows:
-        return "extra"
-    return stems[0] if stems else "(collection)"
+    stem = stems[0] if stems else "(collection)"
+    # In a project, a test file that no stage declares is extra to the stages.
+    return f"extra: {stem}" if suite.rows else stem
 
 
 def run_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
     """Run one pytest process; return its rows and its exit code."""
     xml_path = report_dir / f"{suite.name}.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", f"--junitxml={xml_path}", *suite.args]
-    print(f"\n=== {suite.name}: {' '.join(cmd[2:])} (in {suite.cwd.relative_to(ROOT) or '.'})",
-          flush=True)
+    print(
+        f"\n=== {suite.name}: {' '.join(cmd[2:])} (in {suite.cwd.relative_to(ROOT) or '.'})",
+        flush=True,
+    )
     start = time.perf_counter()
     code = subprocess.call(cmd, cwd=suite.cwd)
     wall = time.perf_counter() - start
@@ -114,13 +117,17 @@ def run_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
 
 
 def print_table(rows: list[Row], codes: dict[str, int]) -> None:
-    header = f"{'suite':<28} {'stage':<28} {'passed':>6} {'failed':>6} {'skipped':>7} {'seconds':>8}"
+    header = (
+        f"{'suite':<28} {'stage':<28} {'passed':>6} {'failed':>6} {'skipped':>7} {'seconds':>8}"
+    )
     print("\n" + header)
     print("-" * len(header))
     for r in rows:
         status = "" if codes[r.suite] in (0,) else f"  (pytest exit {codes[r.suite]})"
-        print(f"{r.suite:<28} {r.stage:<28} {r.passed:>6} {r.failed:>6} {r.skipped:>7} "
-              f"{r.seconds:>8.1f}{status}")
+        print(
+            f"{r.suite:<28} {r.stage:<28} {r.passed:>6} {r.failed:>6} {r.skipped:>7} "
+            f"{r.seconds:>8.1f}{status}"
+        )
     print("-" * len(header))
 
 
@@ -128,8 +135,11 @@ def main(argv: list[str]) -> int:
     chosen = [s for s in suites() if not argv or s.name in argv]
     unknown = set(argv) - {s.name for s in suites()}
     if unknown:
-        print(f"Unknown suite(s): {', '.join(sorted(unknown))}. "
-              f"Known: {', '.join(s.name for s in suites())}.", file=sys.stderr)
+        print(
+            f"Unknown suite(s): {', '.join(sorted(unknown))}. "
+            f"Known: {', '.join(s.name for s in suites())}.",
+            file=sys.stderr,
+        )
         return 2
     all_rows: list[Row] = []
     codes: dict[str, int] = {}
@@ -144,10 +154,13 @@ def main(argv: list[str]) -> int:
     failed = sum(r.failed for r in all_rows)
     skipped = sum(r.skipped for r in all_rows)
     bad = [name for name, code in codes.items() if code != 0]
-    print(f"matrix wall time {time.perf_counter() - start:.0f} s; "
-          f"suites not passing: {', '.join(bad) if bad else 'none'}")
-    (ROOT / "matrix-report.json").write_text(json.dumps(
-        {"rows": [r.__dict__ for r in all_rows], "exit_codes": codes}, indent=2) + "\n")
+    print(
+        f"matrix wall time {time.perf_counter() - start:.0f} s; "
+        f"suites not passing: {', '.join(bad) if bad else 'none'}"
+    )
+    (ROOT / "matrix-report.json").write_text(
+        json.dumps({"rows": [r.__dict__ for r in all_rows], "exit_codes": codes}, indent=2) + "\n"
+    )
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if bad or failed else 0
 

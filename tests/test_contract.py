@@ -99,7 +99,9 @@ def test_ready_project_has_the_shared_layout(project: Path):
 def test_ready_project_readme_has_a_stage_table(project: Path):
     text = (project / "README.md").read_text(encoding="utf-8")
     header = re.search(r"^\|\s*Stage\s*\|.*Deliverable.*\|.*Test.*\|.*Hardware.*\|\s*$", text, re.M)
-    assert header, f"{project.name}/README.md has no `| Stage | Deliverable | Test file | Hardware |` table"
+    assert header, (
+        f"{project.name}/README.md has no `| Stage | Deliverable | Test file | Hardware |` table"
+    )
     for stage in manifest(project)["stages"]:
         for test in stage["tests"]:
             assert test in text, f"{project.name}/README.md does not name {test}"

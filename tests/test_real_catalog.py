@@ -19,9 +19,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def compile_catalog(*args: str) -> tuple[int, dict]:
     proc = subprocess.run(
-        [sys.executable, "-m", "catalog_compiler.cli", "--root", str(ROOT), "--format", "json",
-         *args],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "catalog_compiler.cli",
+            "--root",
+            str(ROOT),
+            "--format",
+            "json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert "Traceback" not in proc.stdout + proc.stderr
     return proc.returncode, json.loads(proc.stdout)

@@ -3,7 +3,7 @@
 Contract: :func:`published_catalog` returns the dict that ``catalog.json``
 serialises: ``schemaVersion``, ``roles`` in ``catalog.yaml`` order, then
 ``domains``; keys in the order of the reference catalog, defaults expanded,
-and ``skillEvidence[].scope`` derived (see DESIGN.md, "Derived field: scope").
+and ``skillEvidence[].scope`` derived (catalog/README.md, "Derived fields").
 """
 
 from __future__ import annotations

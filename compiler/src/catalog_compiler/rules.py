@@ -81,7 +81,7 @@ INVALID_VALUE = _rule(
     "Use one of the allowed values.")
 MISSING_FILE = _rule(
     "FIL001", "missing-catalog-file", E, "A required catalog file does not exist.",
-    "Create the file (see DESIGN.md, 'The catalog').")
+    "Create the file (catalog/README.md describes each file).")
 ROLE_FILE_MISSING = _rule(
     "FIL002", "role-file-missing", E, "catalog.yaml lists a role that has no role file.",
     "Create catalog/roles/<id>.yaml or remove the id from catalog.yaml `roles`.")
@@ -140,7 +140,7 @@ EVIDENCE_SKILL = _rule(
     "Write the skill exactly as in the role's `skills` list, or add it there.")
 NO_MANIFEST = _rule(
     "DSK001", "project-without-manifest", E, "A folder under projects/ has no project.toml.",
-    "Add projects/<id>/project.toml (see DESIGN.md, 'A project manifest') or remove the folder.")
+    "Add projects/<id>/project.toml (catalog/README.md, 'Project manifests') or remove the folder.")
 UNREFERENCED = _rule(
     "DSK002", "project-unreferenced", E, "No role's skill evidence references a project.",
     "Reference the project from a role's `skillEvidence`, or remove the folder.")

@@ -28,11 +28,14 @@ batch 32, the digits train split) for the loop-overhead ratios, and `large`
 where the epoch's FLOP rate is compared with a large f32 GEMM timed in the
 same rounds (`gemm_ceiling`). Ratios are `<setting>/<a>_vs_<b>` = median
 time of b / median time of a: above 1 means a is faster.
+
+The timed paths are in `bench_paths.py` (the PyTorch one in `bench_torch.py`)
+and the timing harness in `bench_timing.py`; this file holds the settings, runs
+them and writes the report.
 """
 
 import dataclasses
 import functools
-import gc
 import hashlib
 import json
 import math
@@ -41,29 +44,26 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import click
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
-from mlp_classifier import data, train
+from mlp_classifier import data
+from mlp_classifier.bench_paths import (
+    GemmPath,
+    NnxJitPath,
+    ScanPath,
+    SplitJitPath,
+    TrainStepPath,
+    init_train_state,
+)
+from mlp_classifier.bench_timing import CompileCounter, TimedPath, measure
 from mlp_classifier.config import Config
-from mlp_classifier.model import MLP
-from mlp_classifier.train import loss_fn
-
-Batch = dict[str, jax.Array]
-
-# Event names of `jax.monitoring` (defined in jax/_src/dispatch.py): one
-# backend-compile event per XLA compilation, one trace event per jaxpr trace.
-# Cache hits emit neither, so a loop that reuses its executable adds zero.
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 
 # Expected ratios (from the project's issue); reported, never asserted.
 TARGETS = {
@@ -191,419 +191,7 @@ def _digits_train_split(
     return digits, data.split_ids(digits.labels, key, val_fraction, test_fraction)["train"]
 
 
-# --- THE TRAINING STEP, THREE WAYS ---------------------------------------------
-
-
-def _model_key(config: Config) -> jax.Array:
-    """The key `train.train_and_evaluate` gives `train.create_train_state`."""
-    _key, model_key = jax.random.split(jax.random.key(config.seed))
-    return model_key
-
-
-def init_train_state(setting: Setting) -> tuple[MLP, nnx.Optimizer]:
-    """A fresh model (train mode) and optimizer (`train.make_optimizer`).
-
-    Keys as in `train.create_model`, which this repeats for any input width:
-    at width 64 the weights and dropout stream equal those that
-    `mlp-classifier train` starts from, and every path starts from them.
-    Built under one `nnx.jit`: run eagerly, each initializer op would compile
-    on its own (dozens of small compiles per setting).
-    """
-    return _jit_init(setting)
-
-
-@functools.partial(nnx.jit, static_argnums=0)
-def _jit_init(setting: Setting) -> tuple[MLP, nnx.Optimizer]:
-    config = setting.config
-    init_key, dropout_key = jax.random.split(_model_key(config))
-    model = MLP(
-        setting.in_features,
-        config.hidden_sizes,
-        data.NUM_CLASSES,
-        config.dropout_rate,
-        rngs=nnx.Rngs(params=init_key, dropout=dropout_key),
-    )
-    model.train()
-    return model, nnx.Optimizer(model, train.make_optimizer(config), wrt=nnx.Param)
-
-
-def train_step(model: MLP, optimizer: nnx.Optimizer, batch: Batch) -> jax.Array:
-    """One optimizer step on `batch`; returns the loss before the update.
-    Updates `model` (weights and dropout RNG state) and `optimizer` in place."""
-    grad_fn = nnx.value_and_grad(loss_fn, has_aux=True)
-    (loss, _logits), grads = grad_fn(model, batch)
-    # optax's bias correction relies on standard promotion (see train.train_step).
-    with jax.numpy_dtype_promotion("standard"):
-        optimizer.update(model, grads)  # In-place update.
-    return loss
-
-
-# (a) nnx.jit walks the object graph in Python on every call.
-nnx_train_step = nnx.jit(train_step)
-
-
-def make_pure_step(graphdef: nnx.GraphDef) -> Callable:
-    """(b) The explicit form: `pure_step(state, batch) -> (new_state, loss)`,
-    with `state = nnx.state((model, optimizer))`. Nothing is mutated outside;
-    the merged objects live only inside the trace."""
-
-    def pure_step(state: nnx.State, batch: Batch) -> tuple[nnx.State, jax.Array]:
-        model, optimizer = nnx.merge(graphdef, state)
-        loss = train_step(model, optimizer, batch)
-        return nnx.state((model, optimizer)), loss
-
-    return pure_step
-
-
-def make_pure_epoch(graphdef: nnx.GraphDef) -> Callable:
-    """(c) `pure_epoch(state, batches) -> (new_state, losses)`: `pure_step`
-    scanned over the leading axis of `batches` (`(S, B, ...)`), losses `(S,)`."""
-    pure_step = make_pure_step(graphdef)
-
-    def pure_epoch(state: nnx.State, batches: Batch) -> tuple[nnx.State, jax.Array]:
-        return jax.lax.scan(pure_step, state, batches)
-
-    return pure_epoch
-
-
-# --- PATHS -------------------------------------------------------------------
-
-
-class TimedPath(Protocol):
-    """What the timing loop needs from a path.
-
-    `prepare()` lowers and compiles ahead of time and returns
-    `{"lower_s", "compile_s"}`; `run_epoch()` trains one epoch and returns only
-    when the results are computed (it ends in `jax.block_until_ready`);
-    `losses()` is float32 `(S,)` for the last epoch (None for the GEMM).
-    """
-
-    name: str
-
-    def prepare(self) -> dict[str, float]: ...
-
-    def run_epoch(self) -> None: ...
-
-    def losses(self) -> np.ndarray | None: ...
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    """Wall seconds of `fn()`. The garbage collector is paused so that a
-    collection triggered by one path is not billed to another."""
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-    finally:
-        gc.enable()
-
-
-def _split_batches(batches: dict[str, np.ndarray]) -> list[Batch]:
-    """Per-step device batches for the Python loops, placed before timing."""
-    steps = batches["image"].shape[0]
-    return [jax.device_put({k: v[i] for k, v in batches.items()}) for i in range(steps)]
-
-
-class NnxJitPath:
-    """(a) A Python loop over `nnx_train_step`."""
-
-    def __init__(self, name: str, setting: Setting, batches: dict[str, np.ndarray]):
-        self.name = name
-        self.model, self.optimizer = init_train_state(setting)
-        self.batches = _split_batches(batches)
-        self._losses: list[jax.Array] = []
-
-    def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = nnx_train_step.lower(self.model, self.optimizer, self.batches[0])
-        lowered_at = time.perf_counter()
-        lowered.compile()
-        return {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
-
-    def run_epoch(self) -> None:
-        losses = []
-        for batch in self.batches:
-            losses.append(nnx_train_step(self.model, self.optimizer, batch))  # In-place update.
-        # The last update is done when the weights it wrote are ready.
-        jax.block_until_ready((losses, nnx.state((self.model, self.optimizer))))
-        self._losses = losses
-
-    def losses(self) -> np.ndarray:
-        return np.asarray(jnp.stack(self._losses))
-
-    def params(self) -> dict[str, np.ndarray]:
-        return _param_arrays(self.model)
-
-
-class SplitJitPath:
-    """(b) `nnx.split` once, a Python loop over a pure `jax.jit` step that
-    donates the state, `nnx.merge` when the weights are read."""
-
-    def __init__(self, name: str, setting: Setting, batches: dict[str, np.ndarray]):
-        self.name = name
-        self.graphdef, self.state = nnx.split(init_train_state(setting))
-        self.step = jax.jit(make_pure_step(self.graphdef), donate_argnums=0)
-        self.batches = _split_batches(batches)
-        self._losses: list[jax.Array] = []
-        self.cost: dict[str, float] = {}
-
-    def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = self.step.lower(self.state, self.batches[0])
-        lowered_at = time.perf_counter()
-        compiled = lowered.compile()
-        times = {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
-        self.cost = _cost(compiled)
-        return times
-
-    def run_epoch(self) -> None:
-        state, losses = self.state, []
-        for batch in self.batches:
-            state, loss = self.step(state, batch)
-            losses.append(loss)
-        self.state = jax.block_until_ready(state)
-        self._losses = jax.block_until_ready(losses)
-
-    def losses(self) -> np.ndarray:
-        return np.asarray(jnp.stack(self._losses))
-
-    def params(self) -> dict[str, np.ndarray]:
-        model, _optimizer = nnx.merge(self.graphdef, self.state)
-        return _param_arrays(model)
-
-
-class ScanPath:
-    """(c) One `jax.jit` call per epoch: `lax.scan` over device-resident,
-    stacked batches; the state is donated.
-
-    `twin_of`: another `ScanPath` of the same setting whose jitted epoch (and
-    so executable) this one reuses, with its own state: the A/A control runs
-    the very same code as a separate entry, and costs no second compile.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        setting: Setting,
-        batches: dict[str, np.ndarray],
-        twin_of: "ScanPath | None" = None,
-    ):
-        self.name = name
-        self.graphdef, self.state = nnx.split(init_train_state(setting))
-        if twin_of is not None:
-            if twin_of.graphdef != self.graphdef:
-                raise ValueError(f"`{name}` and its twin `{twin_of.name}` differ in structure.")
-            self.epoch = twin_of.epoch
-        else:
-            self.epoch = jax.jit(make_pure_epoch(self.graphdef), donate_argnums=0)
-        self.batches = jax.device_put(batches)
-        self._losses: jax.Array | None = None
-        self.cost: dict[str, float] = {}
-
-    def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = self.epoch.lower(self.state, self.batches)
-        lowered_at = time.perf_counter()
-        compiled = lowered.compile()
-        times = {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
-        self.cost = _cost(compiled)
-        return times
-
-    def run_epoch(self) -> None:
-        self.state, self._losses = jax.block_until_ready(self.epoch(self.state, self.batches))
-
-    def losses(self) -> np.ndarray:
-        return np.asarray(self._losses)
-
-    def params(self) -> dict[str, np.ndarray]:
-        model, _optimizer = nnx.merge(self.graphdef, self.state)
-        return _param_arrays(model)
-
-
-class TrainStepPath:
-    """The project's own step, `train.train_step` (split + `jax.jit`, graphdef
-    and optimizer static, a `TrainState` in and out, no donation), in a Python
-    loop: what `mlp-classifier train` runs. Input width 64 only."""
-
-    def __init__(self, name: str, setting: Setting, batches: dict[str, np.ndarray]):
-        if setting.in_features != data.NUM_FEATURES:
-            raise ValueError(
-                f"`train.train_step` builds the model for {data.NUM_FEATURES} input features, "
-                f"but setting `{setting.name}` has `in_features = {setting.in_features}`."
-            )
-        self.name = name
-        self.tx = train.make_optimizer(setting.config)
-        self.graphdef, self.state = train.create_train_state(
-            setting.config, self.tx, _model_key(setting.config)
-        )
-        self.batches = _split_batches(batches)
-        self._losses: list[jax.Array] = []
-
-    def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = train.train_step.lower(self.graphdef, self.tx, self.state, self.batches[0])
-        lowered_at = time.perf_counter()
-        lowered.compile()
-        return {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
-
-    def run_epoch(self) -> None:
-        state, losses = self.state, []
-        for batch in self.batches:
-            state, metrics = train.train_step(self.graphdef, self.tx, state, batch)
-            losses.append(metrics["loss"])
-        self.state = jax.block_until_ready(state)
-        self._losses = jax.block_until_ready(losses)
-
-    def losses(self) -> np.ndarray:
-        return np.asarray(jnp.stack(self._losses))
-
-    def params(self) -> dict[str, np.ndarray]:
-        flat = nnx.to_flat_state(self.state.params)
-        return {"/".join(str(part) for part in path): np.asarray(v[...]) for path, v in flat}
-
-
-class GemmPath:
-    """The FLOP/s ceiling: one jitted `n x n @ n x n` f32 matmul per call,
-    `2 n^3` FLOPs."""
-
-    def __init__(self, name: str, n: int, seed: int):
-        self.name = name
-        self.n = n
-        key_a, key_b = jax.random.split(jax.random.key(seed))
-        self.a = jax.random.uniform(key_a, (n, n), jnp.float32)
-        self.b = jax.random.uniform(key_b, (n, n), jnp.float32)
-        self.matmul = jax.jit(jnp.matmul)
-        self.cost: dict[str, float] = {}
-
-    @property
-    def flops(self) -> float:
-        return 2.0 * self.n**3
-
-    def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = self.matmul.lower(self.a, self.b)
-        lowered_at = time.perf_counter()
-        compiled = lowered.compile()
-        times = {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
-        self.cost = _cost(compiled)
-        return times
-
-    def run_epoch(self) -> None:
-        jax.block_until_ready(self.matmul(self.a, self.b))
-
-    def losses(self) -> None:
-        return None
-
-
-def _param_arrays(model: MLP) -> dict[str, np.ndarray]:
-    """The `nnx.Param` leaves of `model` keyed by state path (`hidden/0/kernel`)."""
-    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
-    return {"/".join(str(part) for part in path): np.asarray(v[...]) for path, v in flat}
-
-
-def _cost(compiled: Any) -> dict[str, float]:
-    """FLOPs and bytes accessed from XLA's cost analysis of an executable."""
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, list | tuple):  # Older jax: one dict per device.
-        analysis = analysis[0]
-    analysis = analysis or {}
-    return {
-        "flops": float(analysis.get("flops", math.nan)),
-        "bytes_accessed": float(analysis.get("bytes accessed", math.nan)),
-    }
-
-
-# --- MEASUREMENT ---------------------------------------------------------------
-
-
-class CompileCounter:
-    """Counts XLA backend compiles and jaxpr traces while active (a context
-    manager over a `jax.monitoring` listener)."""
-
-    def __init__(self) -> None:
-        self.compiles = 0
-        self.traces = 0
-
-    def _on_event(self, event: str, duration_secs: float, **kwargs: Any) -> None:
-        del duration_secs, kwargs
-        if event == BACKEND_COMPILE_EVENT:
-            self.compiles += 1
-        elif event == TRACE_EVENT:
-            self.traces += 1
-
-    def snapshot(self) -> tuple[int, int]:
-        return self.compiles, self.traces
-
-    def __enter__(self) -> "CompileCounter":
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        jax.monitoring.unregister_event_duration_listener(self._on_event)
-
-
-def measure(
-    paths: Sequence[TimedPath], repeats: int, counter: CompileCounter, log: Callable[[str], None]
-) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray]]:
-    """Compiles each path, runs its first epoch, then `repeats` rounds of one
-    epoch per path in a fixed interleaved order (A B C D A B C D ...).
-
-    Returns the per-path measurements (BENCHMARKS.md fields plus `lower_s`,
-    `min_s`, `max_s`, every timed value in `times_s`, and the compiles/traces
-    seen while preparing, during the first call and during the timed rounds)
-    and each path's per-step losses from its first epoch.
-    """
-    results: dict[str, dict[str, Any]] = {}
-    first_losses: dict[str, np.ndarray] = {}
-    for path in paths:
-        before = counter.snapshot()
-        result = dict(path.prepare())
-        prepared = counter.snapshot()
-        result["first_call_s"] = _timed(path.run_epoch)
-        after = counter.snapshot()
-        result["compiles"] = {
-            "prepare": prepared[0] - before[0],
-            "first_call": after[0] - prepared[0],
-        }
-        result["traces"] = {
-            "prepare": prepared[1] - before[1],
-            "first_call": after[1] - prepared[1],
-        }
-        results[path.name] = result
-        losses = path.losses()
-        if losses is not None:
-            first_losses[path.name] = losses
-        log(
-            f"  {path.name:<14} lower {result['lower_s']:.3f}s  compile {result['compile_s']:.3f}s"
-            f"  first call {result['first_call_s']:.4f}s"
-        )
-    times: dict[str, list[float]] = {path.name: [] for path in paths}
-    timed_compiles = dict.fromkeys(times, 0)
-    timed_traces = dict.fromkeys(times, 0)
-    for round_index in range(repeats):
-        gc.collect()
-        for path in paths:
-            before = counter.snapshot()
-            times[path.name].append(_timed(path.run_epoch))
-            after = counter.snapshot()
-            timed_compiles[path.name] += after[0] - before[0]
-            timed_traces[path.name] += after[1] - before[1]
-        if (round_index + 1) % max(1, repeats // 5) == 0 or round_index + 1 == repeats:
-            log(f"  round {round_index + 1}/{repeats}")
-    for name, values in times.items():
-        arr = np.asarray(values)
-        results[name].update(
-            median_s=float(np.median(arr)),
-            p90_s=float(np.percentile(arr, 90)),
-            min_s=float(arr.min()),
-            max_s=float(arr.max()),
-            n=len(values),
-            times_s=[float(v) for v in values],
-        )
-        results[name]["compiles"]["timed"] = timed_compiles[name]
-        results[name]["traces"]["timed"] = timed_traces[name]
-    return results, first_losses
+# --- ONE SETTING ---------------------------------------------------------------
 
 
 def _ratio(measurements: dict[str, dict[str, Any]], a: str, b: str) -> float:

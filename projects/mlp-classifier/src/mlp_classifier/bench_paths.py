@@ -15,7 +15,6 @@ The PyTorch eager path (d) is in `bench_torch.py`.
 """
 
 import functools
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -25,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from mlp_classifier import data, train
-from mlp_classifier.bench_timing import cost_analysis
+from mlp_classifier.bench_timing import compile_timed, cost_analysis
 from mlp_classifier.config import Config
 from mlp_classifier.model import MLP
 from mlp_classifier.train import loss_fn
@@ -130,11 +129,8 @@ class NnxJitPath:
         self._losses: list[jax.Array] = []
 
     def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = nnx_train_step.lower(self.model, self.optimizer, self.batches[0])
-        lowered_at = time.perf_counter()
-        lowered.compile()
-        return {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+        _, times = compile_timed(nnx_train_step, self.model, self.optimizer, self.batches[0])
+        return times
 
     def run_epoch(self) -> None:
         losses = []
@@ -164,11 +160,7 @@ class SplitJitPath:
         self.cost: dict[str, float] = {}
 
     def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = self.step.lower(self.state, self.batches[0])
-        lowered_at = time.perf_counter()
-        compiled = lowered.compile()
-        times = {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+        compiled, times = compile_timed(self.step, self.state, self.batches[0])
         self.cost = cost_analysis(compiled)
         return times
 
@@ -217,11 +209,7 @@ class ScanPath:
         self.cost: dict[str, float] = {}
 
     def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = self.epoch.lower(self.state, self.batches)
-        lowered_at = time.perf_counter()
-        compiled = lowered.compile()
-        times = {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+        compiled, times = compile_timed(self.epoch, self.state, self.batches)
         self.cost = cost_analysis(compiled)
         return times
 
@@ -256,11 +244,9 @@ class TrainStepPath:
         self._losses: list[jax.Array] = []
 
     def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = train.train_step.lower(self.graphdef, self.tx, self.state, self.batches[0])
-        lowered_at = time.perf_counter()
-        lowered.compile()
-        return {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+        args = (self.graphdef, self.tx, self.state, self.batches[0])
+        _, times = compile_timed(train.train_step, *args)
+        return times
 
     def run_epoch(self) -> None:
         state, losses = self.state, []
@@ -296,11 +282,7 @@ class GemmPath:
         return 2.0 * self.n**3
 
     def prepare(self) -> dict[str, float]:
-        start = time.perf_counter()
-        lowered = self.matmul.lower(self.a, self.b)
-        lowered_at = time.perf_counter()
-        compiled = lowered.compile()
-        times = {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+        compiled, times = compile_timed(self.matmul, self.a, self.b)
         self.cost = cost_analysis(compiled)
         return times
 

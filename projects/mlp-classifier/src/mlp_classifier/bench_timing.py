@@ -56,6 +56,19 @@ def _timed(fn: Callable[[], Any]) -> float:
         gc.enable()
 
 
+def compile_timed(jitted: Any, *args: Any) -> tuple[Any, dict[str, float]]:
+    """Lowers and compiles `jitted` for `args` ahead of the first call.
+
+    Returns `(compiled, times)`: the executable, and `lower_s` (tracing and
+    lowering to StableHLO) and `compile_s` (XLA compilation) in seconds.
+    """
+    start = time.perf_counter()
+    lowered = jitted.lower(*args)
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    return compiled, {"lower_s": lowered_at - start, "compile_s": time.perf_counter() - lowered_at}
+
+
 def cost_analysis(compiled: Any) -> dict[str, float]:
     """FLOPs and bytes accessed from XLA's cost analysis of an executable."""
     analysis = compiled.cost_analysis()

@@ -1,0 +1,431 @@
+"""Stage 1: two kernels and their references.
+
+Independent checks: each Pallas kernel (the fused matmul + bias + activation,
+the layer norm) is compared with a float64 NumPy version and with a plain
+`jax.numpy` version, under a per-element error bound derived from the
+floating-point error analysis (`kernel_audit.reference`), not picked to pass.
+Repeated under changed conditions: float32 and bfloat16, three activations,
+another seed, other block sizes. The bounds themselves are checked to catch
+realistic bugs (a dropped bias, bfloat16 accumulation, a skipped mean). Every
+kernel here runs in interpret mode on a CPU, and the records say so.
+"""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from kernel_audit import data, kernels, reference
+from kernel_audit.cli import main
+from kernel_audit.config import Config, ConfigError, load_config
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+MODE = kernels.execution_mode(None)
+
+
+def matmul_inputs(seed: int, m: int, k: int, n: int, dtype: str):
+    key = data.case_key(seed, "stage1-matmul", m, k, n, dtype)
+    return data.matmul_operands(key, m, k, n, kernels.DTYPES[dtype])
+
+
+def row_inputs(seed: int, rows: int, cols: int, dtype: str):
+    key = data.case_key(seed, "stage1-rows", rows, cols, dtype)
+    return data.layer_norm_operands(key, rows, cols, kernels.DTYPES[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+def test_matmul_matches_both_references(evidence, dtype, activation):
+    x, w, b = matmul_inputs(0, 64, 96, 48, dtype)
+    blocks = kernels.MatmulBlocks(block_m=32, block_n=16, block_k=32)
+    y = kernels.matmul_bias_act(x, w, b, blocks=blocks, activation=activation)
+    assert y.shape == (64, 48) and y.dtype == kernels.DTYPES[dtype]
+    f64 = reference.matmul_bias_act_f64(x, w, b, activation)
+    bound = reference.matmul_error_bound(x, w, b, activation, dtype)
+    condition = f"(64, 96) x (96, 48), {dtype}, {activation}, blocks 32/16/32, mode={MODE}"
+    ok_f64 = evidence.within_bound("matmul vs float64 NumPy", condition, y, f64, bound)
+    y_jnp = reference.matmul_bias_act_jnp(x, w, b, activation)
+    ok_jnp = evidence.within_bound(
+        "matmul vs jax.numpy (two float32 computations: twice the bound)",
+        condition,
+        y,
+        y_jnp,
+        bound,
+        scale=2.0,
+    )
+    # The bound must also hold for the jnp reference, or it is not a bound.
+    ok_ref = evidence.within_bound("jax.numpy reference vs float64", condition, y_jnp, f64, bound)
+    assert ok_f64 and ok_jnp and ok_ref
+
+
+@pytest.mark.parametrize(
+    ("seed", "blocks"),
+    [(1, (16, 16, 16)), (2, (64, 64, 64)), (3, (16, 64, 32))],
+)
+def test_matmul_other_seed_and_blocks(evidence, seed, blocks):
+    x, w, b = matmul_inputs(seed, 64, 64, 64, "float32")
+    y = kernels.matmul_bias_act(x, w, b, blocks=kernels.MatmulBlocks(*blocks), activation="gelu")
+    assert evidence.within_bound(
+        "matmul vs float64 NumPy, changed seed and blocks",
+        f"seed={seed}, blocks={blocks}, (64, 64) x (64, 64), float32 gelu, mode={MODE}",
+        y,
+        reference.matmul_bias_act_f64(x, w, b, "gelu"),
+        reference.matmul_error_bound(x, w, b, "gelu", "float32"),
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_layer_norm_matches_both_references(evidence, dtype, seed):
+    x, g, b = row_inputs(seed, 24, 128, dtype)
+    y = kernels.layer_norm(x, g, b, blocks=kernels.RowBlocks(block_rows=8))
+    assert y.shape == (24, 128) and y.dtype == kernels.DTYPES[dtype]
+    f64 = reference.layer_norm_f64(x, g, b)
+    bound = reference.layer_norm_error_bound(x, g, b, dtype)
+    condition = f"(24, 128), {dtype}, seed={seed}, block_rows=8, mode={MODE}"
+    ok_f64 = evidence.within_bound("layer norm vs float64 NumPy", condition, y, f64, bound)
+    y_jnp = reference.layer_norm_jnp(x, g, b)
+    ok_jnp = evidence.within_bound(
+        "layer norm vs jax.numpy (twice the bound)", condition, y, y_jnp, bound, scale=2.0
+    )
+    ok_ref = evidence.within_bound("jax.numpy layer norm vs float64", condition, y_jnp, f64, bound)
+    assert ok_f64 and ok_jnp and ok_ref
+
+
+def test_bounds_grow_with_the_reduction_length(evidence):
+    """The matmul bound is gamma_{K+1} * (|x| @ |w| + |b|): for float32 it must grow
+    roughly linearly in K at fixed operand scale (the definition, checked on data)."""
+    sizes = [64, 256, 1024]
+    widths = []
+    for k in sizes:
+        x, w, b = matmul_inputs(4, 4, k, 4, "float32")
+        # Undo the 1/sqrt(K) weight scale so |x| @ |w| grows like K.
+        w = w * jnp.sqrt(jnp.float32(k))
+        widths.append(float(np.mean(reference.matmul_error_bound(x, w, b, "none", "float32"))))
+    slope = float(np.polyfit(np.log(sizes), np.log(widths), 1)[0])
+    # gamma_{K+1} ~ (K+1) u and sum |x||w| ~ K: log-log slope about 2.
+    assert evidence.record(
+        "bound growth with K (log-log slope of the mean bound)",
+        "K in 64, 256, 1024; unit-scale x and w",
+        {"mean_bounds": widths, "slope": slope},
+        {"expected_slope": "about 2 (gamma_K ~ K u times a sum of K terms)", "range": [1.8, 2.2]},
+        1.8 <= slope <= 2.2,
+    )
+
+
+def test_bounds_catch_realistic_bugs(evidence):
+    """The bounds are tight enough to fail: a dropped bias, a bfloat16 accumulator
+    and a layer norm that forgets to subtract the mean all break them."""
+    x, w, b = matmul_inputs(5, 16, 2048, 16, "bfloat16")
+    bound = reference.matmul_error_bound(x, w, b, "none", "bfloat16")
+    f64 = reference.matmul_bias_act_f64(x, w, b, "none")
+    no_bias = jnp.dot(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+    # Sequential bfloat16 accumulation, as a kernel without a float32 accumulator would do.
+    parts = jnp.einsum(
+        "cmk,ckn->cmn",
+        x.reshape(16, 128, 16).transpose(1, 0, 2),
+        w.reshape(128, 16, 16),
+        preferred_element_type=jnp.float32,
+    )
+
+    def accumulate(acc, part):
+        return (acc.astype(jnp.float32) + part).astype(jnp.bfloat16), None
+
+    acc, _ = jax.lax.scan(accumulate, jnp.zeros((16, 16), jnp.bfloat16), parts)
+    bf16_acc = (acc.astype(jnp.float32) + b.astype(jnp.float32)[None, :]).astype(jnp.bfloat16)
+    xr, g, be = row_inputs(5, 8, 64, "float32")
+    x32 = xr.astype(jnp.float32)
+    rms_only = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-5) * g[None, :]
+    rms_only = rms_only + be[None, :]
+    ln_bound = reference.layer_norm_error_bound(xr, g, be, "float32")
+    caught = {
+        "dropped_bias": not evidence.within_bound(
+            "a matmul without its bias breaks the bound (must fail)",
+            "bfloat16, K=2048",
+            no_bias,
+            f64,
+            bound,
+        ),
+        "bfloat16_accumulator": not evidence.within_bound(
+            "a bfloat16 accumulator breaks the bound (must fail)",
+            "bfloat16, K=2048, 128 chunks of 16",
+            bf16_acc,
+            f64,
+            bound,
+        ),
+        "no_mean_subtraction": not evidence.within_bound(
+            "a layer norm without mean subtraction breaks the bound (must fail)",
+            "float32, (8, 64), inputs of mean 3",
+            rms_only,
+            reference.layer_norm_f64(xr, g, be),
+            ln_bound,
+        ),
+    }
+    assert evidence.record(
+        "the derived bounds reject three realistic bugs",
+        "see the three preceding records",
+        caught,
+        {"all_caught": True},
+        all(caught.values()),
+    )
+
+
+def test_execution_mode_is_declared_and_interpret_is_what_ran(evidence):
+    """On a machine without a GPU the default mode is `interpret`; forcing
+    `interpret=True` gives the same bits, and the audit record names the mode."""
+    from kernel_audit import audit
+
+    x, w, b = matmul_inputs(6, 20, 40, 24, "float32")
+    default = kernels.matmul_bias_act(x, w, b, activation="relu")
+    forced = kernels.matmul_bias_act(x, w, b, activation="relu", interpret=True)
+    record = audit.audit_layer_norm(data.ROW_CASES[1], "float32", kernels.RowBlocks(), seed=0)
+    observed = {
+        "backend": jax.default_backend(),
+        "default_mode": kernels.execution_mode(None),
+        "forced_interpret_bitwise_equal_default": bool(jnp.array_equal(default, forced)),
+        "audit_record_mode": record["execution_mode"],
+    }
+    expected_mode = "compiled" if jax.default_backend() == "gpu" else "interpret"
+    assert evidence.record(
+        "execution mode declared and consistent",
+        f"backend={jax.default_backend()}",
+        observed,
+        {"expected_mode": expected_mode},
+        observed["default_mode"] == expected_mode
+        and observed["audit_record_mode"] == expected_mode
+        and (expected_mode != "interpret" or observed["forced_interpret_bitwise_equal_default"]),
+    )
+
+
+def test_same_seed_same_bits(evidence):
+    outs = []
+    blocks = kernels.MatmulBlocks(block_m=32, block_n=16, block_k=32)  # as in the first test
+    for seed in (7, 7, 8):
+        x, w, b = matmul_inputs(seed, 64, 96, 48, "bfloat16")
+        y = kernels.matmul_bias_act(x, w, b, blocks=blocks, activation="gelu")
+        xr, g, be = row_inputs(seed, 24, 128, "float32")
+        ln = kernels.layer_norm(xr, g, be, blocks=kernels.RowBlocks(block_rows=8))
+        outs.append((np.asarray(y.astype(jnp.float32)), np.asarray(ln)))
+    same = all(np.array_equal(a, b) for a, b in zip(outs[0], outs[1], strict=True))
+    other = not any(np.array_equal(a, b) for a, b in zip(outs[0], outs[2], strict=True))
+    assert evidence.record(
+        "determinism: same seed gives bitwise-equal kernel outputs; another seed differs",
+        "seeds 7, 7, 8; matmul (64, 96) x (96, 48) bfloat16, layer norm (24, 128) float32",
+        {"same_seed_bitwise_equal": same, "other_seed_differs": other},
+        {"bitwise": True},
+        same and other,
+    )
+
+
+# --- BAD INPUT ----------------------------------------------------------------------------
+
+
+def _f32(*shape):
+    return jnp.ones(shape, jnp.float32)
+
+
+BAD_MATMUL = [
+    ((_f32(8, 16), _f32(17, 8), _f32(8)), {}, r"`x` has 16 columns but `w` has 17 rows"),
+    ((_f32(8, 16), _f32(16, 8), _f32(9)), {}, r"`b` has 9 entries but `w` has 8 columns"),
+    ((_f32(8, 16, 1), _f32(16, 8), _f32(8)), {}, r"Expected `x` \(M, K\)"),
+    (
+        (
+            jnp.ones((8, 16), jnp.float16),
+            jnp.ones((16, 8), jnp.float16),
+            jnp.ones((8,), jnp.float16),
+        ),
+        {},
+        r"`x` has dtype `float16`, which the kernels do not support",
+    ),
+    (
+        (jnp.ones((8, 16), jnp.int32), jnp.ones((16, 8), jnp.int32), jnp.ones((8,), jnp.int32)),
+        {},
+        r"`x` has dtype `int32`",
+    ),
+    (
+        (_f32(8, 16), jnp.ones((16, 8), jnp.bfloat16), _f32(8)),
+        {},
+        r"All operands must share one dtype.*`w`: `bfloat16`",
+    ),
+    ((_f32(0, 16), _f32(16, 8), _f32(8)), {}, r"at least 1"),
+    (
+        (_f32(64, 64), _f32(64, 64), _f32(64)),
+        {"blocks": (24, 16, 16)},
+        r"`block_m` must be a power of two.*`24`",
+    ),
+    (
+        (_f32(64, 64), _f32(64, 64), _f32(64)),
+        {"blocks": (16, 8, 16)},
+        r"`block_n` must lie in \[16, 256\]",
+    ),
+    (
+        (_f32(5, 64), _f32(64, 64), _f32(64)),
+        {"blocks": (64, 16, 16)},
+        r"`block_m` = `64` exceeds the padded M = 5",
+    ),
+    (
+        (_f32(64, 64), _f32(64, 64), _f32(64)),
+        {"activation": "swish"},
+        r"Unknown activation `swish`",
+    ),
+]
+
+
+@pytest.mark.parametrize(("operands", "kwargs", "message"), BAD_MATMUL)
+def test_bad_matmul_input_is_refused_before_any_kernel_runs(monkeypatch, operands, kwargs, message):
+    def no_kernel(*args, **kw):
+        raise AssertionError("a kernel was built for refused input")
+
+    monkeypatch.setattr(kernels.pl, "pallas_call", no_kernel)
+    if "blocks" in kwargs:
+        kwargs = {**kwargs, "blocks": kernels.MatmulBlocks(*kwargs["blocks"])}
+    with pytest.raises(kernels.KernelInputError, match=message):
+        kernels.matmul_bias_act(*operands, **kwargs)
+
+
+def test_shared_memory_rule_depends_on_the_dtype(evidence):
+    """(128, 128, 128) blocks with 2 stages need 256 KiB of float32 tiles (refused)
+    but 128 KiB of bfloat16 tiles (accepted): the dtype decides."""
+    blocks = kernels.MatmulBlocks(128, 128, 128)
+    refused_f32 = False
+    try:
+        kernels.check_matmul(_f32(256, 256), _f32(256, 256), _f32(256), blocks, "none")
+    except kernels.KernelInputError as err:
+        refused_f32 = "shared memory" in str(err)
+    bf = jnp.ones((256, 256), jnp.bfloat16)
+    kernels.check_matmul(bf, bf, jnp.ones((256,), jnp.bfloat16), blocks, "none")
+    assert evidence.record(
+        "shared-memory rule: same blocks refused for float32, accepted for bfloat16",
+        "blocks 128/128/128, 2 stages, limit 227 KiB",
+        {
+            "float32_bytes": kernels.matmul_staged_bytes(blocks, 4),
+            "bfloat16_bytes": kernels.matmul_staged_bytes(blocks, 2),
+            "float32_refused": refused_f32,
+        },
+        {"limit_bytes": kernels.SHARED_MEMORY_BYTES},
+        refused_f32,
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "params", "blocks", "message"),
+    [
+        (
+            (8, 100),
+            (100, 100),
+            kernels.RowBlocks(8, 64),
+            r"`block_cols` = `64` is smaller than the row length C = 100",
+        ),
+        ((8, 100), (100, 100), kernels.RowBlocks(8, 96), r"`block_cols` must be a power of two"),
+        ((8, 100), (100, 100), kernels.RowBlocks(8, 256), r"wider than the padded row length 128"),
+        ((8, 100), (99, 100), kernels.RowBlocks(8), r"`gamma` and `beta` of shape \(C,\)"),
+        ((8, 100), (100, 100), kernels.RowBlocks(3), r"`block_rows` must be a power of two"),
+    ],
+)
+def test_bad_layer_norm_input_is_refused(monkeypatch, shape, params, blocks, message):
+    monkeypatch.setattr(kernels.pl, "pallas_call", lambda *a, **k: pytest.fail("kernel built"))
+    with pytest.raises(kernels.KernelInputError, match=message):
+        kernels.layer_norm(_f32(*shape), _f32(params[0]), _f32(params[1]), blocks=blocks)
+
+
+def test_cli_check_refuses_bad_blocks_and_runs_good_ones(evidence):
+    bad = CliRunner().invoke(main, ["check", "5", "64", "7", "--blocks", "64", "16", "16"])
+    good = CliRunner().invoke(main, ["check", "5", "64", "7", "--blocks", "16", "16", "16"])
+    observed = {
+        "bad_exit": bad.exit_code,
+        "bad_names_block_m": "`block_m`" in bad.output,
+        "bad_traceback": "Traceback" in bad.output,
+        "good_exit": good.exit_code,
+        "good_declares_mode": f"[{MODE}]" in good.output,
+    }
+    assert evidence.record(
+        "CLI `check`: invalid blocks are one clear error (exit 2); valid ones run and pass",
+        "(5, 64) x (64, 7): block_m 64 vs 16",
+        observed,
+        {"bad_exit": 2, "good_exit": 0},
+        observed["bad_exit"] == 2
+        and observed["bad_names_block_m"]
+        and not observed["bad_traceback"]
+        and observed["good_exit"] == 0
+        and observed["good_declares_mode"],
+    )
+
+
+def test_shipped_configs_equal_presets():
+    assert load_config(PROJECT_ROOT / "configs" / "tiny.json") == Config.tiny()
+    assert load_config(PROJECT_ROOT / "configs" / "default.json") == Config.default()
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('{"seeds": 1}', "seeds"),
+        ('{"dtypes": ["float16"]}', "dtypes"),
+        ('{"matmul_cases": ["huge"]}', "matmul_cases"),
+        ('{"matmul_blocks": [[16, 0, 16]]}', "matmul_blocks"),
+        ('{"train_steps": 0}', "train_steps"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path, text, field):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"`{field}"):
+        load_config(path)
+    result = CliRunner().invoke(
+        main, ["audit", "--config", str(path), "--workdir", str(tmp_path / "a")]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"`{field}" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "a").exists()
+
+
+def test_audit_command_writes_a_labelled_report(evidence, tmp_path):
+    from kernel_audit import checkpoint
+
+    # The tiny preset, cut to one ragged shape per kernel and one dtype to stay fast.
+    config = Config.tiny().model_copy(
+        update={"dtypes": ("float32",), "matmul_cases": ("ragged",), "row_cases": ("ragged",)}
+    )
+    (tmp_path / "config.json").write_text(config.to_json())
+    result = CliRunner().invoke(
+        main,
+        ["audit", "--config", str(tmp_path / "config.json"), "--workdir", str(tmp_path)],
+    )
+    assert result.exit_code == 0, result.output
+    report = checkpoint.load_record(tmp_path / "report.json")
+    records = report["records"]
+    observed = {
+        "cells": len(records),
+        "all_labelled": all(r.get("execution_mode") in ("interpret", "compiled") for r in records),
+        "modes": sorted({r["execution_mode"] for r in records}),
+        "all_passed": all(r["passed"] for r in records if not r.get("refused")),
+        "max_bound_used": report["summary"]["max_bound_used_vs_f64"],
+        "unmasked_edges_all_nan": report["summary"]["unmasked_edges_all_nan"],
+        "png_written": (tmp_path / "audit.png").stat().st_size > 0,
+    }
+    assert evidence.record(
+        "`kernel-audit audit`: every record labelled with its mode, all within bound",
+        "tiny preset, ragged shapes, float32",
+        observed,
+        {"max_bound_used": 1.0},
+        observed["all_labelled"]
+        and observed["all_passed"]
+        and observed["png_written"]
+        and observed["unmasked_edges_all_nan"],
+    )
+    # A record edited after writing is detected.
+    path = tmp_path / "report.json"
+    path.write_text(path.read_text().replace('"passed": false', '"passed": true') + " ")
+    with pytest.raises(checkpoint.RecordError, match="does not match its sha256"):
+        checkpoint.load_record(path)
+
+
+def test_evidence_round_trip(evidence, tmp_path):
+    path = evidence.write(tmp_path)
+    payload = json.loads(path.read_text())
+    assert payload["stage"] == "1"
+    assert payload["records"] and all("passed" in r for r in payload["records"])

@@ -1,0 +1,389 @@
+"""Stage 2: shapes, edges, gradients.
+
+Independent checks: the shape table of `kernel_audit.data` (shapes that divide
+the blocks and shapes that do not, tiny and degenerate shapes, long
+reductions), in float32 and bfloat16, against the float64 NumPy references
+under the derived bounds; then hypothesis-drawn shapes, dtypes, activations
+and blocks on top of the table. Out-of-bounds handling: the interpreter fills
+out-of-bounds reads with NaN, so the same ragged shape fails with the edge
+masking switched off and passes with it on (and a shape that divides the
+blocks passes either way). Gradients through the `custom_vjp`s: against a
+float64 chain rule written by hand, against autodiff of the `jax.numpy`
+reference, and against central finite differences of the float64 reference
+along random directions (in float64 the difference quotient is accurate to
+about 1e-8, so the kernel's own error dominates); then a short training run
+through the kernels against the same run through the references.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax.experimental import pallas as pl
+
+from kernel_audit import data, kernels, reference, train
+from kernel_audit.config import Config
+
+MODE = kernels.execution_mode(None)
+TINY = np.finfo(np.float64).tiny
+
+
+def fitted(block: int, dim: int) -> int:
+    """`block`, shrunk to what the kernel accepts for a dimension of size `dim`."""
+    return min(block, max(kernels.MIN_DOT_BLOCK, pl.next_power_of_2(dim)))
+
+
+# --- THE TABLE ------------------------------------------------------------------------------
+
+ACTIVATION_FOR = dict(
+    zip(
+        [c.name for c in data.MATMUL_CASES],
+        ["gelu", "relu", "gelu", "none", "gelu", "relu"],
+        strict=True,
+    )
+)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", data.MATMUL_CASES, ids=lambda c: c.name)
+def test_matmul_shape_table(evidence, case, dtype):
+    activation = ACTIVATION_FOR[case.name]
+    blocks = kernels.MatmulBlocks(fitted(32, case.m), fitted(16, case.n), fitted(32, case.k))
+    key = data.case_key(0, "stage2", case.name, dtype)
+    x, w, b = data.matmul_operands(key, case.m, case.k, case.n, kernels.DTYPES[dtype])
+    y = kernels.matmul_bias_act(x, w, b, blocks=blocks, activation=activation)
+    ragged = bool(case.m % blocks.block_m or case.k % blocks.block_k or case.n % blocks.block_n)
+    assert evidence.within_bound(
+        "matmul table vs float64 NumPy",
+        f"{case.name} (M, K, N)=({case.m}, {case.k}, {case.n}), {dtype}, {activation}, "
+        f"blocks {blocks.block_m}/{blocks.block_n}/{blocks.block_k}, "
+        f"ragged={ragged}, "
+        f"mode={MODE}",
+        y,
+        reference.matmul_bias_act_f64(x, w, b, activation),
+        reference.matmul_error_bound(x, w, b, activation, dtype),
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", data.ROW_CASES, ids=lambda c: c.name)
+def test_layer_norm_shape_table(evidence, case, dtype):
+    key = data.case_key(0, "stage2-rows", case.name, dtype)
+    x, g, b = data.layer_norm_operands(key, case.rows, case.cols, kernels.DTYPES[dtype])
+    blocks = kernels.fit_row_blocks(case.rows)
+    y = kernels.layer_norm(x, g, b, blocks=blocks)
+    assert evidence.within_bound(
+        "layer norm table vs float64 NumPy",
+        f"{case.name} (R, C)=({case.rows}, {case.cols}), {dtype}, block_rows "
+        f"{blocks.block_rows}, block_cols {kernels.row_block_cols(blocks, case.cols)}, mode={MODE}",
+        y,
+        reference.layer_norm_f64(x, g, b),
+        reference.layer_norm_error_bound(x, g, b, dtype),
+    )
+
+
+# --- PROPERTY-BASED CASES ---------------------------------------------------------------------
+
+HYPOTHESIS = settings(
+    max_examples=5,
+    deadline=None,
+    derandomize=True,  # same examples every run: the suite stays deterministic
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@HYPOTHESIS
+@given(
+    m=st.integers(1, 70),
+    k=st.integers(1, 150),
+    n=st.integers(1, 70),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    activation=st.sampled_from(["none", "relu", "gelu"]),
+    block=st.sampled_from([16, 32]),
+    seed=st.integers(0, 2**16),
+)
+def test_matmul_property_drawn_shapes(evidence, m, k, n, dtype, activation, block, seed):
+    blocks = kernels.MatmulBlocks(fitted(block, m), fitted(block, n), fitted(block, k))
+    x, w, b = data.matmul_operands(data.case_key(seed, "hyp"), m, k, n, kernels.DTYPES[dtype])
+    y = kernels.matmul_bias_act(x, w, b, blocks=blocks, activation=activation)
+    assert evidence.within_bound(
+        "hypothesis: matmul vs float64 NumPy",
+        f"(M, K, N)=({m}, {k}, {n}), {dtype}, {activation}, block {block}, seed {seed}, "
+        f"mode={MODE}",
+        y,
+        reference.matmul_bias_act_f64(x, w, b, activation),
+        reference.matmul_error_bound(x, w, b, activation, dtype),
+    )
+
+
+@HYPOTHESIS
+@given(
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 300),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    block_rows=st.sampled_from([1, 2, 8]),
+    seed=st.integers(0, 2**16),
+)
+def test_layer_norm_property_drawn_shapes(evidence, rows, cols, dtype, block_rows, seed):
+    blocks = kernels.RowBlocks(block_rows=min(block_rows, pl.next_power_of_2(rows)))
+    x, g, b = data.layer_norm_operands(
+        data.case_key(seed, "hyp-ln"), rows, cols, kernels.DTYPES[dtype]
+    )
+    y = kernels.layer_norm(x, g, b, blocks=blocks)
+    assert evidence.within_bound(
+        "hypothesis: layer norm vs float64 NumPy",
+        f"(R, C)=({rows}, {cols}), {dtype}, block_rows {blocks.block_rows}, seed {seed}, "
+        f"mode={MODE}",
+        y,
+        reference.layer_norm_f64(x, g, b),
+        reference.layer_norm_error_bound(x, g, b, dtype),
+    )
+
+
+# --- OUT-OF-BOUNDS EDGES ------------------------------------------------------------------------
+
+
+def test_unmasked_edge_fails_and_masked_edge_passes(evidence):
+    """Ragged reduction edge, masking off: the interpreter's NaN fill reaches the
+    result (the check fails); masking on: within bound. A shape that divides the
+    blocks passes either way, so the failure is the edge and nothing else. The
+    shapes, blocks and operands are the table's (float32), so the masked runs
+    repeat the table's cells."""
+    results = {}
+    for case in (c for c in data.MATMUL_CASES if c.name in ("ragged", "divides")):
+        activation = ACTIVATION_FOR[case.name]
+        blocks = kernels.MatmulBlocks(fitted(32, case.m), fitted(16, case.n), fitted(32, case.k))
+        key = data.case_key(0, "stage2", case.name, "float32")
+        x, w, b = data.matmul_operands(key, case.m, case.k, case.n, jnp.float32)
+        f64 = reference.matmul_bias_act_f64(x, w, b, activation)
+        bound = reference.matmul_error_bound(x, w, b, activation, "float32")
+        for masked in (True, False):
+            y = kernels.matmul_bias_act(
+                x, w, b, blocks=blocks, activation=activation, mask_edges=masked
+            )
+            results[f"matmul_{case.name}_{'masked' if masked else 'unmasked'}"] = (
+                evidence.within_bound(
+                    "matmul vs float64 with edge masking " + ("on" if masked else "OFF"),
+                    f"{case.name} (M, K, N)=({case.m}, {case.k}, {case.n}), K % block_k = "
+                    f"{case.k % blocks.block_k}, mode={MODE}",
+                    y,
+                    f64,
+                    bound,
+                )
+            )
+    for case in (c for c in data.ROW_CASES if c.name in ("ragged", "divides")):
+        key = data.case_key(0, "stage2-rows", case.name, "float32")
+        x, g, b = data.layer_norm_operands(key, case.rows, case.cols, jnp.float32)
+        blocks = kernels.fit_row_blocks(case.rows)
+        f64 = reference.layer_norm_f64(x, g, b)
+        bound = reference.layer_norm_error_bound(x, g, b, "float32")
+        for masked in (True, False):
+            y = kernels.layer_norm(x, g, b, blocks=blocks, mask_edges=masked)
+            results[f"layer_norm_{case.name}_{'masked' if masked else 'unmasked'}"] = (
+                evidence.within_bound(
+                    "layer norm vs float64 with edge masking " + ("on" if masked else "OFF"),
+                    f"{case.name} (R, C)=({case.rows}, {case.cols}), block_cols "
+                    f"{kernels.row_block_cols(blocks, case.cols)}, mode={MODE}",
+                    y,
+                    f64,
+                    bound,
+                )
+            )
+    expected = {
+        "matmul_ragged_masked": True,
+        "matmul_ragged_unmasked": False,  # NaN from the interpreter's out-of-bounds fill
+        "matmul_divides_masked": True,
+        "matmul_divides_unmasked": True,
+        "layer_norm_ragged_masked": True,
+        "layer_norm_ragged_unmasked": False,
+        "layer_norm_divides_masked": True,
+        "layer_norm_divides_unmasked": True,
+    }
+    if MODE != "interpret":  # On a GPU out-of-bounds values are undefined, not NaN.
+        del expected["matmul_ragged_unmasked"], expected["layer_norm_ragged_unmasked"]
+        results = {k: v for k, v in results.items() if k in expected}
+    assert evidence.record(
+        "out-of-bounds: only the unmasked ragged edges fail",
+        "the table's ragged (K=70, C=70) and dividing (K=64, C=64) shapes, float32",
+        results,
+        expected,
+        results == expected,
+    )
+
+
+# --- GRADIENTS -----------------------------------------------------------------------------------
+
+
+def _fraction(actual, ref, bound) -> float:
+    err = np.abs(reference.to_f64(actual) - ref)
+    return float(np.max(err / np.maximum(bound, TINY), initial=0.0))
+
+
+@pytest.mark.parametrize(
+    ("shape", "activation"),
+    [((33, 70, 17), "gelu"), ((16, 48, 40), "relu")],
+)
+def test_matmul_gradients(evidence, shape, activation):
+    m, k, n = shape
+    k_ops, k_g, k_dir = jax.random.split(data.case_key(1, "grad", *shape, activation), 3)
+    x, w, b = data.matmul_operands(k_ops, m, k, n, jnp.float32)
+    g = jax.random.normal(k_g, (m, n), jnp.float32)
+    blocks = kernels.MatmulBlocks(16, 16, 32)
+
+    def f_kernel(x_, w_, b_):
+        y = kernels.matmul_bias_act(x_, w_, b_, blocks=blocks, activation=activation)
+        return jnp.sum(y * g)
+
+    def f_jnp(x_, w_, b_):
+        return jnp.sum(reference.matmul_bias_act_jnp(x_, w_, b_, activation) * g)
+
+    grads = jax.jit(jax.grad(f_kernel, argnums=(0, 1, 2)))(x, w, b)
+    auto = jax.jit(jax.grad(f_jnp, argnums=(0, 1, 2)))(x, w, b)
+    exact = reference.dense_grads_f64(x, w, b, g, activation)
+    bounds = reference.dense_grad_error_bound(x, w, b, g, activation)
+    condition = f"(M, K, N)={shape}, {activation}, float32, blocks 16/16/32, mode={MODE}"
+    ok = True
+    for name, gk, ga, ge, bd in zip(["dx", "dw", "db"], grads, auto, exact, bounds, strict=True):
+        ok &= evidence.within_bound(
+            f"{name}: custom_vjp vs float64 chain rule", condition, gk, ge, bd
+        )
+        ok &= evidence.within_bound(
+            f"{name}: custom_vjp vs autodiff of the jnp reference (twice the bound)",
+            condition,
+            gk,
+            reference.to_f64(ga),
+            bd,
+            scale=2.0,
+        )
+    # Central differences of the float64 reference along a random direction.
+    dirs = [
+        jax.random.normal(kk, a.shape, jnp.float32)
+        for kk, a in zip(jax.random.split(k_dir, 3), (x, w, b), strict=True)
+    ]
+    dirs64 = [reference.to_f64(d) for d in dirs]
+    g64 = reference.to_f64(g)
+
+    def f64(xx, ww, bb):
+        z = xx @ ww + bb
+        act = {
+            "gelu": reference.gelu_f64,
+            "relu": lambda v: np.maximum(v, 0.0),
+            "none": lambda v: v,
+        }
+        return float(np.sum(act[activation](z) * g64))
+
+    base = [reference.to_f64(a) for a in (x, w, b)]
+    h = 1e-5
+    plus = f64(*[a + h * d for a, d in zip(base, dirs64, strict=True)])
+    minus = f64(*[a - h * d for a, d in zip(base, dirs64, strict=True)])
+    fd = (plus - minus) / (2 * h)
+    directional = sum(
+        float(np.sum(reference.to_f64(gk) * d)) for gk, d in zip(grads, dirs64, strict=True)
+    )
+    # Kernel error along the direction is at most sum |d| * bound; the float64
+    # difference quotient adds O(h^2) truncation and eps64 * |f| / h rounding.
+    fd_tol = sum(float(np.sum(np.abs(d) * bd)) for d, bd in zip(dirs64, bounds, strict=True))
+    fd_tol += 1e-6 * abs(fd) + 1e-9
+    ok &= evidence.record(
+        "directional derivative: custom_vjp vs float64 central differences",
+        condition + f", h={h}",
+        {"custom_vjp": directional, "finite_difference": fd, "abs_diff": abs(directional - fd)},
+        {"atol": fd_tol},
+        abs(directional - fd) <= fd_tol,
+    )
+    assert ok
+
+
+@pytest.mark.parametrize("shape", [(13, 70), (4, 300)])
+def test_layer_norm_gradients(evidence, shape):
+    rows, cols = shape
+    k_ops, k_g, k_dir = jax.random.split(data.case_key(2, "grad-ln", *shape), 3)
+    x, gam, bet = data.layer_norm_operands(k_ops, rows, cols, jnp.float32)
+    g = jax.random.normal(k_g, (rows, cols), jnp.float32)
+    blocks = kernels.fit_row_blocks(rows)
+
+    grads = jax.jit(
+        jax.grad(lambda *a: jnp.sum(kernels.layer_norm(*a, blocks=blocks) * g), (0, 1, 2))
+    )(x, gam, bet)
+    auto = jax.jit(jax.grad(lambda *a: jnp.sum(reference.layer_norm_jnp(*a) * g), (0, 1, 2)))(
+        x, gam, bet
+    )
+    exact = reference.layer_norm_grads_f64(x, gam, bet, g)
+    bounds = reference.layer_norm_grad_error_bound(x, gam, bet, g)
+    condition = f"(R, C)={shape}, float32, block_rows {blocks.block_rows}, mode={MODE}"
+    ok = True
+    for name, gk, ga, ge, bd in zip(
+        ["dx", "dgamma", "dbeta"], grads, auto, exact, bounds, strict=True
+    ):
+        ok &= evidence.within_bound(
+            f"{name}: custom_vjp vs float64 closed form", condition, gk, ge, bd
+        )
+        ok &= evidence.within_bound(
+            f"{name}: custom_vjp vs autodiff of the jnp reference (twice the bound)",
+            condition,
+            gk,
+            reference.to_f64(ga),
+            bd,
+            scale=2.0,
+        )
+    dirs64 = [
+        reference.to_f64(jax.random.normal(kk, a.shape, jnp.float32))
+        for kk, a in zip(jax.random.split(k_dir, 3), (x, gam, bet), strict=True)
+    ]
+    base = [reference.to_f64(a) for a in (x, gam, bet)]
+    g64 = reference.to_f64(g)
+    h = 1e-5
+
+    def f64(*args):
+        return float(np.sum(reference.layer_norm_f64(*args) * g64))
+
+    fd = (
+        f64(*[a + h * d for a, d in zip(base, dirs64, strict=True)])
+        - f64(*[a - h * d for a, d in zip(base, dirs64, strict=True)])
+    ) / (2 * h)
+    directional = sum(
+        float(np.sum(reference.to_f64(gk) * d)) for gk, d in zip(grads, dirs64, strict=True)
+    )
+    fd_tol = sum(float(np.sum(np.abs(d) * bd)) for d, bd in zip(dirs64, bounds, strict=True))
+    fd_tol += 1e-6 * abs(fd) + 1e-9
+    ok &= evidence.record(
+        "directional derivative: custom_vjp vs float64 central differences",
+        condition + f", h={h}",
+        {"custom_vjp": directional, "finite_difference": fd, "abs_diff": abs(directional - fd)},
+        {"atol": fd_tol},
+        abs(directional - fd) <= fd_tol,
+    )
+    assert ok
+
+
+def test_training_through_kernels_matches_references(evidence):
+    """Same initial weights and batches (batch 20, not a multiple of the blocks):
+    per-step losses through the kernels and through the references agree. Each
+    forward pass agrees to a few float32 ulps (the bounds above); 5 SGD steps of
+    size 0.1 on an O(1)-Lipschitz loss amplify that by at most a small factor,
+    so a relative gap above 1e-5 (~170 ulps) would be a real difference."""
+    config = Config.tiny()
+    metrics = train.train_and_evaluate(config)
+    again = train.train_and_evaluate(config)
+    observed = {
+        "execution_mode": metrics["execution_mode"],
+        "first_loss": metrics["losses"]["kernels"][0],
+        "last_loss": metrics["losses"]["kernels"][-1],
+        "max_rel_loss_gap": metrics["max_rel_loss_gap"],
+        "max_param_gap": metrics["max_param_gap"],
+        "loss_decreased": metrics["loss_decreased"],
+        "rerun_bitwise_equal": metrics["losses"] == again["losses"],
+    }
+    assert evidence.record(
+        "training demo: kernels (custom_vjp) vs references (autodiff), and a bitwise rerun",
+        f"Config.tiny(): {config.train_steps} steps, batch {config.batch_size}, "
+        f"hidden {config.hidden}",
+        observed,
+        {"max_rel_loss_gap": 1e-5},
+        observed["max_rel_loss_gap"] <= 1e-5
+        and observed["loss_decreased"]
+        and observed["rerun_bitwise_equal"],
+    )

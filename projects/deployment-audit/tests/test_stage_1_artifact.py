@@ -1,0 +1,238 @@
+"""Stage 1: a trained artifact.
+
+Independent checks: the NNX model and the pure `apply` against a NumPy float64
+forward pass; the saved preprocessing constants recomputed from scikit-learn's
+raw data and the saved split; the test accuracy recomputed in NumPy; the Orbax
+round trip compared leaf by leaf, and the golden predictions recomputed from
+the RESTORED state, bit for bit. Changed conditions: batch sizes, a second
+training run (same seed: same bits; another seed: other bits), a damaged
+checkpoint that must be refused.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from flax import nnx
+
+from deployment_audit import checkpoint, data, train
+from deployment_audit.cli import main
+from deployment_audit.config import Config, ConfigError, load_config
+from deployment_audit.model import apply, normalize, params_of
+
+
+def numpy_forward(params, x_normalized: np.ndarray) -> np.ndarray:
+    """The MLP in NumPy float64: the independent reference."""
+    x = np.asarray(x_normalized, np.float64)
+    layers = params["layers"]
+    for i, layer in enumerate(layers):
+        x = x @ np.asarray(layer["kernel"], np.float64) + np.asarray(layer["bias"], np.float64)
+        if i < len(layers) - 1:
+            x = np.maximum(x, 0.0)
+    return x
+
+
+@pytest.mark.parametrize("batch", [1, 37])
+def test_forward_pass_matches_numpy(evidence, batch):
+    config = Config.tiny().model_copy(update={"hidden_sizes": (24, 12)})
+    model = train.create_model(config, jax.random.key(batch))
+    x = np.asarray(jax.random.normal(jax.random.key(100 + batch), (batch, data.NUM_FEATURES)))
+    reference = numpy_forward(params_of(model), x)
+    ok_nnx = evidence.allclose(
+        "NNX MLP vs NumPy float64 forward",
+        f"batch={batch}, hidden=(24, 12), random init",
+        model(jnp.asarray(x)),
+        reference,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    ok_pure = evidence.allclose(
+        "pure apply(params) vs NumPy float64 forward",
+        f"batch={batch}, hidden=(24, 12), random init",
+        apply(params_of(model), jnp.asarray(x)),
+        reference,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    # float32 sums of 64 terms: relative error ~1e-6; 1e-5 leaves margin.
+    assert ok_nnx and ok_pure
+
+
+def test_preprocessing_spec_and_label_map(evidence, trained):
+    spec = trained["_spec"]
+    bunch_images = np.asarray(__import__("sklearn.datasets").datasets.load_digits().data)
+    train_ids = np.asarray(trained["split"]["train"])
+    std = bunch_images[train_ids].std(axis=0)
+    mean_ok = evidence.allclose(
+        "saved normalization mean vs mean recomputed from sklearn's raw pixels",
+        "training split IDs of the run",
+        spec["preprocessing"]["mean"],
+        bunch_images[train_ids].mean(axis=0),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    scale_ok = evidence.allclose(
+        "saved normalization scale vs 1/max(std, 1) recomputed",
+        "training split IDs of the run",
+        spec["preprocessing"]["scale"],
+        1.0 / np.maximum(std, 1.0),
+        rtol=1e-6,
+        atol=1e-7,
+    )
+    test_ids, golden_ids = set(trained["split"]["test"]), trained["_golden"]["ids"]
+    observed = {
+        "labels": spec["labels"],
+        "preprocessing_version": spec["preprocessing"]["version"],
+        "train_test_disjoint": not (set(train_ids.tolist()) & test_ids),
+        "golden_ids_held_out": set(golden_ids) <= test_ids,
+        "golden_count": len(golden_ids),
+    }
+    structural = (
+        observed["labels"]
+        == ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+        and observed["preprocessing_version"] == data.PREPROCESSING_VERSION
+        and observed["train_test_disjoint"]
+        and observed["golden_ids_held_out"]
+        and observed["golden_count"] == Config.tiny().num_golden
+    )
+    assert evidence.record(
+        "label map, preprocessing version, golden sample held out",
+        "tiny config",
+        observed,
+        None,
+        structural,
+    )
+    assert mean_ok and scale_ok
+
+
+def test_accuracy_recomputed_in_numpy(evidence, trained):
+    digits = data.load()
+    test_ids = np.asarray(trained["split"]["test"])
+    mean, scale = data.spec_arrays(trained["_spec"]["preprocessing"])
+    x = (digits.images[test_ids].astype(np.float64) - mean) * scale
+    predictions = numpy_forward(trained["_params"], x).argmax(axis=1)
+    accuracy = float((predictions == digits.labels[test_ids]).mean())
+    observed = {"numpy_accuracy": accuracy, "reported_accuracy": trained["test_accuracy"]}
+    # A few float32-vs-float64 near-ties may flip; 1% of the 450 test digits bounds them.
+    # 0.9: the tiny model reaches ~0.97; chance is 0.1.
+    passed = abs(accuracy - trained["test_accuracy"]) <= 0.01 and accuracy >= 0.9
+    assert evidence.record(
+        "test accuracy recomputed with a NumPy float64 forward pass",
+        "tiny config, 450 held-out digits",
+        observed,
+        {"abs_difference": 0.01, "min_accuracy": 0.9},
+        passed,
+    )
+
+
+def test_golden_predictions_reproduce_bitwise_from_saved_state(evidence, trained):
+    params, spec, golden = train.load_trained(trained["workdir"])
+    same_params = checkpoint.digest(params) == trained["params_sha256"]
+    mean, scale = (jnp.asarray(a) for a in data.spec_arrays(spec["preprocessing"]))
+    inputs = np.asarray(golden["inputs"], np.float32)
+    logits = np.asarray(train.predict_logits(params, mean, scale, jnp.asarray(inputs)))
+    expected = np.asarray(golden["logits"], np.float32)
+    observed = {
+        "restored_params_digest_equal": same_params,
+        "golden_logits_bitwise_equal": bool(
+            np.array_equal(logits.view(np.uint32), expected.view(np.uint32))
+        ),
+        "golden_predictions_equal": logits.argmax(axis=1).tolist() == golden["predictions"],
+        "spec_round_trip_equal": spec == trained["_spec"],
+        "count": len(inputs),
+    }
+    assert evidence.record(
+        "golden logits recomputed from the restored Orbax state, bit for bit",
+        "restored in this process from the files on disk",
+        observed,
+        {"bitwise": True},
+        all(v for k, v in observed.items() if k != "count"),
+    )
+
+
+def test_same_seed_same_bits_other_seed_other_bits(evidence, trained):
+    again = train.train_and_evaluate(Config.tiny())
+    other = train.train_and_evaluate(Config.tiny().model_copy(update={"seed": 1}))
+    observed = {
+        "same_seed_params_digest_equal": again["params_sha256"] == trained["params_sha256"],
+        "same_seed_golden_logits_equal": again["_golden"]["logits"] == trained["_golden"]["logits"],
+        "other_seed_params_digest_differs": other["params_sha256"] != trained["params_sha256"],
+        "other_seed_accuracy": other["test_accuracy"],
+    }
+    assert evidence.record(
+        "determinism: a second run with the same config gives the same bits",
+        "same seed (equal) and seed=1 (must differ, so the check can fail)",
+        observed,
+        None,
+        observed["same_seed_params_digest_equal"]
+        and observed["same_seed_golden_logits_equal"]
+        and observed["other_seed_params_digest_differs"],
+    )
+
+
+def test_damaged_checkpoint_is_refused(trained, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(trained["workdir"] / "checkpoint", copy / "checkpoint")
+    shutil.copy(trained["workdir"] / "golden.json", copy / "golden.json")
+    victim = next(
+        p for p in sorted((copy / "checkpoint").rglob("*")) if p.is_file() and "d/" in p.as_posix()
+    )
+    victim.write_bytes(victim.read_bytes()[:-1] + bytes([victim.read_bytes()[-1] ^ 0xFF]))
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt: .* changed since the save"):
+        train.load_trained(copy)
+
+
+def test_restore_into_another_shape_is_refused(trained):
+    wrong = train.like_params({"hidden_sizes": [33]})
+    with pytest.raises(checkpoint.CheckpointError, match="written for another model"):
+        checkpoint.restore(trained["workdir"] / "checkpoint", wrong)
+
+
+def test_cli_train_writes_the_artifact_and_refuses_to_overwrite(tmp_path):
+    config_path = tmp_path / "tiny.json"
+    config_path.write_text(Config.tiny().model_copy(update={"num_epochs": 2}).to_json())
+    workdir = tmp_path / "run"
+    runner = CliRunner()
+    result = runner.invoke(main, ["train", "--config", str(config_path), "--workdir", str(workdir)])
+    assert result.exit_code == 0, result.output
+    assert "test accuracy" in result.stdout
+    assert "epoch    2" in result.stderr  # Progress goes to stderr.
+    assert (workdir / "checkpoint" / checkpoint.HASHES).is_file()
+    assert json.loads((workdir / "golden.json").read_text())["ids"]
+    again = runner.invoke(main, ["train", "--config", str(config_path), "--workdir", str(workdir)])
+    assert again.exit_code == 2
+    assert "already exists" in again.output and "--overwrite" in again.output
+
+
+def test_bad_config_is_refused_with_the_field_named(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"hidden_sizes": [0], "learning_rat": 0.1}')
+    with pytest.raises(ConfigError, match="Unknown field `learning_rat`"):
+        load_config(path)
+    path.write_text('{"num_epochs": 0}')
+    with pytest.raises(ConfigError, match="Field `num_epochs` has value `0`"):
+        load_config(path)
+    result = CliRunner().invoke(main, ["train", "--config", str(path)])
+    assert result.exit_code == 2 and "num_epochs" in result.output
+
+
+def test_nnx_split_merge_keeps_the_weights(trained):
+    """The saved tree is the model's: merging it back gives the same logits."""
+    config = Config.tiny()
+    model = train.create_model(config, jax.random.key(0))
+    graphdef, state = nnx.split(model, nnx.Param)
+    for i, layer in enumerate(trained["_params"]["layers"]):
+        state["layers"][i]["kernel"].set_value(layer["kernel"])
+        state["layers"][i]["bias"].set_value(layer["bias"])
+    merged = nnx.merge(graphdef, state)
+    x = jnp.asarray(np.asarray(trained["_golden"]["inputs"], np.float32))
+    mean, scale = (jnp.asarray(a) for a in data.spec_arrays(trained["_spec"]["preprocessing"]))
+    np.testing.assert_array_equal(
+        np.asarray(merged(normalize(x, mean, scale))),
+        np.asarray(apply(trained["_params"], normalize(x, mean, scale))),
+    )

@@ -1,0 +1,429 @@
+"""Stage 2: export, verify, reject; precision.
+
+Independent checks: the manifest's hash recomputed with hashlib over the
+file; the exported bytes reloaded in a FRESH process (the `predict` command)
+against the in-process jitted model, bit for bit, and against a NumPy float64
+forward pass; every rejection with the message it must give, next to what raw
+`jax.export` does with the same input (silently converts float64; `struct.error`
+on truncated bytes); the compatibility window at several ages; every precision
+policy against a NumPy implementation of the same arithmetic (int32
+accumulators compared exactly) and the byte table against counts from the
+layer widths. Changed conditions: batch sizes, truncation points, ages, a
+second model with two hidden layers.
+"""
+
+import datetime
+import hashlib
+import json
+import shutil
+import struct
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from deployment_audit import data, export, precision, train
+from deployment_audit.cli import main
+from deployment_audit.config import Config
+
+
+def _digits_batch(n: int) -> np.ndarray:
+    return data.load().images[100 : 100 + n]
+
+
+def _native(trained, x: np.ndarray) -> np.ndarray:
+    mean, scale = (jnp.asarray(a) for a in data.spec_arrays(trained["_spec"]["preprocessing"]))
+    return np.asarray(train.predict_logits(trained["_params"], mean, scale, jnp.asarray(x)))
+
+
+def _numpy_forward(params, x_normalized) -> np.ndarray:
+    x = np.asarray(x_normalized, np.float64)
+    for i, layer in enumerate(params["layers"]):
+        x = x @ np.asarray(layer["kernel"], np.float64) + np.asarray(layer["bias"], np.float64)
+        x = np.maximum(x, 0.0) if i < len(params["layers"]) - 1 else x
+    return x
+
+
+def test_manifest_describes_the_bytes(evidence, artifact):
+    manifest = json.loads((artifact / export.MANIFEST_FILE).read_text())
+    blob = (artifact / export.ARTIFACT_FILE).read_bytes()
+    golden = (artifact / export.GOLDEN_FILE).read_bytes()
+    created = datetime.datetime.fromisoformat(manifest["created_at"])
+    age_s = (datetime.datetime.now(datetime.UTC) - created).total_seconds()
+    observed = {
+        "sha256_matches_hashlib": manifest["sha256"] == hashlib.sha256(blob).hexdigest(),
+        "size_matches": manifest["size_bytes"] == len(blob),
+        "golden_sha256_matches": manifest["golden_sha256"] == hashlib.sha256(golden).hexdigest(),
+        "input_signature": manifest["input_signature"],
+        "exported_in_avals": manifest["exported_in_avals"],
+        "exported_out_avals": manifest["exported_out_avals"],
+        "preprocessing_version": manifest["preprocessing_version"],
+        "labels": manifest["labels"],
+        "jax_version": manifest["jax_version"],
+        "platforms": manifest["platforms"],
+        "created_at_age_s": age_s,
+        "size_bytes": len(blob),
+    }
+    passed = (
+        observed["sha256_matches_hashlib"]
+        and observed["size_matches"]
+        and observed["golden_sha256_matches"]
+        and observed["exported_in_avals"] == [{"shape": ["b", 64], "dtype": "float32"}]
+        and observed["exported_out_avals"] == [{"shape": ["b", 10], "dtype": "float32"}]
+        and observed["preprocessing_version"] == data.PREPROCESSING_VERSION
+        and observed["labels"] == list(data.LABELS)
+        and observed["jax_version"] == jax.__version__
+        and observed["platforms"] == [jax.default_backend()]
+        and 0 <= age_s < 3600
+    )
+    assert evidence.record(
+        "manifest: hashes recomputed with hashlib, symbolic batch, versions, date",
+        "the session's exported tiny model",
+        observed,
+        None,
+        passed,
+    )
+
+
+def test_fresh_process_reload_matches_in_process_bitwise(evidence, trained, artifact, tmp_path):
+    x = _digits_batch(37)
+    np.save(tmp_path / "x.npy", x)
+    # A fresh interpreter: nothing of this process (caches, traced functions) is reused.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deployment_audit.cli",
+            "predict",
+            str(artifact),
+            str(tmp_path / "x.npy"),
+            str(tmp_path / "logits.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fresh = np.load(tmp_path / "logits.npy")
+    native = _native(trained, x)
+    loaded = export.load_artifact(artifact)
+    mean, scale = data.spec_arrays(trained["_spec"]["preprocessing"])
+    reference = _numpy_forward(trained["_params"], (x.astype(np.float64) - mean) * scale)
+    results = {}
+    for batch in (37, 1):
+        in_process = loaded.predict(x[:batch])
+        results[batch] = {
+            "exported_in_process_vs_native_bitwise": bool(
+                np.array_equal(
+                    in_process.view(np.uint32), _native(trained, x[:batch]).view(np.uint32)
+                )
+            ),
+        }
+    results[37]["fresh_process_vs_native_bitwise"] = bool(
+        np.array_equal(fresh.view(np.uint32), native.view(np.uint32))
+    )
+    results[37]["fresh_dtype"] = str(fresh.dtype)
+    numpy_ok = evidence.allclose(
+        "fresh-process exported logits vs NumPy float64 forward",
+        "batch 37",
+        fresh,
+        reference,
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    passed = all(v for r in results.values() for k, v in r.items() if k.endswith("bitwise"))
+    assert evidence.record(
+        "exported bytes reloaded: bitwise equal to the in-process jitted model (f32)",
+        "fresh process at batch 37; in-process at batches 37 and 1",
+        results,
+        {"bitwise": True},
+        passed and results[37]["fresh_dtype"] == "float32",
+    )
+    assert numpy_ok
+
+
+WRONG_INPUTS = {
+    "rank 1": ((np.zeros(64, np.float32),), {}, "must have rank 2"),
+    "rank 3": ((np.zeros((2, 8, 8), np.float32),), {}, "must have rank 2"),
+    "63 features": ((np.zeros((2, 63), np.float32),), {}, "must have 64 features"),
+    "float64": ((np.zeros((2, 64), np.float64),), {}, "must be float32, but is `float64`"),
+    "int32": ((np.zeros((2, 64), np.int32),), {}, "must be float32, but is `int32`"),
+    "empty batch": ((np.zeros((0, 64), np.float32),), {}, "at least one row"),
+    "two arguments": (
+        (np.zeros((2, 64), np.float32), np.zeros((2, 64), np.float32)),
+        {},
+        "exactly one positional",
+    ),
+    "keyword argument": ((), {"x": np.zeros((2, 64), np.float32)}, "exactly one positional"),
+    "a list": (([[0.0] * 64],), {}, "must be a NumPy or JAX array"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_INPUTS))
+def test_wrong_inputs_are_refused(evidence, artifact, case):
+    args, kwargs, message = WRONG_INPUTS[case]
+    loaded = export.load_artifact(artifact)
+    # What raw jax.export does with the same call (jitted, as deployed):
+    try:
+        raw = jax.jit(loaded.exported.call)(*args, **kwargs)
+        raw_behaviour = f"ran silently, output {raw.dtype}{tuple(raw.shape)}"
+    except Exception as err:  # noqa: BLE001 - recording what jax does, whatever it is.
+        raw_behaviour = f"{type(err).__name__}"
+    with pytest.raises(export.InputError, match=message) as info:
+        loaded.predict(*args, **kwargs)
+    evidence.record(
+        "the loader refuses a wrong input with a message",
+        case,
+        {"raw_jax_export": raw_behaviour, "loader_message": str(info.value)},
+        None,
+        True,
+    )
+    if case == "float64":
+        # The trap the loader's own check exists for: with x64 off, jax converts and runs.
+        assert raw_behaviour.startswith("ran silently"), raw_behaviour
+
+
+def _copy(artifact, tmp_path):
+    target = tmp_path / "artifact"
+    shutil.copytree(artifact, target)
+    return target
+
+
+@pytest.mark.parametrize("cut", ["half", "last 10 bytes", "one byte flipped"])
+def test_truncated_or_altered_bytes_are_refused_before_deserializing(
+    evidence, artifact, tmp_path, cut
+):
+    target = _copy(artifact, tmp_path)
+    blob = (target / export.ARTIFACT_FILE).read_bytes()
+    if cut == "half":
+        damaged = blob[: len(blob) // 2]
+    elif cut == "last 10 bytes":
+        damaged = blob[:-10]
+    else:
+        middle = len(blob) // 2
+        damaged = blob[:middle] + bytes([blob[middle] ^ 0x01]) + blob[middle + 1 :]
+    (target / export.ARTIFACT_FILE).write_bytes(damaged)
+    try:
+        jax.export.deserialize(bytearray(damaged))
+        raw = "deserialized without error"
+    except Exception as err:  # noqa: BLE001 - recording what jax does, whatever it is.
+        raw = type(err).__name__
+        if cut == "half":
+            assert isinstance(err, struct.error), raw
+    with pytest.raises(export.ArtifactError, match="truncated or altered; refusing to deserialize"):
+        export.load_artifact(target)
+    evidence.record(
+        "damaged bytes: the hash check refuses them before deserializing",
+        cut,
+        {"raw_jax_export_deserialize": raw, "bytes": len(damaged), "original_bytes": len(blob)},
+        None,
+        True,
+    )
+
+
+def test_other_refusals(artifact, tmp_path):
+    target = _copy(artifact, tmp_path)
+    with pytest.raises(export.ArtifactError, match="expected model version"):
+        export.load_artifact(target, expected_sha256="0" * 64)
+    golden = json.loads((target / export.GOLDEN_FILE).read_text())
+    golden["predictions"][0] = (golden["predictions"][0] + 1) % 10
+    (target / export.GOLDEN_FILE).write_text(json.dumps(golden) + "\n")
+    with pytest.raises(export.ArtifactError, match="golden sample .* altered"):
+        export.load_artifact(target)
+    manifest = json.loads((target / export.MANIFEST_FILE).read_text())
+    manifest["preprocessing_version"] = "digits-pixels-v0"
+    (target / export.MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(export.ArtifactError, match="expects preprocessing `digits-pixels-v0`"):
+        export.load_artifact(target)
+    (target / export.MANIFEST_FILE).write_text("{not json")
+    with pytest.raises(export.ArtifactError, match="not valid JSON"):
+        export.load_artifact(target)
+    (target / export.MANIFEST_FILE).unlink()
+    with pytest.raises(export.ArtifactError, match="No readable manifest"):
+        export.load_artifact(target)
+
+
+@pytest.mark.parametrize(
+    ("age_days", "convention", "within"),
+    [(0, None, True), (179, None, True), (181, None, False), (-40, None, False), (0, 8, False)],
+)
+def test_compatibility_window(evidence, artifact, age_days, convention, within):
+    manifest = json.loads((artifact / export.MANIFEST_FILE).read_text())
+    if convention is not None:
+        manifest = {**manifest, "calling_convention_version": convention}
+    created = datetime.datetime.fromisoformat(manifest["created_at"])
+    now = created + datetime.timedelta(days=age_days)
+    verdict = export.compatibility(manifest, now)
+    assert evidence.record(
+        "jax.export compatibility window (180 days back, 30 days forward, calling convention)",
+        f"age {age_days} days, calling convention {manifest['calling_convention_version']}",
+        verdict,
+        {"backward_days": 180, "forward_days": 30},
+        verdict["within_window"] == within,
+    )
+    if not within and convention is None:
+        with pytest.raises(export.StaleArtifactError, match="compatibility window"):
+            export.load_artifact(artifact, now=now)
+        flagged = export.load_artifact(artifact, now=now, accept_outside_window=True)
+        assert flagged.checks["compatibility"]["within_window"] is False
+
+
+# --- PRECISION ---------------------------------------------------------------
+
+
+def _numpy_policy(qparams, policy, x):
+    """The policy's arithmetic in NumPy: float64 where the policy accumulates in
+    float32 (products of bf16/int8-dequantized values), exact integers for int8 x int8.
+    Returns `(logits, int_accumulators)`."""
+    x = np.asarray(x, np.float32)
+    accs = []
+    layers = qparams["layers"]
+    for i, lay in enumerate(layers):
+        if policy == "f32":
+            y = x.astype(np.float64) @ lay["kernel"].astype(np.float64) + lay["bias"]
+        elif policy == "bf16":
+            xb = x.astype(ml_dtypes.bfloat16).astype(np.float64)
+            y = xb @ lay["kernel"].astype(np.float64) + lay["bias"]
+        elif policy == "int8_w":
+            y = (x.astype(np.float64) @ lay["kernel"].astype(np.float64)) * lay["w_scale"] + lay[
+                "bias"
+            ]
+        else:
+            xq = np.clip(np.rint(x / lay["a_scale"]), -127, 127).astype(np.int64)
+            acc = xq @ lay["kernel"].astype(np.int64)
+            accs.append(acc)
+            y = acc.astype(np.float32) * (lay["a_scale"] * lay["w_scale"]) + lay["bias"]
+        y = np.maximum(y, 0.0) if i < len(layers) - 1 else y
+        x = y.astype(np.float32)
+    return x, accs
+
+
+def _bytes_from_widths(widths, policy):
+    pairs = list(zip(widths[:-1], widths[1:], strict=True))
+    kernel = sum(a * b for a, b in pairs)
+    bias = sum(b for _, b in pairs)
+    per_weight = {"f32": 4, "bf16": 2, "int8_w": 1, "int8_w8a8": 1}[policy]
+    act = {"f32": 4, "bf16": 2, "int8_w": 4, "int8_w8a8": 1}[policy]
+    scales = {"f32": 0, "bf16": 0, "int8_w": 4 * bias, "int8_w8a8": 4 * bias + 4 * len(pairs)}
+    return {
+        "weights_bytes": per_weight * kernel + 4 * bias,
+        "scales_bytes": scales[policy],
+        "activations_bytes_per_example": act * sum(a for a, _ in pairs),
+        "accumulator_bytes_per_example": 4 * bias,
+    }
+
+
+@pytest.fixture(scope="module")
+def models(trained):
+    """The session's model (one hidden layer) and a quick two-hidden-layer one."""
+    second = train.train_and_evaluate(
+        Config.tiny().model_copy(update={"hidden_sizes": (48, 24), "num_epochs": 4, "seed": 3})
+    )
+    return {"hidden (32,)": trained, "hidden (48, 24)": second}
+
+
+@pytest.mark.parametrize("which", ["hidden (32,)", "hidden (48, 24)"])
+def test_precision_policies_against_numpy(evidence, models, which):
+    run = models[which]
+    digits = data.load()
+    mean, scale = data.spec_arrays(run["_spec"]["preprocessing"])
+    test = np.asarray(run["split"]["test"])
+    train_ids = np.asarray(run["split"]["train"])
+    x = ((digits.images[test] - mean) * scale).astype(np.float32)
+    calib = ((digits.images[train_ids] - mean) * scale).astype(np.float32)
+    table = precision.compare(run["_params"], x, digits.labels[test], test, calib)
+    widths = [64, *run["_spec"]["config"]["hidden_sizes"], 10]
+    ref_f32 = _numpy_policy(precision.quantize(run["_params"], "f32", calib), "f32", x)[0]
+    ok = True
+    for row in table["rows"]:
+        policy = row["policy"]
+        qparams = precision.quantize(run["_params"], policy, calib)
+        logits = np.asarray(
+            precision.forward_jit(jax.tree.map(jnp.asarray, qparams), policy, jnp.asarray(x))
+        )
+        reference, accs = _numpy_policy(qparams, policy, x)
+        # f32 / int8_w: float32 sums vs float64, ~1e-6 relative. bf16: the hidden
+        # activations are rounded to bf16 (2^-8 relative), so a float32-vs-float64
+        # difference can move one rounding by one bf16 step: 2e-2 bounds its effect.
+        # int8_w8a8: the accumulators are compared exactly below; 1e-4 for the rest.
+        tol = {"f32": 1e-4, "bf16": 2e-2, "int8_w": 1e-4, "int8_w8a8": 1e-4}[policy]
+        ok &= evidence.allclose(
+            f"{policy} forward vs NumPy implementation of the same arithmetic",
+            which,
+            logits,
+            reference,
+            rtol=0.0,
+            atol=tol,
+        )
+        if policy == "int8_w8a8":
+            jax_accs = precision.int8_accumulators(
+                jax.tree.map(jnp.asarray, qparams), jnp.asarray(x)
+            )
+            exact = all(
+                np.array_equal(np.asarray(a, np.int64), b)
+                for a, b in zip(jax_accs, accs, strict=True)
+            )
+            ok &= evidence.record(
+                "int8 x int8 -> int32 accumulators equal exact integer arithmetic",
+                which,
+                {"exact": exact, "dtype": str(jax_accs[0].dtype)},
+                {"exact": True},
+                exact and jax_accs[0].dtype == jnp.int32,
+            )
+        expected_bytes = _bytes_from_widths(widths, policy)
+        got_bytes = {k: row[k] for k in expected_bytes}
+        ok &= evidence.record(
+            f"{policy} byte accounting vs counts from the layer widths",
+            which,
+            {"table": got_bytes, "from_widths": expected_bytes},
+            None,
+            got_bytes == expected_bytes,
+        )
+        # Flips: the IDs whose NumPy-policy class differs from the NumPy-f32 class,
+        # except near-ties (top-2 margin < 1e-3) that float rounding may decide.
+        ref_pred, pol_pred = ref_f32.argmax(1), reference.argmax(1)
+        top2 = np.sort(reference, axis=1)[:, -2:]
+        near_tie = set(test[(top2[:, 1] - top2[:, 0]) < 1e-3].tolist())
+        numpy_flips = set(test[ref_pred != pol_pred].tolist())
+        table_flips = {f["id"] for f in row["flipped"]}
+        ok &= evidence.record(
+            f"{policy} flipped examples vs NumPy recomputation",
+            which,
+            {
+                "table": sorted(table_flips),
+                "numpy": sorted(numpy_flips),
+                "accuracy": row["accuracy"],
+                "accuracy_change": row["accuracy_change"],
+                "max_abs_logit_error": row["max_abs_logit_error"],
+            },
+            None,
+            (table_flips ^ numpy_flips) <= near_tie,
+        )
+    assert ok
+
+
+def test_cli_export_verify_precision(trained, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(trained["workdir"] / "checkpoint", workdir / "checkpoint")
+    for name in ("golden.json", "metrics.json"):
+        shutil.copy(trained["workdir"] / name, workdir / name)
+    runner = CliRunner()
+    result = runner.invoke(main, ["export", str(workdir)])
+    assert result.exit_code == 0, result.output
+    assert "self-test passed (bitwise True)" in result.output
+    result = runner.invoke(main, ["verify", str(workdir / "artifact")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["self_test"]["passed"] is True
+    result = runner.invoke(main, ["precision", str(workdir)])
+    assert result.exit_code == 0, result.output
+    assert "int8_w8a8" in result.output
+    assert (workdir / "precision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    blob = workdir / "artifact" / export.ARTIFACT_FILE
+    blob.write_bytes(blob.read_bytes()[:-1])
+    result = runner.invoke(main, ["verify", str(workdir / "artifact")])
+    assert result.exit_code == 2 and "truncated or altered" in result.output

@@ -1,0 +1,222 @@
+"""Starts N real worker processes on this machine, one `jax.distributed` job.
+
+`launch(...)` picks a free port on 127.0.0.1 for the coordinator (or refuses a
+port already in use), starts `python -m sharded_training.worker` once per
+process, and watches them: every process has a deadline, and by default when
+one dies the others are SIGKILLed too (a preempted job). With
+`kill_survivors=False` the survivors are left to notice on their own, which is
+how the heartbeat timeout is tested.
+"""
+
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sharded_training.config import Config
+
+
+class LaunchError(RuntimeError):
+    """The job could not be started or did not finish in time; the message says why."""
+
+
+@dataclass
+class LaunchResult:
+    returncodes: list[int]
+    wall_s: float
+    port: int
+    first_death_s: float | None = None  # When the first process died (non-zero exit).
+    exit_s: list[float] = field(default_factory=list)  # When each process exited.
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def check_port(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise LaunchError(
+                f"Port `{port}` on 127.0.0.1 is in use, so the coordinator cannot listen "
+                f"there; choose another `--port` or leave it out to pick a free one."
+            ) from None
+
+
+def worker_command(
+    config_path: Path,
+    workdir: Path,
+    process: int,
+    processes: int,
+    devices: int,
+    coordinator: str,
+    attempt: int = 0,
+    kill_at: str = "",
+    checkpoints: bool = True,
+    compilation_cache: Path | None = None,
+) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "sharded_training.worker",
+        "--config",
+        str(config_path),
+        "--workdir",
+        str(workdir),
+        "--process-id",
+        str(process),
+        "--num-processes",
+        str(processes),
+        "--devices-per-process",
+        str(devices),
+        "--coordinator",
+        coordinator,
+        "--attempt",
+        str(attempt),
+    ]
+    if kill_at:
+        command += ["--kill-at", kill_at]
+    if not checkpoints:
+        command.append("--no-checkpoints")
+    if compilation_cache is not None:
+        command += ["--compilation-cache", str(compilation_cache)]
+    return command
+
+
+def launch(
+    config: Config,
+    workdir: str | Path,
+    *,
+    processes: int = 2,
+    devices_per_process: int = 4,
+    port: int | None = None,
+    attempt: int = 0,
+    kill_at: str = "",
+    kill_survivors: bool = True,
+    checkpoints: bool = True,
+    timeout_s: float = 120.0,
+    compilation_cache: str | Path | None = None,
+    echo=None,
+) -> LaunchResult:
+    """Runs the job to the end (or to its deaths); output in `workdir/logs/`.
+
+    `compilation_cache` (default `workdir/jax-cache`) is JAX's persistent cache:
+    a relaunch loads the executables the first launch compiled."""
+    if processes < 1 or devices_per_process < 1:
+        raise LaunchError(
+            f"`--processes` (`{processes}`) and `--devices-per-process` "
+            f"(`{devices_per_process}`) must both be at least 1."
+        )
+    data, model = config.mesh_shape
+    if data * model != processes * devices_per_process:
+        raise LaunchError(
+            f"The mesh shape `({data}, {model})` needs {data * model} devices, but "
+            f"{processes} processes x {devices_per_process} devices give "
+            f"`{processes * devices_per_process}`."
+        )
+    if config.batch_size % processes:
+        raise LaunchError(
+            f"`batch_size` = `{config.batch_size}` does not divide over `{processes}` "
+            f"processes; use a multiple of {processes}."
+        )
+    if port is None:
+        port = free_port()
+    else:
+        check_port(port)
+    workdir = Path(workdir).absolute()
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    config_path = workdir / "config.json"
+    config_path.write_text(config.to_json(), encoding="utf-8")
+    coordinator = f"127.0.0.1:{port}"
+    start = time.perf_counter()
+    procs, outputs = [], []
+    for index in range(processes):
+        out = open(workdir / "logs" / f"attempt_{attempt}_p{index}.out", "w")
+        outputs.append(out)
+        command = worker_command(
+            config_path,
+            workdir,
+            index,
+            processes,
+            devices_per_process,
+            coordinator,
+            attempt,
+            kill_at,
+            checkpoints,
+            Path(compilation_cache).absolute() if compilation_cache else workdir / "jax-cache",
+        )
+        procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
+    exit_s: list[float | None] = [None] * processes
+    first_death = None
+    try:
+        while any(t is None for t in exit_s):
+            now = time.perf_counter() - start
+            if now > timeout_s:
+                raise LaunchError(
+                    f"The job did not finish within {timeout_s:.0f} s; its processes were "
+                    f"killed. Logs: `{workdir / 'logs'}`."
+                )
+            for index, proc in enumerate(procs):
+                if exit_s[index] is None and proc.poll() is not None:
+                    exit_s[index] = now
+                    if proc.returncode != 0 and first_death is None:
+                        first_death = now
+                        if echo:
+                            echo(f"process {index} exited with code {proc.returncode}")
+                        if kill_survivors:
+                            for other in procs:
+                                if other.poll() is None:
+                                    other.kill()
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        for out in outputs:
+            out.close()
+    return LaunchResult(
+        [p.returncode for p in procs],
+        time.perf_counter() - start,
+        port,
+        first_death,
+        [float(t) for t in exit_s],
+    )
+
+
+def read_output(workdir: str | Path, attempt: int, process: int) -> str:
+    path = Path(workdir) / "logs" / f"attempt_{attempt}_p{process}.out"
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def summarize(workdir: str | Path, processes: int) -> dict:
+    """Reads every process's `final_p<i>.json` and `collectives.json`: losses, whether
+    the processes' sample IDs cover each global batch exactly once, the gradient
+    all-reduce size."""
+    import json
+
+    workdir = Path(workdir)
+    finals = [json.loads((workdir / f"final_p{i}.json").read_text()) for i in range(processes)]
+    config = Config.from_json((workdir / "config.json").read_text())
+    from sharded_training import data
+
+    covered = True
+    for step in finals[0]["ids"]:
+        owned = [i for f in finals for i in f["ids"][step] if i != data.PAD_ID]
+        expected = data.global_ids_for_step(config, int(step) - 1)
+        covered &= sorted(owned) == sorted(expected) and len(set(owned)) == len(owned)
+    collectives = json.loads((workdir / "collectives.json").read_text())["collectives"]
+    reduces = [c["bytes"] for c in collectives if c["op"] == "all-reduce"]
+    losses = finals[0]["losses"]
+    return {
+        "losses": losses,
+        "final_loss": losses[max(losses, key=int)] if losses else float("nan"),
+        "ids_cover_each_batch_once": bool(covered),
+        "gradient_all_reduce_bytes": max(reduces, default=0),
+        "digests_agree": len({f["digest"] for f in finals}) == 1,
+    }

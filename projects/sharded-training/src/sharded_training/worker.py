@@ -1,0 +1,180 @@
+"""One training process: `python -m sharded_training.worker ...` (or `sharded-training worker`).
+
+Sets the CPU device count and the gloo CPU collectives, joins the job with
+`jax.distributed.initialize` when there are several processes, trains with
+`train.run` and writes `final_p<i>.json` into the workdir. The same command runs
+on real hosts: give every host the coordinator's address and its own
+`--process-id`. Exit codes: 0 done, 1 training failed, 2 bad input or no job
+to join; errors print one message, never a traceback.
+"""
+
+import argparse
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.perf_counter()
+
+
+def environment() -> dict:
+    """What a bitwise comparison depends on, recorded with every result."""
+    import grain
+    import jax
+    import jaxlib
+    import orbax.checkpoint
+
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "orbax": orbax.checkpoint.__version__,
+        "grain": getattr(grain, "__version__", "0.2.18"),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "processes": jax.process_count(),
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+        "machine": platform.machine(),
+    }
+
+
+def check_coordinator(address: str, process_id: int, timeout_s: float) -> str:
+    """Empty when the job can be joined, else the reason. Process 0 must be able to
+    listen on the port; every other process waits (up to `timeout_s`) until the
+    coordinator accepts connections. Checked here because the JAX client aborts
+    the whole process, with a C++ stack trace, when it cannot connect."""
+    host, _, port_text = address.rpartition(":")
+    if not host or not port_text.isdigit():
+        return f"the coordinator address `{address}` is not of the form HOST:PORT."
+    port = int(port_text)
+    if process_id == 0:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("" if host not in ("127.0.0.1", "localhost") else host, port))
+            except OSError:
+                return (
+                    f"port `{port}` is in use, so process 0 cannot start the coordinator at "
+                    f"`{address}`; choose another port."
+                )
+        return ""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return ""
+        except OSError:
+            time.sleep(0.2)
+    return (
+        f"no coordinator answered at `{address}` within {timeout_s:g} s; start process 0 "
+        f"first (it runs the coordinator) and check the address and port."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sharded_training.worker")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--process-id", type=int, default=0)
+    parser.add_argument("--num-processes", type=int, default=1)
+    parser.add_argument("--devices-per-process", type=int, default=8)
+    parser.add_argument("--coordinator", default="")
+    parser.add_argument("--attempt", type=int, default=0)
+    parser.add_argument("--kill-at", default="", help="STEP:PHASE:PROCESS")
+    parser.add_argument("--no-checkpoints", action="store_true")
+    parser.add_argument("--init-timeout", type=int, default=60)
+    parser.add_argument(
+        "--compilation-cache",
+        default="",
+        help="Directory of JAX's persistent compilation cache (relaunches "
+        "load the same executables instead of compiling them again).",
+    )
+    args = parser.parse_args(argv)
+
+    import jax
+    import numpy as np
+
+    from sharded_training import train
+    from sharded_training.checkpoint import CheckpointError
+    from sharded_training.config import ConfigError, load_config
+    from sharded_training.sharding import MeshError
+
+    def fail(message: str, code: int) -> int:
+        print(f"process {args.process_id}: {message}", file=sys.stderr, flush=True)
+        # Skip interpreter shutdown: `jax.distributed`'s shutdown barrier would wait
+        # for peers that may be gone.
+        os._exit(code)
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        return fail(str(err), 2)
+    jax.config.update("jax_num_cpu_devices", args.devices_per_process)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if args.compilation_cache:
+        jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if args.num_processes > 1:
+        problem = check_coordinator(args.coordinator, args.process_id, args.init_timeout)
+        if problem:
+            return fail(problem, 2)
+        try:
+            jax.distributed.initialize(
+                coordinator_address=args.coordinator,
+                num_processes=args.num_processes,
+                process_id=args.process_id,
+                initialization_timeout=args.init_timeout,
+                heartbeat_timeout_seconds=config.heartbeat_timeout_s,
+            )
+        except Exception as err:  # jaxlib raises its own error types.
+            first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+            return fail(
+                f"could not join the job at coordinator `{args.coordinator}` as process "
+                f"{args.process_id} of {args.num_processes} within {args.init_timeout} s: is "
+                f"the coordinator (process 0) running and the address right? ({first})",
+                2,
+            )
+    kill = None
+    if args.kill_at:
+        step, phase, process = args.kill_at.split(":")
+        kill = train.KillPoint(int(step), phase, int(process))
+    workdir = Path(args.workdir)
+    try:
+        result = train.run(
+            config,
+            workdir,
+            checkpoints=not args.no_checkpoints,
+            attempt=args.attempt,
+            kill=kill,
+            progress=lambda line: print(
+                f"[p{args.process_id} {time.perf_counter() - STARTED:6.2f}s] {line}",
+                file=sys.stderr,
+                flush=True,
+            ),
+        )
+    except (CheckpointError, MeshError, ValueError) as err:
+        return fail(str(err), 2)
+    except Exception as err:  # A peer died or a collective failed: say so and stop.
+        text = str(err).strip().splitlines()
+        return fail(f"training stopped: {type(err).__name__}: {text[0][:300] if text else ''}", 1)
+    state = result.pop("state")
+    params = {name: train.host_value(value) for name, value in state.params.items()}
+    np.savez(workdir / f"final_params_p{args.process_id}.npz", **params)
+    result["environment"] = environment()
+    result["attempt"] = args.attempt
+    path = workdir / f"final_p{args.process_id}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if args.num_processes > 1:
+        # Every process waits here until all are done: process 0 hosts the coordinator,
+        # and a peer that still talks to it after it is gone would abort.
+        jax.distributed.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Stage 1: a mesh and a count-weighted global update.
+
+Independent check: the sharded step on a padded batch (unequal valid examples
+per shard) against the same step on ONE device fed only the valid rows, with a
+plain mean and no mask. Repeated on 1, 2, 4 and 8 devices, on (n, 1) and (n/2, 2)
+data x model meshes, and under two padding patterns. A NumPy float64 loss is a
+second reference. The naive mean of per-shard means is shown to be wrong under
+unequal counts (and right when the counts are equal, which is why it hides).
+
+Tolerance: the sharded sums add the same float32 terms in another order (per
+shard, then across shards), so results differ in the last bits: a sum of n
+float32 terms moves by up to about n * 6e-8 of the sum of magnitudes. With at
+most 16 terms per sum we allow rtol 1e-5 and an atol of 1e-5 of the largest
+reference magnitude; a wrong reduction (shown below) is off by percents.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from sharded_training import data, model, sharding, train
+from sharded_training.cli import main
+from sharded_training.config import Config, ConfigError
+
+CONFIG = Config.tiny().model_copy(update={"dropout_rate": 0.0})
+RTOL, ATOL_FRACTION = 1e-5, 1e-5
+
+
+def padded_batch(config: Config, pattern: str) -> dict[str, np.ndarray]:
+    """A global batch of `batch_size` rows with some padding rows (mask 0)."""
+    if pattern == "pipeline":
+        # The pipeline's own last batch of the first epoch: 44 % 16 = 12 valid rows at the
+        # front, padding at the back, so the last shards hold fewer (or no) valid rows.
+        it = data.local_iterator(config)
+        batches = [next(it) for _ in range(3)]
+        return data.batch_as_numpy(batches[2])
+    # `scattered`: valid rows drawn at random, a different count on every shard.
+    features, labels = data.make_dataset(config)
+    key_rows, key_mask = jax.random.split(jax.random.key(7))
+    rows = np.asarray(jax.random.choice(key_rows, config.num_examples, (config.batch_size,)))
+    mask = np.asarray(jax.random.bernoulli(key_mask, 0.6, (config.batch_size,)), np.float32)
+    mask[0] = 1.0
+    return {"ids": rows, "x": features[rows], "y": labels[rows], "mask": mask}
+
+
+def unpadded(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    keep = batch["mask"] > 0
+    return {"x": batch["x"][keep], "y": batch["y"][keep]}
+
+
+def single_device_step(config: Config, batch: dict[str, np.ndarray]):
+    """Reference: one device, only the valid rows, a plain mean (no mask, no counts)."""
+    device = jax.devices()[0]
+    init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
+    params = jax.device_put(model.init_params(config, init_key), device)
+    optimizer = train.make_optimizer(config)
+    opt_state = optimizer.init(params)
+    rows = jax.device_put(unpadded(batch), device)
+
+    def loss(p):
+        return jnp.mean(model.per_example_loss(p, rows["x"], rows["y"], None, 0.0))
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, _ = optimizer.update(grads, opt_state, params)
+    del dropout_key
+    return value, grads, jax.tree.map(lambda p, u: p + u, params, updates)
+
+
+def numpy_loss(params, batch) -> float:
+    """Float64 NumPy loss over the valid rows: a reference that shares no JAX code."""
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    rows = unpadded(batch)
+    hidden = np.maximum(rows["x"].astype(np.float64) @ p["w1"] + p["b1"], 0.0)
+    logits = hidden @ p["w2"] + p["b2"]
+    logits -= logits.max(axis=1, keepdims=True)
+    log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    return float(-log_probs[np.arange(len(rows["y"])), rows["y"]].mean())
+
+
+def sharded_step(config: Config, mesh, batch):
+    state = train.init_state(config, mesh)
+    gbatch = sharding.global_batch(batch, mesh, config.batch_size)
+    grad_fn = jax.jit(jax.grad(lambda p, b: train.loss_fn(p, b, None, 0.0)[0]))
+    grads = grad_fn(state.params, gbatch)
+    step_fn = train.make_step_fn(config, mesh, state)
+    new_state, metrics = step_fn(state, gbatch)
+    return state, grads, new_state, metrics
+
+
+def close(evidence, check, condition, actual, reference) -> bool:
+    scale = max(float(np.max(np.abs(np.asarray(r)))) for r in jax.tree.leaves(reference))
+    return evidence.allclose(
+        check,
+        condition,
+        np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(actual)]),
+        np.concatenate([np.ravel(np.asarray(r)) for r in jax.tree.leaves(reference)]),
+        rtol=RTOL,
+        atol=ATOL_FRACTION * scale,
+    )
+
+
+MESHES = [(1, (1, 1)), (2, (2, 1)), (4, (4, 1)), (8, (8, 1)), (4, (2, 2)), (8, (4, 2))]
+
+
+@pytest.mark.parametrize("pattern", ["pipeline", "scattered"])
+@pytest.mark.parametrize(("n_devices", "mesh_shape"), MESHES)
+def test_global_update_equals_single_device_update(evidence, n_devices, mesh_shape, pattern):
+    config = CONFIG.model_copy(update={"mesh_shape": mesh_shape})
+    mesh = sharding.make_mesh(mesh_shape, jax.devices()[:n_devices])
+    batch = padded_batch(config, pattern)
+    counts = sharding.per_shard_counts(batch["mask"], mesh_shape[0])
+    state, grads, new_state, metrics = sharded_step(config, mesh, batch)
+    ref_loss, ref_grads, ref_params = single_device_step(config, batch)
+    condition = f"{n_devices} devices, mesh {mesh_shape}, {pattern} padding, counts {counts}"
+    ok_loss = close(
+        evidence,
+        "loss: sharded count-weighted vs 1 device unpadded",
+        condition,
+        metrics["loss"],
+        ref_loss,
+    )
+    ok_np = evidence.allclose(
+        "loss vs NumPy float64 on the valid rows",
+        condition,
+        metrics["loss"],
+        numpy_loss(state.params, batch),
+        rtol=1e-5,
+        atol=0,
+    )
+    ok_grads = close(
+        evidence, "gradients: sharded vs 1 device unpadded", condition, grads, ref_grads
+    )
+    ok_params = close(
+        evidence,
+        "params after one Adam step: sharded vs 1 device",
+        condition,
+        new_state.params,
+        ref_params,
+    )
+    assert float(metrics["count"]) == float(batch["mask"].sum())
+    assert ok_loss and ok_np and ok_grads and ok_params
+    if n_devices > 1:
+        # The params really are laid out over the mesh as declared.
+        assert new_state.params["w1"].sharding.spec == sharding.param_specs()["w1"]
+
+
+@pytest.mark.parametrize("pattern", ["pipeline", "scattered", "no padding"])
+def test_naive_mean_of_means_differs_under_unequal_counts(evidence, pattern):
+    config = CONFIG
+    mesh = sharding.make_mesh((8, 1))
+    if pattern == "no padding":
+        batch = padded_batch(config, "scattered")
+        batch["mask"] = np.ones_like(batch["mask"])
+    else:
+        batch = padded_batch(config, pattern)
+    counts = sharding.per_shard_counts(batch["mask"], 8)
+    state = train.init_state(config, mesh)
+    g = sharding.global_batch(batch, mesh, config.batch_size)
+    weighted = float(
+        sharding.count_weighted_mean_loss(state.params, g["x"], g["y"], g["mask"], mesh)
+    )
+    naive = float(sharding.naive_mean_of_means(state.params, g["x"], g["y"], g["mask"], mesh))
+    reference = numpy_loss(state.params, batch)
+    equal_counts = len(set(counts)) == 1
+    naive_error = abs(naive - reference) / abs(reference)
+    weighted_error = abs(weighted - reference) / abs(reference)
+    # Unequal counts: the naive mean must be off by far more than reduction-order noise
+    # (1e-3 is 100x the tolerance); equal counts: both are right.
+    passed = weighted_error <= 1e-5 and (
+        naive_error <= 1e-5 if equal_counts else naive_error >= 1e-3
+    )
+    assert evidence.record(
+        "count-weighted psum(sum)/psum(count) vs naive pmean(per-shard mean), against NumPy",
+        f"{pattern}: per-shard counts {counts}",
+        {
+            "reference": reference,
+            "count_weighted": weighted,
+            "naive": naive,
+            "count_weighted_rel_error": weighted_error,
+            "naive_rel_error": naive_error,
+        },
+        {
+            "count_weighted_rel_error": 1e-5,
+            "naive_rel_error": "<= 1e-5 with equal counts, >= 1e-3 with unequal counts",
+        },
+        passed,
+    )
+
+
+def test_dropout_masks_do_not_depend_on_the_sharding(evidence):
+    """With dropout on, the (4, 2)-mesh step equals the 1-device step on the same padded
+    batch: the masks come from the state's key, not from the device layout."""
+    config = Config.tiny().model_copy(update={"mesh_shape": (4, 2)})
+    batch = padded_batch(config, "pipeline")
+    losses = {}
+    for label, shape, devices in [
+        ("8 devices", (4, 2), jax.devices()),
+        ("1 device", (1, 1), jax.devices()[:1]),
+    ]:
+        mesh = sharding.make_mesh(shape, devices)
+        state = train.init_state(config, mesh)
+        new_state, metrics = train.make_step_fn(config, mesh, state)(
+            state, sharding.global_batch(batch, mesh, config.batch_size)
+        )
+        losses[label] = (float(metrics["loss"]), new_state.params)
+    assert close(
+        evidence,
+        "dropout step: (4, 2) mesh vs 1 device",
+        "dropout 0.1, padded batch",
+        losses["8 devices"][1],
+        losses["1 device"][1],
+    )
+
+
+def test_same_seed_same_bits_other_seed_other_bits(evidence):
+    runs = {
+        "seed 0, first": train.run(Config.tiny(), None),
+        "seed 0, second": train.run(Config.tiny(), None),
+        "seed 1": train.run(Config.tiny().model_copy(update={"seed": 1}), None),
+    }
+    digests = {k: v["digest"] for k, v in runs.items()}
+    bits = {k: [train.float_bits(x) for x in v["losses"].values()] for k, v in runs.items()}
+    passed = (
+        digests["seed 0, first"] == digests["seed 0, second"]
+        and bits["seed 0, first"] == bits["seed 0, second"]
+        and digests["seed 1"] != digests["seed 0, first"]
+    )
+    assert evidence.record(
+        "bitwise determinism of a 12-step 8-device run",
+        "seeds 0, 0, 1",
+        {"digests": digests, "loss_bits": bits},
+        None,
+        passed,
+    )
+
+
+def test_bad_mesh_and_batch_are_clear_errors(tmp_path):
+    with pytest.raises(sharding.MeshError, match=r"mesh shape `\(3, 2\)` needs 6 devices.*`8`"):
+        sharding.make_mesh((3, 2))
+    with pytest.raises(ValueError, match=r"`batch_size` = `12` does not divide .* size `8`"):
+        Config.tiny().model_copy(update={"batch_size": 12}).model_validate(
+            {**Config.tiny().model_dump(), "batch_size": 12}
+        )
+    with pytest.raises(sharding.MeshError, match=r"batch of `12` examples .* size `8`"):
+        sharding.check_batch(12, sharding.make_mesh((8, 1)))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"mesh_shape": [3, 2], "batch_size": 12}')
+    result = CliRunner().invoke(
+        main, ["train", "--config", str(bad), "--workdir", str(tmp_path / "run")]
+    )
+    assert result.exit_code == 2 and "mesh shape `(3, 2)` needs 6 devices" in result.output
+    with pytest.raises(ConfigError, match=r"Unknown field `mesh`"):
+        Config.from_json('{"mesh": [8, 1]}')
+
+
+def test_cli_train_runs_and_checkpoints(tmp_path):
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(Config.tiny().to_json())
+    result = CliRunner().invoke(
+        main, ["train", "--config", str(cfg), "--workdir", str(tmp_path / "run")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "final loss" in result.output and (tmp_path / "run" / "loss.png").is_file()
+    assert (tmp_path / "run" / "checkpoints" / "12").is_dir()

@@ -1,0 +1,230 @@
+"""Stage 1: a run that knows what it is.
+
+Independent check: two tracked runs (the tiny config, then a changed config
+with other seeds and width) are read back by a FRESH process with a new
+client (`reproducible-experiments show`); the config, seeds and every identity
+it reconstructs must equal what the test computes on its own: the config it
+passed in, code identity from `git` run here, the data hash from the raw
+scikit-learn arrays, split hashes from the in-memory split, runtime identity
+from the imported packages. Every metric value must come back bit for bit.
+Repeated on both back-ends (SQLite file, `mlflow server` on PostgreSQL).
+"""
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mlflow import MlflowClient
+from sklearn.datasets import load_digits
+
+from reproducible_experiments import identity, record, tracking, train
+from reproducible_experiments.cli import main
+from reproducible_experiments.config import Config, ConfigError, load_config
+
+CLI = str(Path(sys.executable).parent / "reproducible-experiments")
+CHANGED = Config.tiny().replace(train_seed=7, eval_seed=3, hidden_size=48, dropout_rate=0.1)
+
+
+def _bits(values):
+    return [int(np.float64(v).view(np.uint64)) for v in values]
+
+
+def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
+    client = store.client()
+    _, exp_id = store.new_experiment(client, "identity")
+    calls = {"log_batch": 0, "log_metric": 0}
+    original_batch, original_metric = MlflowClient.log_batch, MlflowClient.log_metric
+
+    def counting_batch(self, *args, **kwargs):
+        if kwargs.get("metrics"):
+            calls["log_batch"] += 1
+        return original_batch(self, *args, **kwargs)
+
+    def counting_metric(self, *args, **kwargs):
+        calls["log_metric"] += 1
+        return original_metric(self, *args, **kwargs)
+
+    runs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MlflowClient, "log_batch", counting_batch)
+        mp.setattr(MlflowClient, "log_metric", counting_metric)
+        for config in (Config.tiny(), CHANGED):
+            run_id, result, status = record.run_tracked(client, exp_id, config)
+            assert status == "FINISHED"
+            runs[run_id] = result
+
+    shown = subprocess.run(
+        [CLI, "show", *runs, "--tracking-uri", store.uri],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    records = {item["run_id"]: item for item in json.loads(shown.stdout)}
+
+    # The test's own references, computed without the package's identity code.
+    bunch = load_digits()
+    raw = hashlib.sha256(
+        np.ascontiguousarray(bunch.data, "<f8").tobytes()
+        + np.ascontiguousarray(bunch.target, "<i8").tobytes()
+    ).hexdigest()
+    head = subprocess.run(
+        ["git", "-C", str(identity.PROJECT_DIR), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+    )
+    runtime = {
+        "runtime.python": platform.python_version(),
+        "runtime.jax": jax.__version__,
+        "runtime.jaxlib": importlib.metadata.version("jaxlib"),
+        "runtime.flax": importlib.metadata.version("flax"),
+        "runtime.optax": importlib.metadata.version("optax"),
+        "runtime.numpy": np.__version__,
+        "runtime.backend": jax.default_backend(),
+        "runtime.device_kind": jax.devices()[0].device_kind,
+        "runtime.device_count": str(jax.device_count()),
+        "runtime.xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "runtime.machine": platform.machine(),
+    }
+    for run_id, result in runs.items():
+        got = records[run_id]
+        config = result.config
+        split_hashes = {
+            f"data.split.{name}.sha256": hashlib.sha256(ids.astype("<i4").tobytes()).hexdigest()
+            for name, ids in result.split.items()
+        }
+        all_ids = np.sort(np.concatenate(list(result.split.values())))
+        checks = {
+            "config": got["config"] == config.model_dump(mode="json"),
+            "config_sha256": got["config_sha256"] == config.sha256(),
+            "seeds_separate": got["seeds"]
+            == {"train_seed": config.train_seed, "eval_seed": config.eval_seed},
+            "code": got["code"] == identity.code_identity(),
+            "git_commit": got["code"]["code.git_commit"]
+            == (head.stdout.strip() if head.returncode == 0 else "unavailable"),
+            "data_raw": got["data"]["data.sha256"] == raw,
+            "data_splits": all(got["data"][k] == v for k, v in split_hashes.items()),
+            "split_ids": {k: v for k, v in got["split_ids"].items()}
+            == {k: v.tolist() for k, v in result.split.items()},
+            "split_partition": np.array_equal(all_ids, np.arange(len(bunch.target))),
+            "runtime": got["runtime"] == runtime,
+            "params_sha256": got["params_sha256"] == result.params_sha256,
+        }
+        series = result.metric_series()
+        checks["metrics_bitwise"] = set(got["metrics"]) == set(series) and all(
+            [s for s, _ in got["metrics"][k]] == [s for s, _ in series[k]]
+            and _bits([v for _, v in got["metrics"][k]]) == _bits([v for _, v in series[k]])
+            for k in series
+        )
+        values = sum(len(v) for v in series.values())
+        assert evidence.record(
+            "fresh process reconstructs config and every identity",
+            f"{store.kind}, config {config.sha256()[:12]} (train_seed {config.train_seed}, "
+            f"eval_seed {config.eval_seed})",
+            {**checks, "metric_values": values},
+            None,
+            all(checks.values()),
+        ), checks
+
+    # Metrics went out in batches: a few log_batch calls, never one call per value.
+    total = sum(sum(len(v) for v in r.metric_series().values()) for r in runs.values())
+    assert evidence.record(
+        "metrics logged in batches",
+        store.kind,
+        {**calls, "values": total},
+        {"log_metric": 0, "log_batch_max": 4 * len(runs)},
+        calls["log_metric"] == 0 and 0 < calls["log_batch"] <= 4 * len(runs),
+    ), calls
+
+    for run_id in runs:
+        names = {a.path for a in client.list_artifacts(run_id)}
+        assert {"config.json", "split_ids.json", "learning_curve.png"} <= names
+        png = Path(client.download_artifacts(run_id, "learning_curve.png", str(tmp_path)))
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_same_seeds_same_bits_and_seeds_stay_separate(evidence):
+    """Determinism (same config -> same bits) and the two seeds' separate roles."""
+    a = train.train_and_evaluate(Config.tiny())
+    b = train.train_and_evaluate(Config.tiny())
+    other_train = train.train_and_evaluate(Config.tiny().replace(train_seed=1))
+    other_eval = train.train_and_evaluate(Config.tiny().replace(eval_seed=1))
+    same = a.params_sha256 == b.params_sha256 and _bits(
+        [v for s in a.metric_series().values() for _, v in s]
+    ) == _bits([v for s in b.metric_series().values() for _, v in s])
+    assert evidence.record(
+        "same config and seeds give bitwise-identical metrics and parameters",
+        "tiny config, twice in one process",
+        {"params_sha256": a.params_sha256, "test_accuracy": a.test["test_accuracy"]},
+        {"bitwise": True},
+        same,
+    )
+    roles = {
+        "train_seed changes parameters": other_train.params_sha256 != a.params_sha256,
+        "train_seed keeps the split": other_train.data_identity == a.data_identity,
+        "eval_seed changes the split": other_eval.data_identity["data.split.test.sha256"]
+        != a.data_identity["data.split.test.sha256"],
+        "eval_seed keeps the data bytes": other_eval.data_identity["data.sha256"]
+        == a.data_identity["data.sha256"],
+    }
+    assert evidence.record(
+        "training and evaluation seeds act separately",
+        "train_seed 0->1; eval_seed 0->1",
+        roles,
+        None,
+        all(roles.values()),
+    ), roles
+
+
+def test_tracking_uri_is_explicit_even_with_mlruns_present(tmp_path, monkeypatch, evidence):
+    """MLflow silently uses `./mlruns` when it exists; the CLI must not."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "mlruns").mkdir()
+    config_file = tmp_path / "tiny.json"
+    config_file.write_text(Config.tiny().to_json())
+    result = CliRunner().invoke(main, ["train", "--config", str(config_file), "--no-checkpoint"])
+    assert result.exit_code == 0, result.output
+    run_id = result.output.split("run ", 1)[1].split()[0]
+    client = tracking.connect(tmp_path / "runs" / "mlflow.db")
+    found = client.get_run(run_id).info.status
+    observed = {
+        "status_in_runs_db": found,
+        "mlruns_entries": sorted(p.name for p in (tmp_path / "mlruns").iterdir()),
+    }
+    assert evidence.record(
+        "default store is runs/mlflow.db, named explicitly",
+        "a ./mlruns folder exists in the working directory",
+        observed,
+        None,
+        found == "FINISHED" and observed["mlruns_entries"] == [],
+    ), observed
+
+
+def test_bad_config_is_a_clear_error(tmp_path, sqlite_store):
+    project = Path(__file__).resolve().parents[1]
+    assert load_config(project / "configs" / "tiny.json") == Config.tiny()
+    assert load_config(project / "configs" / "default.json") == Config.default()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hidden_size": 0, "colour": "red"}))
+    with pytest.raises(ConfigError, match=r"Field `hidden_size` has value `0`"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"Unknown field `colour`"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"`val_fraction` \+ `test_fraction` must be at most"):
+        Config.tiny().replace(val_fraction=0.5, test_fraction=0.5)
+    result = CliRunner().invoke(main, ["train", "--config", str(bad)])
+    assert result.exit_code == 2
+    assert "Invalid config" in result.output and "Traceback" not in result.output
+    missing = CliRunner().invoke(main, ["show", "0" * 32, "--tracking-uri", sqlite_store.uri])
+    assert missing.exit_code == 2 and "is not in" in missing.output

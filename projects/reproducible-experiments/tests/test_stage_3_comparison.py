@@ -1,0 +1,206 @@
+"""Stage 3: a frozen question and a paired comparison.
+
+Independent checks:
+  - the paired differences the analysis reports are recomputed from a direct
+    SQL query of the metric values in the database behind the store;
+  - the bootstrap interval is checked against the EXACT percentile bootstrap,
+    enumerating all n^n resamples of the complete pairs (n = 2 here), whose
+    distribution is discrete, so a Monte Carlo bootstrap lands on its quantiles;
+  - the analysis reads the store, not memory: a value changed in the store
+    after the runs changes the analysis.
+One arm is made to fail: its pair must be reported incomplete (never dropped,
+never imputed) and the verdict `undecided`. Repeated on both back-ends, and
+with `require_complete: false`, where the verdict must follow the rule.
+"""
+
+import itertools
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mlflow.entities import Metric
+
+from reproducible_experiments import comparison
+from reproducible_experiments.cli import main
+
+SPEC_YAML = """
+name: lr-{suffix}
+question: Does a 3x larger Adam step raise test accuracy of the tiny digits MLP?
+baseline: {{hidden_size: 32, batch_size: 64, num_epochs: 5, learning_rate: 0.001}}
+mechanism: {{field: learning_rate, value: 0.003}}
+train_seeds: [0, 1, 2]
+eval_seeds: [0]
+metric: {{name: test_accuracy, higher_is_better: true}}
+decision: {{min_difference: 0.0, confidence: 0.9, resamples: 4000, bootstrap_seed: 0,
+           require_complete: {require_complete}}}
+"""
+
+
+class ArmFailure(RuntimeError):
+    pass
+
+
+def exact_percentile_ci(diffs: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The percentile bootstrap interval with every one of the n^n resamples,
+    each weighted 1 / n^n, and the inverted-CDF quantile definition."""
+    n = len(diffs)
+    means = np.array([np.mean(diffs[list(idx)]) for idx in itertools.product(range(n), repeat=n)])
+    order = np.sort(means)
+    cdf = np.arange(1, len(order) + 1) / len(order)
+    alpha = 1 - confidence
+
+    def quantile(q: float) -> float:
+        return float(order[np.searchsorted(cdf, q - 1e-12)])
+
+    return quantile(alpha / 2), quantile(1 - alpha / 2)
+
+
+def _spec(suffix: str, require_complete: bool) -> comparison.Spec:
+    text = SPEC_YAML.format(suffix=suffix, require_complete=str(require_complete).lower())
+    return comparison.parse_spec(text, "test spec")
+
+
+@pytest.mark.parametrize("require_complete", [True, False])
+def test_paired_comparison_from_the_store(evidence, store, tmp_path, require_complete):
+    client = store.client()
+    name, exp_id = store.new_experiment(client, "compare")
+    spec = _spec(f"{store.kind}-{int(require_complete)}-{time.time_ns()}", require_complete)
+
+    def fail_one_arm(arm: str, train_seed: int, eval_seed: int) -> None:
+        if arm == "candidate" and train_seed == 2:
+            raise ArmFailure("deliberate failure of one arm")
+
+    ran = comparison.run_comparison(client, exp_id, spec, before_train=fail_one_arm)
+    analysis = comparison.analyze(store.client(), ran.parent_run_id)  # A new client.
+
+    # Frozen: one hash on the parent and every child; the parent came first.
+    parent = client.get_run(ran.parent_run_id)
+    children = [client.get_run(c["run_id"]) for c in ran.children]
+    hashes = {r.data.tags["comparison.spec_sha256"] for r in [parent, *children]}
+    frozen = hashes == {spec.sha256()} and all(
+        c.info.start_time >= parent.info.start_time for c in children
+    )
+    assert evidence.record(
+        "the spec hash is on the parent and every child; the parent is registered first",
+        store.kind,
+        {"hashes": sorted(hashes), "children": len(children)},
+        None,
+        frozen,
+    )
+
+    # Reference: the metric straight from the database, paired by the test.
+    rows = store.sql(
+        "SELECT r.run_uuid, m.value FROM latest_metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
+        "WHERE r.experiment_id = ? AND m.key = 'test_accuracy'",
+        (int(exp_id),),
+    )
+    value = dict(rows)
+    reference = {}
+    for c in children:
+        key = (int(c.data.params["train_seed"]), int(c.data.params["eval_seed"]))
+        if c.info.status == "FINISHED":
+            reference.setdefault(key, {})[c.data.tags["comparison.arm"]] = value[c.info.run_id]
+    ref_diffs = {k: v["candidate"] - v["baseline"] for k, v in reference.items() if len(v) == 2}
+    got = {(p.train_seed, p.eval_seed): p.difference for p in analysis.pairs}
+    incomplete = [p for p in analysis.pairs if p.status != "complete"]
+    assert evidence.record(
+        "paired differences equal those recomputed from SQL; the failed arm's pair is incomplete",
+        f"{store.kind}, require_complete={require_complete}",
+        {
+            "differences": {str(k): v for k, v in got.items()},
+            "incomplete": [p.status for p in incomplete],
+        },
+        None,
+        {k: v for k, v in got.items() if v is not None} == ref_diffs
+        and len(analysis.pairs) == 3
+        and [(p.train_seed, p.eval_seed) for p in incomplete] == [(2, 0)]
+        and incomplete[0].difference is None
+        and incomplete[0].status == "incomplete: candidate FAILED (ArmFailure)",
+    ), got
+
+    diffs = np.array([ref_diffs[k] for k in sorted(ref_diffs)])
+    exact = exact_percentile_ci(diffs, spec.decision.confidence)
+    assert evidence.record(
+        "bootstrap interval equals the exact enumerated percentile bootstrap",
+        f"{store.kind}, n={len(diffs)} complete pairs, {spec.decision.resamples} resamples",
+        {"ci": analysis.ci, "exact": exact, "mean": analysis.mean},
+        {"abs": 1e-12},
+        analysis.ci is not None
+        and np.allclose(analysis.ci, exact, rtol=0, atol=1e-12)
+        and abs(analysis.mean - diffs.mean()) <= 1e-12,
+    ), (analysis.ci, exact)
+
+    if require_complete:
+        expected = "undecided: 1 of 3 pairs incomplete"
+    else:
+        expected = "holds" if exact[0] > spec.decision.min_difference else "does not hold"
+    assert evidence.record(
+        "the verdict follows the decision rule",
+        f"{store.kind}, require_complete={require_complete}",
+        {"verdict": analysis.verdict},
+        {"expected": expected},
+        analysis.verdict == expected,
+    )
+
+    # The analysis reads the store: change one recorded value, the analysis follows.
+    first = next(p for p in analysis.pairs if p.status == "complete")
+    base_id = first.run_ids["baseline"][0]
+    client.log_batch(base_id, metrics=[Metric("test_accuracy", 0.0, int(time.time() * 1000), 99)])
+    again = comparison.analyze(store.client(), ran.parent_run_id)
+    moved = next(p for p in again.pairs if p.train_seed == first.train_seed)
+    assert evidence.record(
+        "a value changed in the store changes the analysis",
+        f"{store.kind}: baseline test_accuracy of pair t{first.train_seed} set to 0",
+        {"before": first.difference, "after": moved.difference},
+        None,
+        moved.difference == moved.candidate and moved.difference != first.difference,
+    )
+
+    paths = comparison.write_report(client, analysis, tmp_path / "report")
+    text = paths[0].read_text()
+    assert "incomplete: candidate FAILED (ArmFailure)" in text and spec.sha256() in text
+    assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_registered_question_is_frozen(store):
+    client = store.client()
+    _, exp_id = store.new_experiment(client, "frozen")
+    spec = _spec(f"frozen-{store.kind}-{time.time_ns()}", True)
+    spec = spec.model_copy(update={"train_seeds": [0], "eval_seeds": [0]})
+    comparison.run_comparison(client, exp_id, spec)
+    changed = spec.model_copy(update={"question": spec.question + " (edited after the fact)"})
+    with pytest.raises(comparison.FrozenSpecError, match=r"was registered with spec hash"):
+        comparison.run_comparison(client, exp_id, changed)
+
+
+def test_bad_specs_are_clear_errors(tmp_path):
+    with pytest.raises(comparison.SpecError, match=r"`baseline` must not set `train_seed`"):
+        comparison.parse_spec(
+            SPEC_YAML.format(suffix="x", require_complete="true").replace(
+                "num_epochs: 5,", "num_epochs: 5, train_seed: 1,"
+            )
+        )
+    with pytest.raises(comparison.SpecError, match=r"`mechanism.field` is `depth`"):
+        comparison.parse_spec(
+            SPEC_YAML.format(suffix="x", require_complete="true").replace(
+                "field: learning_rate", "field: depth"
+            )
+        )
+    with pytest.raises(comparison.SpecError, match=r"equals the baseline"):
+        comparison.parse_spec(
+            SPEC_YAML.format(suffix="x", require_complete="true").replace(
+                "value: 0.003", "value: 0.001"
+            )
+        )
+    with pytest.raises(comparison.SpecError, match=r"`train_seeds` repeats a seed"):
+        comparison.parse_spec(
+            SPEC_YAML.format(suffix="x", require_complete="true").replace("[0, 1, 2]", "[0, 0]")
+        )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    result = CliRunner().invoke(
+        main, ["compare", str(bad), "--tracking-uri", str(tmp_path / "s.db")]
+    )
+    assert result.exit_code == 2 and "not valid YAML" in result.output
+    assert "Traceback" not in result.output

@@ -137,3 +137,13 @@ def test_import_scan_would_catch_a_cross_import(tmp_path: Path):
     source = tmp_path / "bad.py"
     source.write_text("import os\nfrom catalog_compiler.cli import main\n")
     assert "catalog_compiler" in imported_modules(source)
+
+
+def test_root_readme_lists_every_project_with_its_status():
+    """The project table in the root README agrees with the manifests on disk."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = dict(
+        re.findall(r"^\| \[`([a-z0-9-]+)`\]\(projects/[a-z0-9-]+\) \| (\w+) \|", text, re.M)
+    )
+    on_disk = {p.name: manifest(p)["status"] for p in PROJECTS}
+    assert listed == on_disk

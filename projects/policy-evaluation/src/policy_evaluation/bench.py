@@ -1,0 +1,212 @@
+"""`policy-evaluation bench`: three speed ratios timed side by side, as
+/work/shared/BENCHMARKS.md prescribes.
+
+Paths (each compiled or warmed up once, apart from the timed rounds; every
+timed call ends with `block_until_ready` or is pure NumPy/Python):
+  `jax_grid`      grid world, `vmap` over environments and `scan` over steps,
+                  random actions, one jitted call.
+  `jax_grid_aa`   the same executable on another key: the A/A control.
+  `python_grid`   the same grid world as a plain Python loop over the
+                  enumerated table (`GridWorld.transition_table`), NumPy RNG.
+  `jax_cartpole`  CartPole, `vmap` x `scan`, random actions, one jitted call.
+  `gym_cartpole`  gymnasium's vector CartPole (`make_vec("CartPole-v1")`,
+                  its NumPy-vectorized implementation), same env count/steps.
+  `ppo_vmapped`   `jit(vmap(make_train))` over 8 seeds.
+  `ppo_sequential` `jit(make_train)` called for the 8 seeds one after another.
+Rounds run every path once in a shuffled order (interleaved), >= 20 rounds.
+Ratios: throughput (steps/s) ratios for the environments, time ratio for PPO;
+medians. Identity: the vmapped and sequential PPO parameters are compared.
+Targets come from the project's issue; they are reported, never asserted.
+"""
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from policy_evaluation.config import Config
+from policy_evaluation.envs import CartPole, GridWorld
+from policy_evaluation.train import make_train, seed_keys
+
+TARGETS = {"jax_vs_python": 20.0, "jax_vs_gymnasium": 100.0, "vmapped_seeds_vs_sequential": 2.0}
+
+SIZES = {
+    # envs, steps for JAX paths; steps of the Python loop; PPO steps per seed.
+    "default": {"envs": 256, "steps": 200, "python_steps": 4000, "ppo_steps": 8192, "rounds": 20},
+    "tiny": {"envs": 8, "steps": 10, "python_steps": 50, "ppo_steps": 512, "rounds": 20},
+}
+
+
+def _env_scan(env, num_envs: int, num_steps: int):
+    def run(key):
+        reset_key, key = jax.random.split(key)
+        state, _ = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
+
+        def body(carry, _):
+            state, key, total = carry
+            key, a_key, s_key, r_key = jax.random.split(key, 4)
+            action = jax.random.randint(a_key, (num_envs,), 0, env.num_actions, jnp.int32)
+            out = jax.vmap(env.step)(state, action, jax.random.split(s_key, num_envs))
+            fresh, _ = jax.vmap(env.reset)(jax.random.split(r_key, num_envs))
+            done = out.terminated | out.truncated
+            state = jax.tree.map(lambda n, o: jax.vmap(jnp.where)(done, n, o), fresh, out.state)
+            return (state, key, total + out.reward.sum()), None
+
+        (state, _, total), _ = jax.lax.scan(
+            body, (state, key, jnp.float32(0.0)), None, length=num_steps
+        )
+        # Depend on the final states too: CartPole's reward is a constant 1, and
+        # XLA would otherwise drop the dynamics as dead code.
+        return total + jnp.sum(state.physics).astype(jnp.float32)
+
+    return jax.jit(run)
+
+
+def _python_grid(num_steps: int, seed: int) -> float:
+    env = GridWorld()
+    P, R, terminal = env.transition_table()
+    rng = np.random.default_rng(seed)
+    s, t, total = env.start, 0, 0.0
+    for _ in range(num_steps):
+        a = int(rng.integers(env.num_actions))
+        s2 = int(rng.choice(env.num_states, p=P[s, a]))
+        total += R[s, a, s2]
+        t += 1
+        s = s2
+        if terminal[s] or t >= env.max_steps:
+            s, t = env.start, 0
+    return total
+
+
+def run_bench(size: str, out: Path, progress=print) -> dict[str, Any]:
+    with jax.debug_key_reuse(False):
+        return _run_bench(size, out, progress)
+
+
+def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
+    import gymnasium as gym  # test/bench dependency
+
+    sz = SIZES[size]
+    n, T = sz["envs"], sz["steps"]
+    grid_fn = _env_scan(GridWorld(), n, T)
+    cart_fn = _env_scan(CartPole(), n, T)
+    gym_env = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
+    gym_rng = np.random.default_rng(0)
+
+    config = Config.tiny("cartpole").model_copy(
+        update={"num_seeds": 8, "num_envs": 4, "num_steps": 64, "total_timesteps": sz["ppo_steps"]}
+    )
+    # Every repetition deliberately reuses the same seed keys (identical work per
+    # rep), so the key-reuse checker is switched off for the timed calls below.
+    seed_train_keys, _ = seed_keys(config)
+
+    def train_keys():
+        return seed_train_keys
+
+    vmapped = jax.jit(jax.vmap(make_train(config)))
+    single = jax.jit(make_train(config))
+
+    keys = iter(jax.random.split(jax.random.key(123), 10_000))
+
+    def gym_run():
+        gym_env.reset(seed=int(gym_rng.integers(2**31)))
+        for _ in range(T):
+            gym_env.step(gym_rng.integers(0, 2, size=n))
+
+    paths = {
+        "jax_grid": lambda: grid_fn(next(keys)).block_until_ready(),
+        "jax_grid_aa": lambda: grid_fn(next(keys)).block_until_ready(),
+        "python_grid": lambda: _python_grid(sz["python_steps"], 0),
+        "jax_cartpole": lambda: cart_fn(next(keys)).block_until_ready(),
+        "gym_cartpole": gym_run,
+        "ppo_vmapped": lambda: jax.block_until_ready(vmapped(train_keys())),
+        "ppo_sequential": lambda: [jax.block_until_ready(single(k)) for k in train_keys()],
+    }
+    steps = {
+        "jax_grid": n * T,
+        "jax_grid_aa": n * T,
+        "python_grid": sz["python_steps"],
+        "jax_cartpole": n * T,
+        "gym_cartpole": n * T,
+    }
+    compile_s = {}
+    for name, fn in paths.items():
+        t0 = time.perf_counter()
+        fn()
+        compile_s[name] = time.perf_counter() - t0
+    progress(f"warm-up/compile done: { {k: round(v, 2) for k, v in compile_s.items()} }")
+
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    order_rng = np.random.default_rng(0)
+    for r in range(sz["rounds"]):
+        for name in order_rng.permutation(list(paths)):
+            t0 = time.perf_counter()
+            paths[name]()
+            times[name].append(time.perf_counter() - t0)
+        progress(f"round {r + 1}/{sz['rounds']}")
+
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    rate = {k: steps[k] / med[k] for k in steps}
+    ratios = {
+        "jax_vs_python": rate["jax_grid"] / rate["python_grid"],
+        "jax_vs_gymnasium": rate["jax_cartpole"] / rate["gym_cartpole"],
+        "vmapped_seeds_vs_sequential": med["ppo_sequential"] / med["ppo_vmapped"],
+        "aa_control": med["jax_grid_aa"] / med["jax_grid"],
+    }
+    a = jax.device_get(vmapped(train_keys())["params"])
+    b = [jax.device_get(single(k)["params"]) for k in train_keys()]
+    diff = max(
+        float(np.max(np.abs(np.asarray(x)[i] - np.asarray(y))))
+        for i in range(len(b))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b[i]), strict=True)
+    )
+    report = {
+        "size": size,
+        "sizes": sz,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.machine(),
+            "jax_backend": jax.default_backend(),
+            "jax": jax.__version__,
+        },
+        "compile_or_warmup_s": compile_s,
+        "paths": {
+            k: {
+                "median_s": med[k],
+                "p90_s": float(np.percentile(v, 90)),
+                "reps": len(v),
+                **({"steps_per_s": rate[k]} if k in rate else {}),
+            }
+            for k, v in times.items()
+        },
+        "ratios": ratios,
+        "targets": TARGETS,
+        "identity": {"ppo_vmapped_vs_sequential_max_abs_param_diff": diff},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    _plot(times, out.with_suffix(".png"))
+    return report
+
+
+def _plot(times: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = list(times)
+    ax.boxplot([np.asarray(times[k]) * 1e3 for k in names], tick_labels=names)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per call (log)")
+    ax.set_title("policy-evaluation bench: interleaved rounds")
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,56 @@
+"""Exact answers for the enumerated grid world, in NumPy float64.
+
+Policy evaluation is one linear solve: V = (I - gamma P_pi)^-1 r_pi, where the
+rows of terminal (absorbing) states are zero. The exact policy gradient of a
+tabular softmax policy uses the discounted occupancy from the start state:
+dJ/dtheta[s, a] = d(s) pi(a|s) (Q(s, a) - V(s)).
+"""
+
+import numpy as np
+
+
+def policy_matrices(P, R, terminal, pi):
+    live = (~terminal).astype(np.float64)[:, None]
+    P_pi = np.einsum("sa,sat->st", pi, P) * live
+    r_pi = np.einsum("sa,sat,sat->s", pi, P, R) * live[:, 0]
+    return P_pi, r_pi
+
+
+def evaluate_policy(P, R, terminal, pi, gamma: float) -> np.ndarray:
+    """V^pi for every state (0 at terminal states)."""
+    P_pi, r_pi = policy_matrices(P, R, terminal, pi)
+    return np.linalg.solve(np.eye(len(r_pi)) - gamma * P_pi, r_pi)
+
+
+def q_values(P, R, terminal, V, gamma: float) -> np.ndarray:
+    Q = np.einsum("sat,sat->sa", P, R + gamma * V[None, None, :])
+    return Q * (~terminal)[:, None]
+
+
+def value_iteration(P, R, terminal, gamma: float, tol: float = 1e-12, max_iter: int = 100_000):
+    """Optimal values and a greedy optimal policy (one-hot table)."""
+    V = np.zeros(P.shape[0])
+    for _ in range(max_iter):
+        V_new = q_values(P, R, terminal, V, gamma).max(axis=1) * (~terminal)
+        if np.max(np.abs(V_new - V)) < tol:
+            V = V_new
+            break
+        V = V_new
+    pi = np.eye(P.shape[1])[q_values(P, R, terminal, V, gamma).argmax(axis=1)]
+    return V, pi
+
+
+def softmax(theta: np.ndarray) -> np.ndarray:
+    z = np.exp(theta - theta.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def exact_policy_gradient(P, R, terminal, theta, gamma: float, start: int) -> np.ndarray:
+    """Gradient of J = V^pi(start) with respect to softmax logits `theta[s, a]`."""
+    pi = softmax(theta)
+    P_pi, r_pi = policy_matrices(P, R, terminal, pi)
+    n = len(r_pi)
+    V = np.linalg.solve(np.eye(n) - gamma * P_pi, r_pi)
+    Q = q_values(P, R, terminal, V, gamma)
+    d = np.linalg.solve((np.eye(n) - gamma * P_pi).T, np.eye(n)[start])
+    return d[:, None] * pi * (Q - V[:, None])

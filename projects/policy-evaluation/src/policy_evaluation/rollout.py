@@ -1,0 +1,144 @@
+"""Rollouts as `lax.scan` over time and `vmap` over environments, and the
+reverse scans for discounted returns and GAE.
+
+Random streams are owned: each step splits its key into an action key, a
+step key and a reset key, and environment i receives entry i of `split(key, num_envs)` of each,
+so its stream does not depend on how many environments run beside it.
+
+Two modes:
+- `auto_reset=True` (training): a finished episode is replaced at once by a
+  fresh one from its own reset key; every step is active (`mask = 1`).
+- `auto_reset=False` (evaluation): an environment that finished stays frozen;
+  its later steps are padding with `mask = 0` and reward 0.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from policy_evaluation.envs import EnvState
+
+# policy_fn(obs, key) -> (action, log_prob, value) for ONE environment.
+PolicyFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+
+
+class Carry(NamedTuple):
+    state: EnvState
+    obs: jax.Array
+    active: jax.Array  # bool [N]: still inside its (first) episode (no auto-reset)
+    episode_return: jax.Array  # float [N]: undiscounted return so far this episode
+
+
+class Transition(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    done: jax.Array  # terminated or truncated, on an active step
+    terminated: jax.Array
+    mask: jax.Array  # float 1.0 on active steps, 0.0 on padding
+    value: jax.Array
+    log_prob: jax.Array
+    finished_return: jax.Array  # the episode's return on its last step, else 0
+
+
+def per_env_keys(key: jax.Array, num_envs: int) -> jax.Array:
+    """Key for environment i = `split(key, num_envs)[i]`; with the (default)
+    partitionable threefry it does not depend on `num_envs` (stage 1 tests it)."""
+    return jax.random.split(key, num_envs)
+
+
+def reset_all(env, key: jax.Array, num_envs: int) -> Carry:
+    state, obs = jax.vmap(env.reset)(per_env_keys(key, num_envs))
+    return Carry(state, obs, jnp.ones((num_envs,), bool), jnp.zeros((num_envs,), jnp.float32))
+
+
+def rollout(
+    env, policy_fn: PolicyFn, carry: Carry, key: jax.Array, num_steps: int, auto_reset: bool
+) -> tuple[Carry, Transition]:
+    """Runs `num_steps` steps of every environment; returns the final carry and
+    the stacked `Transition` with leading axes `[num_steps, num_envs]`."""
+    num_envs = carry.obs.shape[0]
+
+    def one_step(scan_carry, _):
+        carry, key = scan_carry
+        key, act_key, env_key, reset_key = jax.random.split(key, 4)
+        action, log_prob, value = jax.vmap(policy_fn)(carry.obs, per_env_keys(act_key, num_envs))
+        out = jax.vmap(env.step)(carry.state, action, per_env_keys(env_key, num_envs))
+        done = out.terminated | out.truncated
+        active = carry.active
+        reward = jnp.where(active, out.reward, 0.0)
+        ep_return = carry.episode_return + reward
+        finished = done & active
+        if auto_reset:
+            reset_state, reset_obs = jax.vmap(env.reset)(per_env_keys(reset_key, num_envs))
+            pick = lambda new, old: jax.vmap(jnp.where)(done, new, old)  # noqa: E731
+            state = jax.tree.map(pick, reset_state, out.state)
+            obs = pick(reset_obs, out.obs)
+            next_active = active
+            next_return = jnp.where(done, 0.0, ep_return)
+        else:
+            keep = lambda new, old: jax.vmap(jnp.where)(active, new, old)  # noqa: E731
+            state = jax.tree.map(keep, out.state, carry.state)
+            obs = keep(out.obs, carry.obs)
+            next_active = active & ~done
+            next_return = ep_return
+        transition = Transition(
+            obs=carry.obs,
+            action=action,
+            reward=reward,
+            done=finished,
+            terminated=out.terminated & active,
+            mask=active.astype(jnp.float32),
+            value=value,
+            log_prob=log_prob,
+            finished_return=jnp.where(finished, ep_return, 0.0),
+        )
+        return (Carry(state, obs, next_active, next_return), key), transition
+
+    (carry, _), traj = jax.lax.scan(one_step, (carry, key), None, length=num_steps)
+    return carry, traj
+
+
+def discounted_returns(
+    rewards: jax.Array, dones: jax.Array, masks: jax.Array, last_value: jax.Array, gamma: float
+) -> jax.Array:
+    """G_t = r_t + gamma (1 - done_t) G_{t+1}, G_T = last_value; 0 on padding.
+    Inputs `[T, N]`, `last_value` `[N]`."""
+
+    def back(g_next, xs):
+        r, d, m = xs
+        g = m * (r + gamma * (1.0 - d.astype(jnp.float32)) * g_next)
+        return g, g
+
+    _, returns = jax.lax.scan(back, last_value, (rewards, dones, masks), reverse=True)
+    return returns
+
+
+def gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    dones: jax.Array,
+    masks: jax.Array,
+    last_value: jax.Array,
+    gamma: float,
+    lam: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalized advantage estimates and value targets (advantage + value).
+
+    delta_t = r_t + gamma (1 - done_t) V_{t+1} - V_t;
+    A_t = mask_t (delta_t + gamma lam (1 - done_t) A_{t+1}); a done step
+    (terminated or truncated) does not bootstrap, padded steps give 0."""
+
+    def back(carry, xs):
+        a_next, v_next = carry
+        r, v, d, m = xs
+        not_done = 1.0 - d.astype(jnp.float32)
+        delta = r + gamma * not_done * v_next - v
+        a = m * (delta + gamma * lam * not_done * a_next)
+        return (a, v), a
+
+    init = (jnp.zeros_like(last_value), last_value)
+    _, adv = jax.lax.scan(back, init, (rewards, values, dones, masks), reverse=True)
+    return adv, adv + values * masks

@@ -127,6 +127,29 @@ def layer_norm_f64(x: np.ndarray, gamma_: np.ndarray, beta: np.ndarray) -> np.nd
     return (x64 - mean) / np.sqrt(var + LAYER_NORM_EPS) * to_f64(gamma_) + to_f64(beta)
 
 
+def _normalization_errors(
+    x64: np.ndarray, u: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The centring and scaling of a float32 layer norm, with their error terms.
+
+    For rows `x64` (float64 copies, shape `(rows, c)`) and unit roundoff `u`:
+    `d = x - mean` (shape `(rows, c)`) and `r = 1 / sqrt(var + eps)` in exact
+    arithmetic, `e_d` the absolute error of the computed `d` (mean error plus
+    one rounding) and `rel_r` the relative error of the computed `r` (these
+    three of shape `(rows, 1)`). Shared by the forward and backward bounds.
+    """
+    c = x64.shape[-1]
+    mean = x64.mean(axis=-1, keepdims=True)
+    d = x64 - mean
+    var = (d**2).mean(axis=-1, keepdims=True)
+    r = 1.0 / np.sqrt(var + LAYER_NORM_EPS)
+    e_mu = gamma(c + 1, u) * np.abs(x64).mean(axis=-1, keepdims=True)
+    e_d = e_mu + u * np.abs(d).max(axis=-1, keepdims=True)
+    e_var = 2.0 * np.abs(d).mean(axis=-1, keepdims=True) * e_d + e_d**2 + gamma(c + 2, u) * var
+    rel_r = e_var / (2.0 * (var + LAYER_NORM_EPS)) + 2.0 * u
+    return d, r, e_d, rel_r
+
+
 def layer_norm_error_bound(
     x: np.ndarray, gamma_: np.ndarray, beta: np.ndarray, dtype: str
 ) -> np.ndarray:
@@ -142,15 +165,7 @@ def layer_norm_error_bound(
     """
     x64, g64, b64 = to_f64(x), to_f64(gamma_), to_f64(beta)
     u, u_out = UNIT_ROUNDOFF["float32"], UNIT_ROUNDOFF[dtype]
-    c = x64.shape[-1]
-    mean = x64.mean(axis=-1, keepdims=True)
-    d = x64 - mean
-    var = (d**2).mean(axis=-1, keepdims=True)
-    r = 1.0 / np.sqrt(var + LAYER_NORM_EPS)
-    e_mu = gamma(c + 1, u) * np.abs(x64).mean(axis=-1, keepdims=True)
-    e_d = e_mu + u * np.abs(d).max(axis=-1, keepdims=True)
-    e_var = 2.0 * np.abs(d).mean(axis=-1, keepdims=True) * e_d + e_d**2 + gamma(c + 2, u) * var
-    rel_r = e_var / (2.0 * (var + LAYER_NORM_EPS)) + 2.0 * u
+    d, r, e_d, rel_r = _normalization_errors(x64, u)
     y = d * r * g64 + b64
     first_order = np.abs(g64) * (e_d * r + np.abs(d) * r * rel_r) + 3.0 * u * (
         np.abs(d) * r * np.abs(g64) + np.abs(b64)
@@ -250,14 +265,7 @@ def layer_norm_grad_error_bound(
     x64, g64, gam = to_f64(x), to_f64(g), to_f64(gamma_)
     u = UNIT_ROUNDOFF["float32"]
     rows, c = x64.shape
-    mean = x64.mean(axis=-1, keepdims=True)
-    d = x64 - mean
-    var = (d**2).mean(axis=-1, keepdims=True)
-    r = 1.0 / np.sqrt(var + LAYER_NORM_EPS)
-    e_mu = gamma(c + 1, u) * np.abs(x64).mean(axis=-1, keepdims=True)
-    e_d = e_mu + u * np.abs(d).max(axis=-1, keepdims=True)
-    e_var = 2.0 * np.abs(d).mean(axis=-1, keepdims=True) * e_d + e_d**2 + gamma(c + 2, u) * var
-    rel_r = e_var / (2.0 * (var + LAYER_NORM_EPS)) + 2.0 * u
+    d, r, e_d, rel_r = _normalization_errors(x64, u)
     xhat = d * r
     e_xh = e_d * r + np.abs(xhat) * (rel_r + 2.0 * u)
     gy = g64 * gam

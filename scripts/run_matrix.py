@@ -123,7 +123,7 @@ def print_table(rows: list[Row], codes: dict[str, int]) -> None:
     print("\n" + header)
     print("-" * len(header))
     for r in rows:
-        status = "" if codes[r.suite] in (0,) else f"  (pytest exit {codes[r.suite]})"
+        status = f"  (pytest exit {codes[r.suite]})" if codes[r.suite] else ""
         print(
             f"{r.suite:<28} {r.stage:<28} {r.passed:>6} {r.failed:>6} {r.skipped:>7} "
             f"{r.seconds:>8.1f}{status}"

@@ -11,11 +11,17 @@ timed call ends with `block_until_ready` or is pure NumPy/Python):
   `jax_cartpole`  CartPole, `vmap` x `scan`, random actions, one jitted call.
   `gym_cartpole`  gymnasium's vector CartPole (`make_vec("CartPole-v1")`,
                   its NumPy-vectorized implementation), same env count/steps.
+  `gym_cartpole_sync` gymnasium's generic `SyncVectorEnv` (one Python
+                  CartPole per environment, stepped in a loop), same counts.
   `ppo_vmapped`   `jit(vmap(make_train))` over 8 seeds.
   `ppo_sequential` `jit(make_train)` called for the 8 seeds one after another.
 Rounds run every path once in a shuffled order (interleaved), >= 20 rounds.
 Ratios: throughput (steps/s) ratios for the environments, time ratio for PPO;
 medians. Identity: the vmapped and sequential PPO parameters are compared.
+A sweep over environment counts (`cartpole_sweep` in the report, right panel
+of the PNG) shows how the CartPole ratios move with the batch: the NumPy
+environment pays Python overhead once per step for all environments, so its
+gap to JAX closes as the count grows.
 Targets come from the project's issue; they are reported, never asserted.
 """
 
@@ -36,10 +42,28 @@ from policy_evaluation.train import make_train, seed_keys
 TARGETS = {"jax_vs_python": 20.0, "jax_vs_gymnasium": 100.0, "vmapped_seeds_vs_sequential": 2.0}
 
 SIZES = {
-    # envs, steps for JAX paths; steps of the Python loop; PPO steps per seed.
-    "default": {"envs": 256, "steps": 200, "python_steps": 4000, "ppo_steps": 8192, "rounds": 20},
-    "tiny": {"envs": 8, "steps": 10, "python_steps": 50, "ppo_steps": 512, "rounds": 20},
+    # envs, steps for JAX paths; steps of the Python loop; PPO steps per seed;
+    # environment counts of the CartPole sweep (SyncVectorEnv only up to 256).
+    "default": {
+        "envs": 256,
+        "steps": 200,
+        "python_steps": 4000,
+        "ppo_steps": 8192,
+        "rounds": 20,
+        "sweep_envs": (8, 64, 256, 1024, 4096),
+        "sweep_rounds": 7,
+    },
+    "tiny": {
+        "envs": 8,
+        "steps": 10,
+        "python_steps": 50,
+        "ppo_steps": 512,
+        "rounds": 20,
+        "sweep_envs": (4, 8),
+        "sweep_rounds": 3,
+    },
 }
+SYNC_MAX_ENVS = 256
 
 
 def _env_scan(env, num_envs: int, num_steps: int):
@@ -113,10 +137,10 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
 
     keys = iter(jax.random.split(jax.random.key(123), 10_000))
 
-    def gym_run():
-        gym_env.reset(seed=int(gym_rng.integers(2**31)))
-        for _ in range(T):
-            gym_env.step(gym_rng.integers(0, 2, size=n))
+    gym_run = _gym_run(gym_env, n, T, gym_rng)
+    gym_sync_run = _gym_run(
+        gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync"), n, T, gym_rng
+    )
 
     paths = {
         "jax_grid": lambda: grid_fn(next(keys)).block_until_ready(),
@@ -124,6 +148,7 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
         "python_grid": lambda: _python_grid(sz["python_steps"], 0),
         "jax_cartpole": lambda: cart_fn(next(keys)).block_until_ready(),
         "gym_cartpole": gym_run,
+        "gym_cartpole_sync": gym_sync_run,
         "ppo_vmapped": lambda: jax.block_until_ready(vmapped(train_keys())),
         "ppo_sequential": lambda: [jax.block_until_ready(single(k)) for k in train_keys()],
     }
@@ -133,6 +158,7 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
         "python_grid": sz["python_steps"],
         "jax_cartpole": n * T,
         "gym_cartpole": n * T,
+        "gym_cartpole_sync": n * T,
     }
     compile_s = {}
     for name, fn in paths.items():
@@ -155,9 +181,12 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
     ratios = {
         "jax_vs_python": rate["jax_grid"] / rate["python_grid"],
         "jax_vs_gymnasium": rate["jax_cartpole"] / rate["gym_cartpole"],
+        "jax_vs_gymnasium_sync": rate["jax_cartpole"] / rate["gym_cartpole_sync"],
         "vmapped_seeds_vs_sequential": med["ppo_sequential"] / med["ppo_vmapped"],
         "aa_control": med["jax_grid_aa"] / med["jax_grid"],
     }
+    progress(f"CartPole sweep over {sz['sweep_envs']} environments")
+    sweep = _cartpole_sweep(sz["sweep_envs"], T, sz["sweep_rounds"], keys, gym_rng)
     a = jax.device_get(vmapped(train_keys())["params"])
     b = [jax.device_get(single(k)["params"]) for k in train_keys()]
     diff = max(
@@ -186,27 +215,96 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
         },
         "ratios": ratios,
         "targets": TARGETS,
+        "cartpole_sweep": sweep,
         "identity": {"ppo_vmapped_vs_sequential_max_abs_param_diff": diff},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    _plot(times, out.with_suffix(".png"))
+    _plot(times, sweep, out.with_suffix(".png"))
     return report
 
 
-def _plot(times: dict[str, list[float]], path: Path) -> None:
+def _gym_run(gym_env, num_envs: int, num_steps: int, rng: np.random.Generator):
+    def run():
+        gym_env.reset(seed=int(rng.integers(2**31)))
+        for _ in range(num_steps):
+            gym_env.step(rng.integers(0, 2, size=num_envs))
+
+    return run
+
+
+def _cartpole_sweep(
+    env_counts, num_steps: int, rounds: int, keys, rng: np.random.Generator
+) -> list[dict[str, Any]]:
+    """CartPole steps/s of JAX, gymnasium's NumPy vector env and (up to
+    `SYNC_MAX_ENVS`) its `SyncVectorEnv` at each environment count; medians of
+    `rounds` interleaved rounds after one untimed call of each path."""
+    import gymnasium as gym
+
+    points = []
+    for n in env_counts:
+        jax_fn = _env_scan(CartPole(), n, num_steps)
+        paths = {
+            "jax": lambda jax_fn=jax_fn: jax_fn(next(keys)).block_until_ready(),
+            "gym_vector": _gym_run(
+                gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point"),
+                n,
+                num_steps,
+                rng,
+            ),
+        }
+        if n <= SYNC_MAX_ENVS:
+            paths["gym_sync"] = _gym_run(
+                gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync"),
+                n,
+                num_steps,
+                rng,
+            )
+        for fn in paths.values():
+            fn()
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        for _ in range(rounds):
+            for name, fn in paths.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        rate = {name: n * num_steps / float(np.median(t)) for name, t in times.items()}
+        point: dict[str, Any] = {"envs": n, **{f"{k}_steps_per_s": v for k, v in rate.items()}}
+        point["jax_vs_gymnasium"] = rate["jax"] / rate["gym_vector"]
+        if "gym_sync" in rate:
+            point["jax_vs_gymnasium_sync"] = rate["jax"] / rate["gym_sync"]
+        points.append(point)
+    return points
+
+
+def _plot(times: dict[str, list[float]], sweep: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, (ax, ax_sweep) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = list(times)
     ax.boxplot([np.asarray(times[k]) * 1e3 for k in names], tick_labels=names)
     ax.set_yscale("log")
     ax.set_ylabel("ms per call (log)")
     ax.set_title("policy-evaluation bench: interleaved rounds")
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=8)
+    for key, label in (
+        ("jax_steps_per_s", "JAX (vmap x scan)"),
+        ("gym_vector_steps_per_s", "gymnasium NumPy vector env"),
+        ("gym_sync_steps_per_s", "gymnasium SyncVectorEnv"),
+    ):
+        pts = [(p["envs"], p[key]) for p in sweep if key in p]
+        ax_sweep.plot(*zip(*pts, strict=True), marker="o", label=label)
+    ax_sweep.set(
+        xscale="log",
+        yscale="log",
+        xlabel="environments",
+        ylabel="CartPole steps/s (median)",
+        title="CartPole throughput vs environment count",
+    )
+    ax_sweep.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

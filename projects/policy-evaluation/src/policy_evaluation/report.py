@@ -66,11 +66,18 @@ def write_report(
     }
     (workdir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
 
+    # An update in which no episode ended has no return to show (the metric holds
+    # 0 there): CartPole episodes of 500 steps outlast a 4 x 128-step rollout.
     curves = result["train"]["train/episode_return"]
+    ended = result["train"]["train/episodes"] > 0
     steps = (np.arange(curves.shape[1]) + 1) * config.batch_size
+    last_ended = [
+        float(c[np.flatnonzero(e)[-1]]) if e.any() else float("nan")
+        for c, e in zip(curves, ended, strict=True)
+    ]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, c in enumerate(curves):
-        ax.plot(steps, c, lw=1, label=f"seed {i}")
+    for i, (c, e) in enumerate(zip(curves, ended, strict=True)):
+        ax.plot(steps[e], c[e], lw=1, label=f"seed {i}")
     ax.set_xlabel("environment steps per seed")
     ax.set_ylabel("train/episode_return")
     ax.set_title(f"PPO on {config.env}: training episodes (not held out)")
@@ -112,12 +119,12 @@ def write_report(
         f"`{summary['metric']}`: mean {summary['mean']:.4f} +- {summary['ci95_half_width']:.4f} "
         f"(95% interval over seeds), {config.eval_episodes} episodes per seed.",
         "",
-        "| Seed | held-out mean | final `train/episode_return` |"
+        "| Seed | held-out mean | last `train/episode_return` (update with an ended episode) |"
         + (" exact V(start) |" if "exact" in result else ""),
         "|---|---|---|" + ("---|" if "exact" in result else ""),
     ]
     for i, v in enumerate(per_seed):
-        row = f"| {i} | {v:.4f} | {curves[i, -1]:.4f} |"
+        row = f"| {i} | {v:.4f} | {last_ended[i]:.4f} |"
         if "exact" in result:
             row += f" {result['exact']['trained_per_seed'][i]:.4f} |"
         lines.append(row)

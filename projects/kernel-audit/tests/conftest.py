@@ -84,13 +84,7 @@ class Evidence:
         actual = np.asarray(actual, dtype=np.float64)
         reference = np.asarray(reference, dtype=np.float64)
         if actual.shape != reference.shape:
-            return self.record(
-                check,
-                condition,
-                {"actual_shape": actual.shape, "reference_shape": reference.shape},
-                None,
-                False,
-            )
+            return self._shape_mismatch(check, condition, actual, reference)
         abs_err = np.abs(actual - reference)
         rel_err = abs_err / np.maximum(np.abs(reference), np.finfo(np.float64).tiny)
         passed = bool(np.all(abs_err <= atol + rtol * np.abs(reference)))
@@ -100,6 +94,11 @@ class Evidence:
             "num_values": int(actual.size),
         }
         return self.record(check, condition, observed, {"rtol": rtol, "atol": atol}, passed)
+
+    def _shape_mismatch(self, check: str, condition: str, actual, reference) -> bool:
+        """Records a failed comparison whose two sides differ in shape; returns False."""
+        observed = {"actual_shape": actual.shape, "reference_shape": reference.shape}
+        return self.record(check, condition, observed, None, False)
 
     def within_bound(
         self,
@@ -118,13 +117,7 @@ class Evidence:
         reference = np.asarray(reference, dtype=np.float64)
         bound = scale * np.broadcast_to(np.asarray(bound, dtype=np.float64), reference.shape)
         if actual.shape != reference.shape:
-            return self.record(
-                check,
-                condition,
-                {"actual_shape": actual.shape, "reference_shape": reference.shape},
-                None,
-                False,
-            )
+            return self._shape_mismatch(check, condition, actual, reference)
         err = np.abs(actual - reference)
         finite = bool(np.all(np.isfinite(actual)))
         used = err / np.maximum(bound, np.finfo(np.float64).tiny)

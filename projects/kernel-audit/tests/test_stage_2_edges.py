@@ -222,6 +222,35 @@ def _fraction(actual, ref, bound) -> float:
     return float(np.max(err / np.maximum(bound, TINY), initial=0.0))
 
 
+def _directional_check(evidence, condition, f64, operands, grads, bounds, key) -> bool:
+    """Central differences of the float64 function `f64` along a random direction
+    (one normal draw per operand from `key`) against the kernel's gradients.
+
+    Kernel error along the direction is at most sum |d| * bound; the float64
+    difference quotient adds O(h^2) truncation and eps64 * |f| / h rounding."""
+    dirs64 = [
+        reference.to_f64(jax.random.normal(kk, a.shape, jnp.float32))
+        for kk, a in zip(jax.random.split(key, len(operands)), operands, strict=True)
+    ]
+    base = [reference.to_f64(a) for a in operands]
+    h = 1e-5
+    plus = f64(*[a + h * d for a, d in zip(base, dirs64, strict=True)])
+    minus = f64(*[a - h * d for a, d in zip(base, dirs64, strict=True)])
+    fd = (plus - minus) / (2 * h)
+    directional = sum(
+        float(np.sum(reference.to_f64(gk) * d)) for gk, d in zip(grads, dirs64, strict=True)
+    )
+    fd_tol = sum(float(np.sum(np.abs(d) * bd)) for d, bd in zip(dirs64, bounds, strict=True))
+    fd_tol += 1e-6 * abs(fd) + 1e-9
+    return evidence.record(
+        "directional derivative: custom_vjp vs float64 central differences",
+        condition + f", h={h}",
+        {"custom_vjp": directional, "finite_difference": fd, "abs_diff": abs(directional - fd)},
+        {"atol": fd_tol},
+        abs(directional - fd) <= fd_tol,
+    )
+
+
 @pytest.mark.parametrize(
     ("shape", "activation"),
     [((33, 70, 17), "gelu"), ((16, 48, 40), "relu")],
@@ -258,12 +287,6 @@ def test_matmul_gradients(evidence, shape, activation):
             bd,
             scale=2.0,
         )
-    # Central differences of the float64 reference along a random direction.
-    dirs = [
-        jax.random.normal(kk, a.shape, jnp.float32)
-        for kk, a in zip(jax.random.split(k_dir, 3), (x, w, b), strict=True)
-    ]
-    dirs64 = [reference.to_f64(d) for d in dirs]
     g64 = reference.to_f64(g)
 
     def f64(xx, ww, bb):
@@ -275,25 +298,7 @@ def test_matmul_gradients(evidence, shape, activation):
         }
         return float(np.sum(act[activation](z) * g64))
 
-    base = [reference.to_f64(a) for a in (x, w, b)]
-    h = 1e-5
-    plus = f64(*[a + h * d for a, d in zip(base, dirs64, strict=True)])
-    minus = f64(*[a - h * d for a, d in zip(base, dirs64, strict=True)])
-    fd = (plus - minus) / (2 * h)
-    directional = sum(
-        float(np.sum(reference.to_f64(gk) * d)) for gk, d in zip(grads, dirs64, strict=True)
-    )
-    # Kernel error along the direction is at most sum |d| * bound; the float64
-    # difference quotient adds O(h^2) truncation and eps64 * |f| / h rounding.
-    fd_tol = sum(float(np.sum(np.abs(d) * bd)) for d, bd in zip(dirs64, bounds, strict=True))
-    fd_tol += 1e-6 * abs(fd) + 1e-9
-    ok &= evidence.record(
-        "directional derivative: custom_vjp vs float64 central differences",
-        condition + f", h={h}",
-        {"custom_vjp": directional, "finite_difference": fd, "abs_diff": abs(directional - fd)},
-        {"atol": fd_tol},
-        abs(directional - fd) <= fd_tol,
-    )
+    ok &= _directional_check(evidence, condition, f64, (x, w, b), grads, bounds, k_dir)
     assert ok
 
 
@@ -329,33 +334,12 @@ def test_layer_norm_gradients(evidence, shape):
             bd,
             scale=2.0,
         )
-    dirs64 = [
-        reference.to_f64(jax.random.normal(kk, a.shape, jnp.float32))
-        for kk, a in zip(jax.random.split(k_dir, 3), (x, gam, bet), strict=True)
-    ]
-    base = [reference.to_f64(a) for a in (x, gam, bet)]
     g64 = reference.to_f64(g)
-    h = 1e-5
 
     def f64(*args):
         return float(np.sum(reference.layer_norm_f64(*args) * g64))
 
-    fd = (
-        f64(*[a + h * d for a, d in zip(base, dirs64, strict=True)])
-        - f64(*[a - h * d for a, d in zip(base, dirs64, strict=True)])
-    ) / (2 * h)
-    directional = sum(
-        float(np.sum(reference.to_f64(gk) * d)) for gk, d in zip(grads, dirs64, strict=True)
-    )
-    fd_tol = sum(float(np.sum(np.abs(d) * bd)) for d, bd in zip(dirs64, bounds, strict=True))
-    fd_tol += 1e-6 * abs(fd) + 1e-9
-    ok &= evidence.record(
-        "directional derivative: custom_vjp vs float64 central differences",
-        condition + f", h={h}",
-        {"custom_vjp": directional, "finite_difference": fd, "abs_diff": abs(directional - fd)},
-        {"atol": fd_tol},
-        abs(directional - fd) <= fd_tol,
-    )
+    ok &= _directional_check(evidence, condition, f64, (x, gam, bet), grads, bounds, k_dir)
     assert ok
 
 

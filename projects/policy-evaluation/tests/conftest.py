@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,14 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Determinism comes from explicit keys, split before use: a reused key is an error.
 jax.config.update("jax_debug_key_reuse", True)
+# Two CPU devices, as `seed_shards = 2` configs need (the CPU backend starts later).
+jax.config.update("jax_num_cpu_devices", 2)
+# Tests build the same program through several `jit` objects (the CLI, the
+# library, the bench); a compilation cache private to this session compiles
+# each distinct program once. Nothing is kept between sessions.
+_CACHE = tempfile.TemporaryDirectory(prefix="policy-evaluation-xla-cache-")
+jax.config.update("jax_compilation_cache_dir", _CACHE.name)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

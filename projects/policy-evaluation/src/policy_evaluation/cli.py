@@ -17,6 +17,7 @@ import click
 import jax
 
 from policy_evaluation.config import Config, ConfigError
+from policy_evaluation.devices import DeviceError, request_cpu_devices
 
 
 def _progress(message: str) -> None:
@@ -70,9 +71,13 @@ def train(env: str, config_path: str | None, workdir: str | None) -> None:
         config = _config(env, config_path)
     except ConfigError as err:
         raise click.ClickException(str(err)) from None
+    request_cpu_devices(config.seed_shards)
     out = Path(workdir) if workdir else Path("runs") / config.env
     start = time.perf_counter()
-    result = run_experiment(config, progress=_progress)
+    try:
+        result = run_experiment(config, progress=_progress)
+    except DeviceError as err:
+        raise click.ClickException(str(err)) from None
     seconds = time.perf_counter() - start
     worst = result["summary"]["worst_seed"]
     _, eval_keys = seed_keys(config)
@@ -113,9 +118,13 @@ def bench(size: str, out: str) -> None:
             "`bench` compares with gymnasium, which is not installed; "
             "install the test extra: pip install -e '.[test]'."
         ) from None
-    from policy_evaluation.bench import run_bench
+    from policy_evaluation.bench import ppo_config, run_bench
 
-    report = run_bench(size, Path(out), progress=_progress)
+    request_cpu_devices(ppo_config(size).seed_shards)
+    try:
+        report = run_bench(size, Path(out), progress=_progress)
+    except DeviceError as err:
+        raise click.ClickException(str(err)) from None
     for name, value in report["ratios"].items():
         target = report["targets"].get(name)
         click.echo(f"{name}: {value:.2f}" + (f" (target >= {target:g})" if target else ""))

@@ -34,6 +34,12 @@ class Config(BaseModel):
     num_seeds: int = Field(default=8, ge=1, le=256)
     """Independent training runs, vmapped."""
 
+    seed_shards: int = Field(default=2, ge=1, le=256)
+    """CPU devices the vmapped seeds are split over (`num_seeds / seed_shards`
+    seeds each), so that every core works; CPU backend only. Part of the config
+    because it is part of the compiled program: results are bitwise repeatable
+    for a given value, and a different value may round differently."""
+
     num_envs: int = Field(default=4, ge=1, le=4096)
     """Environments stepped in parallel per seed."""
 
@@ -67,6 +73,10 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _check_sizes(self) -> Self:
+        if self.num_seeds % self.seed_shards:
+            raise ValueError(
+                f"`seed_shards` = {self.seed_shards} must divide `num_seeds` = {self.num_seeds}."
+            )
         batch = self.num_envs * self.num_steps
         if batch % self.num_minibatches:
             raise ValueError(
@@ -113,6 +123,7 @@ class Config(BaseModel):
             return cls(
                 env="gridworld",
                 num_seeds=5,
+                seed_shards=1,
                 num_envs=16,
                 num_steps=32,
                 total_timesteps=16_384,

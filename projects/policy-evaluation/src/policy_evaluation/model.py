@@ -23,34 +23,46 @@ def _layer_specs(obs_size: int, num_actions: int, hidden: int) -> list[tuple[int
     ]
 
 
+def orthonormal_columns(x: jax.Array) -> jax.Array:
+    """Gram-Schmidt, each column projected out twice ("twice is enough"): the Q
+    of `x = Q R` `[rows, cols]`, rows >= cols, with R's diagonal positive.
+
+    That sign convention is the one `jax.random.orthogonal` imposes on LAPACK's
+    Q (it multiplies by `sign(diag(R))`), so for a full-rank `x` this is the
+    same matrix up to rounding. Plain array ops, no LAPACK call: see
+    `orthogonal_weights` for why that matters here.
+    """
+    cols = x.shape[1]
+
+    def next_column(j: jax.Array, q: jax.Array) -> jax.Array:
+        earlier = (jnp.arange(cols) < j).astype(x.dtype)  # columns 0..j-1 are done
+        v = q[:, j]
+        for _ in range(2):
+            v = v - q @ ((q.T @ v) * earlier)
+        return q.at[:, j].set(v / jnp.linalg.norm(v))
+
+    return jax.lax.fori_loop(0, cols, next_column, x)
+
+
 def orthogonal_weights(keys: jax.Array, shapes: list[tuple[int, int]]) -> list[jax.Array]:
-    """`jax.nn.initializers.orthogonal()(keys[i], shapes[i])` for every layer, with
-    one QR factorization for all of them.
+    """`jax.nn.initializers.orthogonal()(keys[i], shapes[i])` for every layer,
+    without LAPACK.
 
     Each layer draws the same Gaussian matrix as `jax.random.orthogonal`
-    (`(max(n, m), min(n, m))` from its own key); the draws are zero-padded to a
-    common shape and stacked. Padding with zero rows and trailing zero columns
-    leaves the leading columns of Q and the leading diagonal of R as they were,
-    so each layer's weight is its own orthogonal matrix (equal to the library's
-    up to rounding; a stage-4 test compares them).
+    (`(max(n, m), min(n, m))` from its own key) and orthonormalizes its columns
+    with `orthonormal_columns`; a stage-4 test compares every layer with the
+    library's initializer.
 
-    Why one QR: under `vmap` a QR becomes a batched LAPACK call that jaxlib 0.10
-    fans out over XLA's CPU thread pool and then blocks on. Several independent
-    QRs run side by side, one per pool thread; on a 2-core machine two of them
-    fill the pool and each waits forever for work queued behind the other.
+    Why not the library's QR: under `vmap` a QR becomes a batched LAPACK call
+    that jaxlib 0.10 fans out over XLA's CPU thread pool and then blocks on.
+    Two such calls running at once (one per layer, or one per CPU device when
+    the seeds are sharded) fill a 2-thread pool, and each waits forever for
+    work queued behind the other.
     """
-    dims = [(max(n, m), min(n, m)) for n, m in shapes]
-    rows, cols = max(r for r, _ in dims), max(c for _, c in dims)
-    draws = [
-        jnp.pad(jax.random.normal(k, d, jnp.float32), ((0, rows - d[0]), (0, cols - d[1])))
-        for k, d in zip(keys, dims, strict=True)
-    ]
-    q, r = jnp.linalg.qr(jnp.stack(draws))  # [..., layers, rows, cols], one geqrf + orgqr
     weights = []
-    for i, ((n, m), (d_rows, d_cols)) in enumerate(zip(shapes, dims, strict=True)):
-        sign = jnp.sign(jnp.diagonal(r[..., i, :d_cols, :d_cols], axis1=-2, axis2=-1))
-        x = q[..., i, :d_rows, :d_cols] * sign[..., None, :]
-        weights.append(x.mT if n < m else x)
+    for key, (n, m) in zip(keys, shapes, strict=True):
+        q = orthonormal_columns(jax.random.normal(key, (max(n, m), min(n, m)), jnp.float32))
+        weights.append(q.mT if n < m else q)
     return weights
 
 

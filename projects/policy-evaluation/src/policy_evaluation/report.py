@@ -58,6 +58,7 @@ def write_report(
     metrics = {
         "config": result["config"],
         "train_seconds_including_compile": seconds,
+        "devices": result["devices"],
         "train": {k: v.tolist() for k, v in result["train"].items()},
         "eval": {k: v.tolist() for k, v in result["eval"].items()},
         "eval/summary": summary,
@@ -111,7 +112,8 @@ def write_report(
     lines = [
         f"# PPO on `{config.env}`",
         "",
-        f"{config.num_seeds} seeds vmapped, {config.total_timesteps} environment steps each; "
+        f"{config.num_seeds} seeds vmapped on {result['devices']} device(s), "
+        f"{config.total_timesteps} environment steps each; "
         f"training took {seconds:.1f} s (compilation included).",
         "",
         "## Held-out evaluation (`eval/`, keys never used in training)",

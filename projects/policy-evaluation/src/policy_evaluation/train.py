@@ -16,6 +16,7 @@ import optax
 
 from policy_evaluation import exact
 from policy_evaluation.config import Config
+from policy_evaluation.devices import jit_over_seeds, seed_sharding
 from policy_evaluation.envs import GridWorld, make_env
 from policy_evaluation.model import apply, init_params
 from policy_evaluation.rollout import Carry, gae, reset_all, rollout
@@ -211,12 +212,14 @@ def run_experiment(config: Config, progress=None) -> dict[str, Any]:
     """Trains `num_seeds` seeds (vmapped), evaluates each on held-out keys and,
     for the grid world, with the exact evaluator against the baselines."""
     train_keys, eval_keys = seed_keys(config)
-    train_fn = jax.jit(jax.vmap(make_train(config)))
-    eval_fn = jax.jit(jax.vmap(make_evaluate(config)))
+    train_fn = jit_over_seeds(make_train(config), config)
+    eval_fn = jit_over_seeds(make_evaluate(config), config)
+    sharding = seed_sharding(config)
+    devices = len(sharding.device_set) if sharding else 1
     if progress:
         progress(
             f"training {config.num_seeds} seeds x {config.total_timesteps} steps "
-            f"({config.num_updates} updates each), vmapped"
+            f"({config.num_updates} updates each), vmapped on {devices} device(s)"
         )
     out = jax.block_until_ready(train_fn(train_keys))
     if progress:
@@ -227,6 +230,7 @@ def run_experiment(config: Config, progress=None) -> dict[str, Any]:
         "train": {k: np.asarray(v) for k, v in jax.device_get(out["metrics"]).items()},
         "eval": {k: np.asarray(v) for k, v in ev.items()},
         "params": out["params"],
+        "devices": devices,
     }
     per_seed_key = "eval/discounted_return" if config.env == "gridworld" else "eval/episode_return"
     per_seed = result["eval"][per_seed_key].mean(axis=1)

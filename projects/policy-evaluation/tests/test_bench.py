@@ -18,7 +18,9 @@ def test_bench_tiny_writes_report(tmp_path):
         "jax_vs_python",
         "jax_vs_gymnasium",
         "jax_vs_gymnasium_sync",
+        "jax_no_draws_vs_gymnasium",
         "vmapped_seeds_vs_sequential",
+        "vmapped_one_device_vs_sequential",
         "aa_control",
     }
     assert all(v > 0 for v in report["ratios"].values())

@@ -9,11 +9,15 @@ timed call ends with `block_until_ready` or is pure NumPy/Python):
   `python_grid`   the same grid world as a plain Python loop over the
                   enumerated table (`GridWorld.transition_table`), NumPy RNG.
   `jax_cartpole`  CartPole, `vmap` x `scan`, random actions, one jitted call.
+  `jax_cartpole_no_draws` the same loop without random draws (fixed action
+                  pattern, fixed restart states): an upper bound for JAX here.
   `gym_cartpole`  gymnasium's vector CartPole (`make_vec("CartPole-v1")`,
                   its NumPy-vectorized implementation), same env count/steps.
   `gym_cartpole_sync` gymnasium's generic `SyncVectorEnv` (one Python
                   CartPole per environment, stepped in a loop), same counts.
-  `ppo_vmapped`   `jit(vmap(make_train))` over 8 seeds.
+  `ppo_vmapped`   `jit(vmap(make_train))` over 8 seeds, the seed axis split
+                  over the config's `seed_shards` CPU devices (as `train` runs).
+  `ppo_vmapped_one_device` the same on one device: what batching alone gives.
   `ppo_sequential` `jit(make_train)` called for the 8 seeds one after another.
 Rounds run every path once in a shuffled order (interleaved), >= 20 rounds.
 Ratios: throughput (steps/s) ratios for the environments, time ratio for PPO;
@@ -36,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from policy_evaluation.config import Config
+from policy_evaluation.devices import jit_over_seeds
 from policy_evaluation.envs import CartPole, GridWorld
 from policy_evaluation.train import make_train, seed_keys
 
@@ -66,23 +71,51 @@ SIZES = {
 SYNC_MAX_ENVS = 256
 
 
-def _env_scan(env, num_envs: int, num_steps: int):
+def ppo_config(size: str) -> Config:
+    """The PPO run of the `vmapped_seeds_vs_sequential` ratio: 8 CartPole seeds,
+    4 environments x 64 steps per update, hidden size 32, two seed shards."""
+    return Config.model_validate(
+        Config.tiny("cartpole").model_dump()
+        | {
+            "num_seeds": 8,
+            "seed_shards": 2,
+            "num_envs": 4,
+            "num_steps": 64,
+            "total_timesteps": SIZES[size]["ppo_steps"],
+        }
+    )
+
+
+def _env_scan(env, num_envs: int, num_steps: int, draws: bool = True):
+    """`jit` of key -> a scalar that depends on every step: `vmap` over
+    environments, `scan` over `num_steps` steps, auto-reset. With `draws`, every
+    step draws random actions, step keys and fresh start states, as a rollout
+    does; without, actions follow a fixed pattern and a finished environment
+    restarts from its first start state: the loop makes no random draw, which
+    bounds what faster random numbers could gain."""
+
     def run(key):
         reset_key, key = jax.random.split(key)
-        state, _ = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
+        start, _ = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
 
-        def body(carry, _):
+        def body(carry, t):
             state, key, total = carry
-            key, a_key, s_key, r_key = jax.random.split(key, 4)
-            action = jax.random.randint(a_key, (num_envs,), 0, env.num_actions, jnp.int32)
-            out = jax.vmap(env.step)(state, action, jax.random.split(s_key, num_envs))
-            fresh, _ = jax.vmap(env.reset)(jax.random.split(r_key, num_envs))
+            if draws:
+                key, a_key, s_key, r_key = jax.random.split(key, 4)
+                action = jax.random.randint(a_key, (num_envs,), 0, env.num_actions, jnp.int32)
+                step_keys = jax.random.split(s_key, num_envs)
+                fresh, _ = jax.vmap(env.reset)(jax.random.split(r_key, num_envs))
+            else:
+                action = (t + jnp.arange(num_envs, dtype=jnp.int32)) % env.num_actions
+                step_keys = jax.random.split(jax.random.key(0), num_envs)  # unused by CartPole
+                fresh = start
+            out = jax.vmap(env.step)(state, action, step_keys)
             done = out.terminated | out.truncated
             state = jax.tree.map(lambda n, o: jax.vmap(jnp.where)(done, n, o), fresh, out.state)
             return (state, key, total + out.reward.sum()), None
 
         (state, _, total), _ = jax.lax.scan(
-            body, (state, key, jnp.float32(0.0)), None, length=num_steps
+            body, (start, key, jnp.float32(0.0)), jnp.arange(num_steps, dtype=jnp.int32)
         )
         # Depend on the final states too: CartPole's reward is a constant 1, and
         # XLA would otherwise drop the dynamics as dead code.
@@ -119,12 +152,11 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
     n, T = sz["envs"], sz["steps"]
     grid_fn = _env_scan(GridWorld(), n, T)
     cart_fn = _env_scan(CartPole(), n, T)
+    cart_no_draws_fn = _env_scan(CartPole(), n, T, draws=False)
     gym_env = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
     gym_rng = np.random.default_rng(0)
 
-    config = Config.tiny("cartpole").model_copy(
-        update={"num_seeds": 8, "num_envs": 4, "num_steps": 64, "total_timesteps": sz["ppo_steps"]}
-    )
+    config = ppo_config(size)
     # Every repetition deliberately reuses the same seed keys (identical work per
     # rep), so the key-reuse checker is switched off for the timed calls below.
     seed_train_keys, _ = seed_keys(config)
@@ -132,7 +164,8 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
     def train_keys():
         return seed_train_keys
 
-    vmapped = jax.jit(jax.vmap(make_train(config)))
+    vmapped = jit_over_seeds(make_train(config), config)
+    vmapped_one_device = jax.jit(jax.vmap(make_train(config)))
     single = jax.jit(make_train(config))
 
     keys = iter(jax.random.split(jax.random.key(123), 10_000))
@@ -147,9 +180,11 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
         "jax_grid_aa": lambda: grid_fn(next(keys)).block_until_ready(),
         "python_grid": lambda: _python_grid(sz["python_steps"], 0),
         "jax_cartpole": lambda: cart_fn(next(keys)).block_until_ready(),
+        "jax_cartpole_no_draws": lambda: cart_no_draws_fn(next(keys)).block_until_ready(),
         "gym_cartpole": gym_run,
         "gym_cartpole_sync": gym_sync_run,
         "ppo_vmapped": lambda: jax.block_until_ready(vmapped(train_keys())),
+        "ppo_vmapped_one_device": lambda: jax.block_until_ready(vmapped_one_device(train_keys())),
         "ppo_sequential": lambda: [jax.block_until_ready(single(k)) for k in train_keys()],
     }
     steps = {
@@ -157,6 +192,7 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
         "jax_grid_aa": n * T,
         "python_grid": sz["python_steps"],
         "jax_cartpole": n * T,
+        "jax_cartpole_no_draws": n * T,
         "gym_cartpole": n * T,
         "gym_cartpole_sync": n * T,
     }
@@ -182,7 +218,9 @@ def _run_bench(size: str, out: Path, progress) -> dict[str, Any]:
         "jax_vs_python": rate["jax_grid"] / rate["python_grid"],
         "jax_vs_gymnasium": rate["jax_cartpole"] / rate["gym_cartpole"],
         "jax_vs_gymnasium_sync": rate["jax_cartpole"] / rate["gym_cartpole_sync"],
+        "jax_no_draws_vs_gymnasium": rate["jax_cartpole_no_draws"] / rate["gym_cartpole"],
         "vmapped_seeds_vs_sequential": med["ppo_sequential"] / med["ppo_vmapped"],
+        "vmapped_one_device_vs_sequential": med["ppo_sequential"] / med["ppo_vmapped_one_device"],
         "aa_control": med["jax_grid_aa"] / med["jax_grid"],
     }
     progress(f"CartPole sweep over {sz['sweep_envs']} environments")
@@ -236,16 +274,19 @@ def _gym_run(gym_env, num_envs: int, num_steps: int, rng: np.random.Generator):
 def _cartpole_sweep(
     env_counts, num_steps: int, rounds: int, keys, rng: np.random.Generator
 ) -> list[dict[str, Any]]:
-    """CartPole steps/s of JAX, gymnasium's NumPy vector env and (up to
-    `SYNC_MAX_ENVS`) its `SyncVectorEnv` at each environment count; medians of
-    `rounds` interleaved rounds after one untimed call of each path."""
+    """CartPole steps/s of JAX (with and without random draws), gymnasium's
+    NumPy vector env and (up to `SYNC_MAX_ENVS`) its `SyncVectorEnv` at each
+    environment count; medians of `rounds` interleaved rounds after one untimed
+    call of each path."""
     import gymnasium as gym
 
     points = []
     for n in env_counts:
         jax_fn = _env_scan(CartPole(), n, num_steps)
+        no_draws_fn = _env_scan(CartPole(), n, num_steps, draws=False)
         paths = {
             "jax": lambda jax_fn=jax_fn: jax_fn(next(keys)).block_until_ready(),
+            "jax_no_draws": lambda fn=no_draws_fn: fn(next(keys)).block_until_ready(),
             "gym_vector": _gym_run(
                 gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point"),
                 n,
@@ -271,6 +312,7 @@ def _cartpole_sweep(
         rate = {name: n * num_steps / float(np.median(t)) for name, t in times.items()}
         point: dict[str, Any] = {"envs": n, **{f"{k}_steps_per_s": v for k, v in rate.items()}}
         point["jax_vs_gymnasium"] = rate["jax"] / rate["gym_vector"]
+        point["jax_no_draws_vs_gymnasium"] = rate["jax_no_draws"] / rate["gym_vector"]
         if "gym_sync" in rate:
             point["jax_vs_gymnasium_sync"] = rate["jax"] / rate["gym_sync"]
         points.append(point)
@@ -292,6 +334,7 @@ def _plot(times: dict[str, list[float]], sweep: list[dict[str, Any]], path: Path
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=8)
     for key, label in (
         ("jax_steps_per_s", "JAX (vmap x scan)"),
+        ("jax_no_draws_steps_per_s", "JAX without random draws (bound)"),
         ("gym_vector_steps_per_s", "gymnasium NumPy vector env"),
         ("gym_sync_steps_per_s", "gymnasium SyncVectorEnv"),
     ):

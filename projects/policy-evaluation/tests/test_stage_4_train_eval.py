@@ -189,11 +189,9 @@ def test_cartpole_learns_above_random_on_held_out_keys(evidence):
 
 
 def test_cli_train_writes_separate_namespaces(tmp_path, evidence):
-    cfg = tmp_path / "tiny.json"
-    cfg.write_text(
-        Config.tiny("gridworld").model_copy(update={"total_timesteps": 2048}).to_json(),
-        encoding="utf-8",
-    )
+    # The shipped tiny config: the same programs as `grid_result`, so the
+    # session's compilation cache serves them.
+    cfg = PROJECT_ROOT / "configs" / "gridworld_tiny.json"
     out = tmp_path / "run"
     res = CliRunner().invoke(
         main, ["train", "--env", "gridworld", "--config", str(cfg), "--workdir", str(out)]
@@ -205,7 +203,7 @@ def test_cli_train_writes_separate_namespaces(tmp_path, evidence):
     files = sorted(p.name for p in out.iterdir())
     ok = evidence.record(
         "CLI report: train/ and eval/ apart",
-        "gridworld, 2048 steps",
+        "configs/gridworld_tiny.json",
         {"train_keys": sorted(train_keys), "eval_keys": sorted(eval_keys), "files": files},
         None,
         all(k.startswith("train/") for k in train_keys)

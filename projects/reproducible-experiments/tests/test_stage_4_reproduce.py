@@ -89,7 +89,11 @@ def test_reproduce_in_a_fresh_process_is_bitwise(evidence, store):
     ), result
 
     if store.kind == "sqlite":  # One real runtime change is enough; it costs a process.
-        flags = "--xla_force_host_platform_device_count=2"
+        # One more CPU device than this process has, on top of whatever XLA_FLAGS
+        # the environment already sets (the original run recorded those).
+        before_flags = os.environ.get("XLA_FLAGS", "")
+        before_count = jax.device_count()
+        flags = f"{before_flags} --xla_force_host_platform_device_count={before_count + 1}".strip()
         changed = _cli_reproduce(store, run_id, {"XLA_FLAGS": flags})
         assert changed.returncode == 1, changed.stdout + changed.stderr
         payload = json.loads(changed.stdout)
@@ -100,8 +104,8 @@ def test_reproduce_in_a_fresh_process_is_bitwise(evidence, store):
             {"verdict": payload["verdict"], "runtime_differences": runtime},
             None,
             payload["verdict"].startswith("not a reproduction: runtime identity differs")
-            and runtime["runtime.xla_flags"] == ["", flags]
-            and runtime["runtime.device_count"] == ["1", "2"]
+            and runtime["runtime.xla_flags"] == [before_flags, flags]
+            and runtime["runtime.device_count"] == [str(before_count), str(before_count + 1)]
             and not payload["identity_differences"]["code"]
             and not payload["identity_differences"]["data"],
         ), payload

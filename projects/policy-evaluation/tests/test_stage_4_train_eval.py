@@ -15,7 +15,7 @@ then evaluated on held-out keys.
   own key (the library's QR) up to rounding and is orthogonal, for wide and
   narrow layers; the training program holds no LAPACK call (batched QRs
   running side by side deadlock jaxlib 0.10's CPU thread pool), and the
-  sharded initializer and training finish in a fresh process.
+  sharded initializer finishes 300 calls in a fresh process.
 - Seeds split over two CPU devices: same key, same bits; over one update they
   agree with all seeds on one device to 1e-4.
 """
@@ -90,7 +90,7 @@ def test_gridworld_trained_between_baselines_and_matches_exact(evidence, grid_re
 
 def test_gridworld_greedy_policy_matches_exact(evidence, grid_result):
     """Changed condition: the argmax policy, evaluated by sampling and exactly."""
-    config = Config.tiny("gridworld").model_copy(update={"eval_greedy": True})
+    config = Config.tiny("gridworld").replace(eval_greedy=True)
     _, eval_keys = seed_keys(config)
     ev = jax.jit(jax.vmap(make_evaluate(config)))(grid_result["params"], eval_keys)
     disc = np.asarray(ev["eval/discounted_return"], np.float64)
@@ -127,7 +127,7 @@ def test_eval_keys_disjoint_and_training_deterministic(evidence, grid_result):
         )
     )
     # Training ignores evaluation settings: a config differing only there trains the same.
-    other = config.model_copy(update={"eval_episodes": 8, "eval_greedy": True})
+    other = config.replace(eval_episodes=8, eval_greedy=True)
     third = jax.jit(jax.vmap(make_train(other)))(seed_keys(other)[0])
     same_other = all(
         np.array_equal(a, b)
@@ -137,7 +137,7 @@ def test_eval_keys_disjoint_and_training_deterministic(evidence, grid_result):
     )
     # vmapped vs one seed alone, over one update: the batched matmuls may round
     # differently, and over many updates a flipped sampled action amplifies that.
-    one = config.model_copy(update={"total_timesteps": config.batch_size})
+    one = config.replace(total_timesteps=config.batch_size)
     batched = jax.jit(jax.vmap(make_train(one)))(seed_keys(one)[0])
     single = jax.jit(make_train(one))(seed_keys(one)[0][1])
     max_diff = max(
@@ -234,9 +234,7 @@ def test_bad_configs_give_clear_errors(tmp_path):
     # More shards than the CPU devices this process started with (conftest: 2).
     four = tmp_path / "four.json"
     four.write_text(
-        Config.model_validate(
-            Config.tiny("gridworld").model_dump() | {"num_seeds": 4, "seed_shards": 4}
-        ).to_json(),
+        Config.tiny("gridworld").replace(num_seeds=4, seed_shards=4).to_json(),
         encoding="utf-8",
     )
     res = CliRunner().invoke(main, ["train", "--env", "gridworld", "--config", str(four)])
@@ -280,7 +278,7 @@ def sharded_one_update():
     """Tiny CartPole, one update, its 2 seeds split over 2 CPU devices: the
     config and the jitted `jit_over_seeds` training function."""
     config = Config.tiny("cartpole")
-    one = Config.model_validate(config.model_dump() | {"total_timesteps": config.batch_size})
+    one = config.replace(total_timesteps=config.batch_size)
     assert one.seed_shards == 2 and seed_sharding(one) is not None
     return one, jit_over_seeds(make_train(one), one)
 

@@ -74,15 +74,12 @@ SYNC_MAX_ENVS = 256
 def ppo_config(size: str) -> Config:
     """The PPO run of the `vmapped_seeds_vs_sequential` ratio: 8 CartPole seeds,
     4 environments x 64 steps per update, hidden size 32, two seed shards."""
-    return Config.model_validate(
-        Config.tiny("cartpole").model_dump()
-        | {
-            "num_seeds": 8,
-            "seed_shards": 2,
-            "num_envs": 4,
-            "num_steps": 64,
-            "total_timesteps": SIZES[size]["ppo_steps"],
-        }
+    return Config.tiny("cartpole").replace(
+        num_seeds=8,
+        seed_shards=2,
+        num_envs=4,
+        num_steps=64,
+        total_timesteps=SIZES[size]["ppo_steps"],
     )
 
 

@@ -118,25 +118,18 @@ class Config(BaseModel):
 
     @classmethod
     def tiny(cls, env: str = "cartpole") -> "Config":
-        """Test budget: seconds on a 2-core CPU, mostly compilation."""
+        """Test budget: seconds on a 2-core CPU, mostly compilation. The default
+        run of `env` with fewer seeds, fewer steps and a smaller network."""
         if env == "gridworld":
-            return cls(
-                env="gridworld",
+            return cls.default("gridworld").replace(
                 num_seeds=5,
                 seed_shards=1,
-                num_envs=16,
-                num_steps=32,
                 total_timesteps=16_384,
-                gamma=0.95,
                 learning_rate=5e-3,
                 anneal_lr=False,
                 hidden_size=32,
-                eval_episodes=512,
-                eval_greedy=False,
-                eval_horizon=200,
             )
-        return cls(
-            env="cartpole",
+        return cls.default("cartpole").replace(
             num_seeds=2,
             num_envs=8,
             num_steps=64,
@@ -146,6 +139,11 @@ class Config(BaseModel):
             hidden_size=32,
             eval_episodes=16,
         )
+
+    def replace(self, **changes) -> "Config":
+        """A copy with `changes`, validated like a config file (`ConfigError`
+        naming the fields on bad values or inconsistent sizes)."""
+        return type(self).from_dict(self.model_dump() | changes)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=1) + "\n"

@@ -1,6 +1,8 @@
 # JAX Pathways: two commands do all the set-up on a fresh machine.
 #   make site   build .venv if needed, then compile the catalog into build/
+#               and publish every ready project's learner starter there
 #   make test   build .venv if needed, then run the whole test matrix
+#   make learn P=<id>   write the learner starter of one project to learn/<id>/
 # The environment is pinned by constraints.txt; every `ready` project is
 # installed in editable mode with all of its extras.
 
@@ -10,10 +12,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: site test venv lint clean
+.PHONY: site test venv lint clean learn
 
 site: $(STAMP)
 	$(BIN)/catalog-compile --out build
+	$(BIN)/python scripts/learner.py publish --out build/learn
+
+learn: $(STAMP)
+	@test -n "$(P)" || { echo "Usage: make learn P=<project-id>"; exit 2; }
+	$(BIN)/python scripts/learner.py starter $(P) --out learn/$(P)
 
 test: $(STAMP)
 	$(BIN)/python scripts/run_matrix.py
@@ -30,4 +37,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check compiler scripts tests projects/*/src projects/*/tests
 
 clean:
-	rm -rf build $(VENV)
+	rm -rf build learn $(VENV)

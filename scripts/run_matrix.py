@@ -2,7 +2,10 @@
 
 Runs, each in its own pytest process: the compiler tests, the repository
 contract tests, every `ready` project's tests (from inside the project folder,
-as a learner would), and the browser check of the built site. Then prints one
+as a learner would), and the browser check of the built site; then the two
+checks of LEARNING.md over every ready project: the learner progression
+(`learner.py check`) and the seeded bugs (`seeded_bugs.py`), one row per
+project (passed = steps or bugs that behaved, failed = the others). Then prints one
 table, suite x stage, with passed / failed / skipped counts and seconds, and a
 closing line `N passed, N failed, N skipped`. A project's test files map to
 stages through its `project.toml`; files no stage declares show as
@@ -41,6 +44,7 @@ class Suite:
     cwd: Path
     args: list[str]
     rows: dict[str, str] = field(default_factory=dict)
+    script: str = ""  # A check script (not pytest) that writes its rows as JSON.
 
 
 @dataclass
@@ -72,6 +76,8 @@ def suites() -> list[Suite]:
     for project in ready_projects():
         found.append(Suite(project.name, project, [], stage_rows(project)))
     found.append(Suite("browser", ROOT, ["tests", "-m", "browser"]))
+    found.append(Suite("learner", ROOT, ["check"], script="learner.py"))
+    found.append(Suite("seeded-bugs", ROOT, [], script="seeded_bugs.py"))
     return found
 
 
@@ -87,8 +93,26 @@ def row_label(suite: Suite, classname: str, name: str) -> str:
     return f"extra: {stem}" if suite.rows else stem
 
 
+def run_script_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
+    """Run one check script; its JSON report gives one row per project."""
+    report = report_dir / f"{suite.name}.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / suite.script), *suite.args, "--json", str(report)]
+    print(f"\n=== {suite.name}: {' '.join(cmd[1:])}", flush=True)
+    start = time.perf_counter()
+    code = subprocess.call(cmd, cwd=suite.cwd)
+    if not report.exists():
+        return [Row(suite.name, "(none)", failed=1, seconds=time.perf_counter() - start)], code
+    rows = [
+        Row(suite.name, r["row"], passed=r["passed"], failed=r["failed"], seconds=r["seconds"])
+        for r in json.loads(report.read_text())
+    ]
+    return rows, code
+
+
 def run_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
     """Run one pytest process; return its rows and its exit code."""
+    if suite.script:
+        return run_script_suite(suite, report_dir)
     xml_path = report_dir / f"{suite.name}.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", f"--junitxml={xml_path}", *suite.args]
     print(

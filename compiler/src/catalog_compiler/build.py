@@ -8,7 +8,10 @@ and ``skillEvidence[].scope`` derived (catalog/README.md, "Derived fields").
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from catalog_compiler.discover import Discovery
+from catalog_compiler.exercises import RegionError, project_regions
 from catalog_compiler.models import Defaults, Role, SkillEvidence
 from catalog_compiler.sources import CatalogSources
 
@@ -70,10 +73,32 @@ def published_catalog(sources: CatalogSources, discovery: Discovery) -> dict:
     }
 
 
+def _exercises(folder: Path, status: str) -> dict[str, list[dict]]:
+    """A ready project's exercise regions by stage: ``{"file", "line", "hint"}`` each.
+
+    Empty for a planned project, and for one whose markers do not parse (the
+    repository's contract tests report those, naming file and line).
+    """
+    if status != "ready":
+        return {}
+    try:
+        regions = project_regions(folder)
+    except (RegionError, OSError, UnicodeDecodeError):
+        return {}
+    by_stage: dict[str, list[dict]] = {}
+    for r in regions:
+        by_stage.setdefault(r.stage, []).append({"file": r.path, "line": r.start, "hint": r.hint})
+    return by_stage
+
+
 def site_inputs(sources: CatalogSources, discovery: Discovery) -> dict[str, list[dict]]:
     """Return the plain lists that ``site.write_site`` takes besides the catalog."""
     projects = [
-        p.manifest.model_dump()
+        {
+            **p.manifest.model_dump(),
+            "folder": str(p.path),
+            "exercises": _exercises(p.path, p.manifest.status),
+        }
         for _, p in sorted(discovery.projects.items())
         if p.manifest is not None
     ]

@@ -29,6 +29,7 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from catalog_compiler import route_text as text
+from catalog_compiler.starters import starter_archive
 
 STYLESHEET = "style.css"
 REQUIRED_SCOPE = "Required route practice"
@@ -187,7 +188,26 @@ def _project_context(project: dict, index: _Index) -> dict:
                         "href": f"../routes/{role['id']}.html#skill-{number}",
                     }
                 )
-    return {"project": project, "preparation": preparation, "used_by": used_by}
+    return {
+        "project": project,
+        "preparation": preparation,
+        "used_by": used_by,
+        "starter": _starter_context(project),
+    }
+
+
+def _starter_context(project: dict) -> dict | None:
+    """The "Start this project" section: only for a ready project with exercise regions."""
+    exercises = project.get("exercises") or {}
+    if project.get("status") != "ready" or not exercises or not project.get("folder"):
+        return None
+    return {
+        "archive": f"learn/{project['id']}.zip",
+        "stages": [
+            {"stage": stage, "exercises": exercises.get(stage["id"], [])}
+            for stage in project.get("stages", [])
+        ],
+    }
 
 
 def _phase_context(phase: dict, index: _Index, lessons_by_phase: dict[str, list[dict]]) -> dict:
@@ -304,6 +324,12 @@ def write_site(
     for project in projects:
         context = _project_context(project, index)
         emit(f"projects/{project['id']}.html", project_template.render(root="../", **context))
+        if context["starter"]:
+            # The learner's starter, linked from the project page.
+            path = site_dir / context["starter"]["archive"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(starter_archive(Path(project["folder"])))
+            written.append(path)
     phase_template = env.get_template("phase.html")
     for phase in phases:
         context = _phase_context(phase, index, lessons_by_phase)

@@ -1,0 +1,133 @@
+"""Learner starters: a project folder with its exercise regions left for the learner.
+
+Contract:
+- :func:`write_starter` copies a project folder (sources, tests, configs;
+  never environments, outputs or caches) to ``dest`` with every exercise
+  region whose stage is not in ``keep`` stripped (:mod:`exercises`), adds
+  ``progress.py`` (the learner's one command: stage table, next hints) and
+  puts a short note at the top of the README. It raises ``RegionError`` on a
+  malformed marker before writing anything.
+- :func:`starter_archive` returns the bytes of a zip of the full starter
+  (nothing kept): the same files give the same bytes (sorted entries, fixed
+  dates and modes), so a site build is reproducible.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import zipfile
+from importlib import resources
+from pathlib import Path
+
+from catalog_compiler.exercises import source_files, strip_source
+
+# What a starter leaves behind: environments, outputs and caches, never sources.
+IGNORED = shutil.ignore_patterns(
+    ".venv", "runs", "evidence", "learn", "build", "__pycache__", "*.egg-info",
+    ".pytest_cache", ".hypothesis", ".ruff_cache", "*.pyc", "mlruns", "*.db",
+)
+NOTE = """\
+> **Starter.** This is the learner's copy of `{id}`: the code of each stage
+> is yours to write. Every exercise region (`# --- exercise stage N: hint ---`)
+> raises `NotImplementedError` naming its stage and hint until you write it.
+> Install as below, then run `python progress.py` to see which stage is next
+> and its hints; `pytest -m stage1` runs one stage's tests.
+
+"""
+
+
+def copy_project(project: Path, dest: Path) -> Path:
+    """Copy ``project`` to ``dest`` (which must not exist), sources and tests only."""
+    shutil.copytree(project, dest, ignore=IGNORED, symlinks=True)
+    return dest
+
+
+def project_files(project: Path) -> list[Path]:
+    """The files a copy of ``project`` holds (what ``copy_project`` copies), sorted."""
+    found: list[Path] = []
+
+    def walk(folder: Path) -> None:
+        names = sorted(p.name for p in folder.iterdir())
+        skipped = IGNORED(str(folder), names)
+        for name in names:
+            path = folder / name
+            if name in skipped:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                walk(path)
+            elif path.is_file():
+                found.append(path)
+
+    walk(project)
+    return found
+
+
+def write_sources(project: Path, dest: Path, keep: set[str]) -> None:
+    """Rewrite every source file of ``dest`` from ``project``, regions of ``keep`` written."""
+    stripped = {
+        source.relative_to(project): strip_source(
+            source.read_text(encoding="utf-8"), keep, source.relative_to(project).as_posix()
+        )
+        for source in source_files(project)
+    }
+    for rel, text in stripped.items():
+        (dest / rel).write_text(text, encoding="utf-8")
+
+
+def starter_files(project: Path, keep: set[str] = frozenset()) -> dict[str, bytes]:
+    """Relative path -> bytes of every file of ``project``'s starter (see the module doc)."""
+    sources = set(source_files(project))
+    files: dict[str, bytes] = {}
+    for path in project_files(project):
+        rel = path.relative_to(project).as_posix()
+        if path in sources:
+            text = strip_source(path.read_text(encoding="utf-8"), set(keep), rel)
+            files[rel] = text.encode("utf-8")
+        else:
+            files[rel] = path.read_bytes()
+    progress = resources.files("catalog_compiler").joinpath("templates", "progress.py")
+    files["progress.py"] = progress.read_bytes()
+    if "README.md" in files:
+        title, _, rest = files["README.md"].decode("utf-8").partition("\n")
+        note = NOTE.format(id=project.name)
+        files["README.md"] = f"{title}\n\n{note}{rest.lstrip()}".encode()
+    return dict(sorted(files.items()))
+
+
+def write_starter(project: Path, dest: Path, keep: set[str] = frozenset()) -> Path:
+    """The starter of ``project`` at ``dest`` (replaced if present); see the module doc."""
+    files = starter_files(project, keep)  # Parses every marker before touching `dest`.
+    if dest.exists():
+        shutil.rmtree(dest)
+    for rel, content in files.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return dest
+
+
+def zip_files(files: dict[str, bytes], name: str) -> bytes:
+    """A zip of ``files`` under the top folder ``name``; bytes depend only on the files."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as archive:
+        for rel in sorted(files):
+            info = zipfile.ZipInfo(f"{name}/{rel}", date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, files[rel])
+    return buffer.getvalue()
+
+
+def zip_folder(folder: Path, name: str) -> bytes:
+    """A zip of every file under ``folder``, as :func:`zip_files` writes it."""
+    files = {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in folder.rglob("*") if p.is_file()
+    }
+    return zip_files(files, name)
+
+
+def starter_archive(project: Path) -> bytes:
+    """The zip of ``project``'s full starter (every region stripped)."""
+    return zip_files(starter_files(project), project.name)

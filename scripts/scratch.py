@@ -1,0 +1,106 @@
+"""Scratch copies of a project and pytest runs inside them.
+
+Shared by the learner progression check (`learner.py`) and the seeded-bug
+check (`seeded_bugs.py`): both change a project's source in a throw-away copy
+and run some of its stage tests there, never touching the real folder.
+
+A copy is importable in place of the installed project: the runs put the
+copy's `src/` first on `PYTHONPATH`, ahead of the editable install, and
+`imports_from_copy` proves it before any verdict is trusted. Every run uses
+one JAX compilation cache shared by all runs of the check, so a program that
+several runs compile is compiled once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from catalog_compiler.starters import copy_project  # noqa: F401  (re-exported)
+
+ROOT = Path(__file__).resolve().parent.parent
+def manifest(project: Path) -> dict:
+    with (project / "project.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def stage_ids(project: Path) -> list[str]:
+    """The project's stage ids in manifest order."""
+    return [s["id"] for s in manifest(project)["stages"]]
+
+
+def stage_tests(project: Path, stage: str) -> list[str]:
+    """The test files the manifest declares for ``stage``."""
+    for s in manifest(project)["stages"]:
+        if s["id"] == stage:
+            return list(s.get("tests", []))
+    raise KeyError(f"Project `{project.name}` has no stage `{stage}`.")
+
+
+def package_name(project: Path) -> str:
+    """The one package under ``src/``."""
+    packages = [p.name for p in (project / "src").iterdir() if (p / "__init__.py").is_file()]
+    if len(packages) != 1:
+        raise ValueError(f"`{project.name}/src` should hold exactly one package, not {packages}.")
+    return packages[0]
+
+
+@dataclass
+class Run:
+    """One pytest process in a copy: its exit status, output and seconds."""
+
+    code: int
+    output: str
+    seconds: float
+
+    @property
+    def first_failure(self) -> str:
+        """The first `FAILED <node>` or `ERROR <node>` line pytest printed, if any."""
+        match = re.search(r"^(FAILED|ERROR) (\S+)", self.output, re.M)
+        return match.group(2) if match else ""
+
+
+def run_env(copy: Path, cache_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(copy / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+    env["EVIDENCE_DIR"] = str(copy / "evidence")
+    env.setdefault("MPLBACKEND", "Agg")
+    return env
+
+
+def run_pytest(copy: Path, nodes: list[str], cache_dir: Path, timeout: float = 900) -> Run:
+    """``pytest -x -q`` on ``nodes`` inside ``copy``; a timeout counts as exit 124."""
+    cmd = [
+        sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+        "--tb=short", "-o", "console_output_style=classic", *nodes,
+    ]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            cmd, cwd=copy, env=run_env(copy, cache_dir), capture_output=True, text=True,
+            timeout=timeout, stdin=subprocess.DEVNULL,
+        )
+        code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as exc:
+        code = 124
+        output = f"timed out after {timeout:.0f} s\n{exc.stdout or ''}"
+    return Run(code, output, time.perf_counter() - start)
+
+
+def imports_from_copy(copy: Path, package: str, cache_dir: Path) -> bool:
+    """Whether Python, with the run environment, imports ``package`` from ``copy``."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {package}; print({package}.__file__)"],
+        cwd=copy, env=run_env(copy, cache_dir), capture_output=True, text=True,
+    )
+    return done.returncode == 0 and Path(done.stdout.strip()).is_relative_to(copy / "src")

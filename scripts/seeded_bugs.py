@@ -1,0 +1,273 @@
+"""The seeded-bug check: every plausible bug a project lists must fail its stage's tests.
+
+Each ready project lists bugs in `seeded_bugs.toml` (LEARNING.md): an exact
+code replacement in one file, the stage whose tests must catch it, the test
+nodes that decide it, and one sentence saying what a learner did wrong. This
+script applies each bug alone to a scratch copy of its project and runs
+`pytest -x` on the bug's test nodes there:
+
+- exit 1 (a test failed): caught;
+- exit 0: a SURVIVOR, the stage's tests let the bug through;
+- anything else (a collection or import error, a timeout): a BROKEN entry,
+  since a seeded bug is a mistake that still runs.
+
+Commands:
+  python scripts/seeded_bugs.py [<id> ...] [--jobs N]   run the check (default:
+      every ready project); exit 1 on any survivor, broken or invalid entry
+  python scripts/seeded_bugs.py --readme <id> ...        rewrite the README table
+  python scripts/seeded_bugs.py --list <id>              print the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import re
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ready_projects import ready_projects
+from scratch import ROOT, copy_project, imports_from_copy, package_name, run_pytest, stage_ids
+from scratch import manifest as read_manifest
+
+BEGIN, END = "<!-- seeded-bugs:begin -->", "<!-- seeded-bugs:end -->"
+KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+FIELDS = {"id", "stage", "file", "find", "replace", "why", "tests"}
+MIN_PER_STAGE = 3
+
+
+@dataclass(frozen=True)
+class Bug:
+    project: str
+    id: str
+    stage: str
+    file: str
+    find: str
+    replace: str
+    why: str
+    tests: tuple[str, ...]
+
+
+def load_bugs(project: Path) -> tuple[list[Bug], list[str]]:
+    """The project's bugs and every problem with its list (empty when valid)."""
+    path = project / "seeded_bugs.toml"
+    if not path.is_file():
+        return [], [f"{project.name}: no seeded_bugs.toml"]
+    try:
+        with path.open("rb") as f:
+            entries = tomllib.load(f).get("bugs", [])
+    except tomllib.TOMLDecodeError as exc:
+        return [], [f"{project.name}/seeded_bugs.toml: {exc}"]
+    stages = {s["id"]: s.get("tests", []) for s in read_manifest(project)["stages"]}
+    bugs, problems, seen = [], [], set()
+    for n, entry in enumerate(entries, start=1):
+        where = f"{project.name}/seeded_bugs.toml bug {n} (`{entry.get('id', '?')}`)"
+        missing = (FIELDS - {"tests"}) - set(entry)
+        extra = set(entry) - FIELDS
+        if missing or extra:
+            problems.append(f"{where}: missing {sorted(missing)}, unknown {sorted(extra)}")
+            continue
+        if not KEBAB.match(entry["id"]) or entry["id"] in seen:
+            problems.append(f"{where}: the id must be kebab-case and unique")
+        seen.add(entry["id"])
+        if entry["stage"] not in stages:
+            problems.append(f"{where}: stage `{entry['stage']}` is not in project.toml")
+            continue
+        target = project / entry["file"]
+        if not target.is_file() or not target.resolve().is_relative_to(project.resolve()):
+            problems.append(f"{where}: `{entry['file']}` is not a file of the project")
+            continue
+        count = target.read_text(encoding="utf-8").count(entry["find"])
+        if count != 1 or entry["find"] == entry["replace"]:
+            problems.append(f"{where}: `find` occurs {count} times in {entry['file']} "
+                            "(it must occur exactly once and differ from `replace`)")
+            continue
+        tests = tuple(entry.get("tests") or stages[entry["stage"]])
+        outside = [t for t in tests if t.split("::")[0] not in stages[entry["stage"]]]
+        if outside:
+            problems.append(f"{where}: tests {outside} are not stage {entry['stage']}'s files")
+            continue
+        bugs.append(Bug(project.name, entry["id"], entry["stage"], entry["file"], entry["find"],
+                        entry["replace"], entry["why"].strip(), tests))
+    for stage in stages:
+        count = sum(b.stage == stage for b in bugs)
+        if count < MIN_PER_STAGE:
+            problems.append(f"{project.name}: stage {stage} lists {count} bugs "
+                            f"(at least {MIN_PER_STAGE})")
+    return bugs, problems
+
+
+def readme_table(project: Path, bugs: list[Bug]) -> str:
+    """The README section: one row per bug, in stage order."""
+    order = {s: i for i, s in enumerate(stage_ids(project))}
+    rows = [
+        BEGIN,
+        "| Stage | Seeded bug | What a learner would have done wrong | Caught by |",
+        "|---|---|---|---|",
+    ]
+    for bug in sorted(bugs, key=lambda b: order[b.stage]):
+        caught = ", ".join(f"`{t.split('::')[-1]}`" for t in bug.tests)
+        rows.append(f"| {bug.stage} | `{bug.id}` | {bug.why} | {caught} |")
+    rows.append(END)
+    return "\n".join(rows)
+
+
+def readme_with_table(project: Path, bugs: list[Bug]) -> str:
+    text = (project / "README.md").read_text(encoding="utf-8")
+    table = readme_table(project, bugs)
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        return head + table + rest.split(END, 1)[1]
+    section = (
+        "\n## Bugs each stage catches\n\n"
+        "Every bug below is applied alone to a copy of this project by the "
+        "repository's seeded-bug check; the stage's tests must fail on each.\n\n"
+    )
+    return text.rstrip("\n") + "\n" + section + table + "\n"
+
+
+@dataclass
+class Outcome:
+    bug: Bug
+    verdict: str  # caught | SURVIVED | BROKEN
+    seconds: float
+    detail: str
+
+
+def _judge(bug: Bug, code: int, output: str, first_failure: str) -> tuple[str, str]:
+    if code == 1:
+        return "caught", first_failure
+    if code == 0:
+        return "SURVIVED", "every test passed"
+    tail = "\n".join(output.strip().splitlines()[-6:])
+    return "BROKEN", f"pytest exit {code}:\n{tail}"
+
+
+class Worker:
+    """One thread with one scratch copy per project, applying bugs one at a time."""
+
+    def __init__(self, work: Path, cache: Path) -> None:
+        self.work, self.cache = work, cache
+        self.copies: dict[str, Path] = {}
+
+    def copy_of(self, project: str) -> Path:
+        if project not in self.copies:
+            dest = self.work / f"{project}-{threading.get_ident()}"
+            copy_project(ROOT / "projects" / project, dest)
+            if not imports_from_copy(dest, package_name(dest), self.cache):
+                raise RuntimeError(f"{project}: the copy's package is not the one Python imports")
+            self.copies[project] = dest
+        return self.copies[project]
+
+    def apply(self, bug: Bug) -> Outcome:
+        copy = self.copy_of(bug.project)
+        target = copy / bug.file
+        original = target.read_text(encoding="utf-8")
+        target.write_text(original.replace(bug.find, bug.replace, 1), encoding="utf-8")
+        try:
+            done = run_pytest(copy, list(bug.tests), self.cache, timeout=600)
+        finally:
+            target.write_text(original, encoding="utf-8")
+        verdict, detail = _judge(bug, done.code, done.output, done.first_failure)
+        return Outcome(bug, verdict, done.seconds, detail)
+
+
+def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
+    start = time.perf_counter()
+    bugs, problems = [], []
+    for project in projects:
+        found, bad = load_bugs(project)
+        bugs += found
+        problems += bad
+    for problem in problems:
+        print(f"INVALID {problem}")
+    todo: queue.Queue[Bug] = queue.Queue()
+    for bug in bugs:
+        todo.put(bug)
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    with tempfile.TemporaryDirectory(prefix="seeded-bugs-") as tmp:
+        work, cache = Path(tmp), Path(tmp) / "jax-cache"
+
+        def drain() -> None:
+            worker = Worker(work, cache)
+            while True:
+                try:
+                    bug = todo.get_nowait()
+                except queue.Empty:
+                    return
+                outcome = worker.apply(bug)
+                with lock:
+                    outcomes.append(outcome)
+                    print(f"  [{len(outcomes):>3}/{len(bugs)}] {outcome.verdict:<8} "
+                          f"{bug.project}/{bug.id} (stage {bug.stage}) {outcome.seconds:5.1f} s"
+                          f"  {outcome.detail.splitlines()[0] if outcome.detail else ''}",
+                          flush=True)
+
+        threads = [threading.Thread(target=drain) for _ in range(max(1, jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    bad = [o for o in outcomes if o.verdict != "caught"]
+    header = ("project", "bugs", "caught", "survived", "broken", "seconds")
+    print("\n{:<28} {:>4} {:>6} {:>8} {:>6} {:>8}".format(*header))
+    for project in projects:
+        mine = [o for o in outcomes if o.bug.project == project.name]
+        print(f"{project.name:<28} {len(mine):>4} {sum(o.verdict == 'caught' for o in mine):>6} "
+              f"{sum(o.verdict == 'SURVIVED' for o in mine):>8} "
+              f"{sum(o.verdict == 'BROKEN' for o in mine):>6} {sum(o.seconds for o in mine):>8.1f}")
+    for o in bad:
+        print(f"\n{o.verdict}: {o.bug.project}/{o.bug.id} (stage {o.bug.stage}, {o.bug.file})\n"
+              f"  {o.bug.why}\n  " + o.detail.replace("\n", "\n  "))
+    print(f"seeded bugs: {len(outcomes)} applied in {time.perf_counter() - start:.0f} s, "
+          f"{len(bad)} not caught, {len(problems)} invalid list entries")
+    if report is not None:
+        rows = []
+        for project in projects:
+            mine = [o for o in outcomes if o.bug.project == project.name]
+            invalid = sum(p.startswith(f"{project.name}") for p in problems)
+            rows.append({"row": project.name, "passed": sum(o.verdict == "caught" for o in mine),
+                         "failed": sum(o.verdict != "caught" for o in mine) + invalid,
+                         "seconds": sum(o.seconds for o in mine)})
+        report.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return 1 if bad or problems or len(outcomes) != len(bugs) else 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("projects", nargs="*")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--readme", action="store_true", help="rewrite the README tables")
+    parser.add_argument("--list", action="store_true", help="print the README table")
+    parser.add_argument("--json", type=Path, help="also write per-project rows here")
+    args = parser.parse_args(argv)
+    projects = [ROOT / "projects" / n for n in args.projects] or ready_projects()
+    for project in projects:
+        if not (project / "project.toml").is_file():
+            print(f"No project `{project.name}` (a folder with project.toml).", file=sys.stderr)
+            return 2
+    if args.readme or args.list:
+        status = 0
+        for project in projects:
+            bugs, problems = load_bugs(project)
+            for problem in problems:
+                print(f"INVALID {problem}", file=sys.stderr)
+                status = 1
+            if args.list:
+                print(readme_table(project, bugs))
+            else:
+                (project / "README.md").write_text(readme_with_table(project, bugs), "utf-8")
+                print(f"{project.name}/README.md: {len(bugs)} seeded bugs in the table")
+        return status
+    return check(projects, args.jobs, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

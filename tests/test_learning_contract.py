@@ -1,0 +1,99 @@
+"""Learner mode and seeded bugs (LEARNING.md), checked for every ready project.
+
+Every ready project has an exercise region for each stage, a valid seeded-bug
+list with at least three bugs per stage and a README table generated from it,
+a stage marker per stage (`pytest -m stage<id>`), and what a folder copied out
+alone needs: a `.gitignore`, its own generated `constraints.txt` used by its
+README's install line, and no reference to the monorepo's files. (Whether the
+regions progress stage by stage and whether each bug is caught is run by the
+matrix itself: `scripts/learner.py check`, `scripts/seeded_bugs.py`.)
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from catalog_compiler.exercises import project_regions, strip_source  # noqa: E402
+from project_constraints import project_constraints, root_pins  # noqa: E402
+from ready_projects import ready_projects  # noqa: E402
+from seeded_bugs import load_bugs, readme_with_table  # noqa: E402
+
+READY = ready_projects()
+
+
+def manifest(project: Path) -> dict:
+    with (project / "project.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+# Names of the monorepo's own files that a standalone project must not point at.
+OUTSIDE = re.compile(r"BENCHMARKS\.md|DESIGN\.md|STYLE\.md|LEARNING\.md|\.\./\.\./|\.\./shared")
+
+
+@pytest.mark.parametrize("project", READY, ids=lambda p: p.name)
+def test_ready_project_has_an_exercise_region_per_stage(project: Path):
+    regions = project_regions(project)  # Raises, naming file and line, on a bad marker.
+    stages = [s["id"] for s in manifest(project)["stages"]]
+    covered = {r.stage for r in regions}
+    assert not [s for s in stages if s not in covered], (
+        f"{project.name}: stages without an exercise region: "
+        f"{[s for s in stages if s not in covered]}"
+    )
+    unknown = covered - set(stages)
+    assert not unknown, f"{project.name}: regions of unknown stages {unknown}"
+    for source in project.glob("src/**/*.py"):
+        text = source.read_text(encoding="utf-8")
+        assert strip_source(text, set(stages)) == text
+
+
+@pytest.mark.parametrize("project", READY, ids=lambda p: p.name)
+def test_ready_project_lists_seeded_bugs_and_its_readme_shows_them(project: Path):
+    bugs, problems = load_bugs(project)
+    assert not problems, "\n".join(problems)
+    readme = (project / "README.md").read_text(encoding="utf-8")
+    assert readme == readme_with_table(project, bugs), (
+        f"{project.name}/README.md's seeded-bug table is stale: "
+        f"run `python scripts/seeded_bugs.py --readme {project.name}`"
+    )
+
+
+@pytest.mark.parametrize("project", READY, ids=lambda p: p.name)
+def test_ready_project_stands_alone(project: Path):
+    ignored = (project / ".gitignore").read_text(encoding="utf-8").split()
+    for entry in (".venv/", "runs/", "evidence/", "__pycache__/"):
+        assert entry in ignored, f"{project.name}/.gitignore does not ignore {entry}"
+    expected = project_constraints(project, root_pins())
+    assert (project / "constraints.txt").is_file(), f"{project.name} has no constraints.txt"
+    assert (project / "constraints.txt").read_text(encoding="utf-8") == expected, (
+        f"{project.name}/constraints.txt is stale: run `python scripts/project_constraints.py`"
+    )
+    texts = [project / "README.md", *project.glob("src/**/*.py"), *project.glob("tests/**/*.py")]
+    for path in texts:
+        found = OUTSIDE.search(path.read_text(encoding="utf-8"))
+        assert not found, f"{path.relative_to(ROOT)} names `{found.group(0)}`, outside the project"
+    assert "-c constraints.txt" in (project / "README.md").read_text(encoding="utf-8"), (
+        f"{project.name}/README.md's install line does not use its constraints.txt"
+    )
+
+
+@pytest.mark.parametrize("project", READY, ids=lambda p: p.name)
+def test_ready_project_selects_each_stage_by_marker(project: Path):
+    """`pytest -m stage<id>` selects exactly the tests of the files that stage declares."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--markers", "-p", "no:cacheprovider"],
+        cwd=project, capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for stage in manifest(project)["stages"]:
+        assert f"@pytest.mark.stage{stage['id']}:" in done.stdout, (
+            f"{project.name}: no `stage{stage['id']}` marker (tests/conftest.py registers them)"
+        )

@@ -14,11 +14,14 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 from catalog_compiler import rules
 from catalog_compiler.diagnostics import START, Diagnostic, pointer
-from catalog_compiler.discover import Discovery
+from catalog_compiler.discover import Discovery, Project
+from catalog_compiler.limits import MAX_ID_LENGTH
 from catalog_compiler.rules import Rule
+from catalog_compiler.source_text import exists
 from catalog_compiler.sources import CatalogSources
 from catalog_compiler.yaml_source import Document
 
@@ -115,11 +118,19 @@ def refs(
 
 
 def definitions(word: str, items: Iterable[tuple[str, Document, str]]) -> Iterator[Diagnostic]:
-    """Check defined ids ``(id, doc, ptr-of-id)``: kebab-case (ID002), unique (ID001)."""
+    """Check defined ids ``(id, doc, ptr-of-id)``: kebab-case (ID002), unique (ID001),
+    at most MAX_ID_LENGTH characters (ID005)."""
     first: dict[str, str] = {}
     for value, doc, ptr in items:
+        if len(value) > MAX_ID_LENGTH:
+            message = (
+                f"The {word} id `{value[:40]}...` is {len(value)} characters long, "
+                f"more than {MAX_ID_LENGTH}."
+            )
+            yield rules.ID_TOO_LONG.at(doc.path, doc.pos(ptr), ptr, message)
         if not KEBAB.fullmatch(value):
-            message = f"The {word} id `{value}` is not kebab-case."
+            shown = value if len(value) <= MAX_ID_LENGTH else value[:40] + "..."
+            message = f"The {word} id `{shown}` is not kebab-case."
             yield rules.NOT_KEBAB.at(doc.path, doc.pos(ptr), ptr, message)
         where = f"{doc.path}:{doc.pos(ptr).line}"
         if value in first:
@@ -142,7 +153,7 @@ def catalog_role_listing(ctx: Context) -> Iterator[Diagnostic]:
     yield from definitions("role", ((r, doc, pointer("roles", i)) for i, r in enumerate(listed)))
     files = ctx.sources.role_files
     for index, role_id in enumerate(listed):
-        if role_id not in files:
+        if role_id not in files and role_id not in ctx.sources.unreadable_roles:
             ptr = pointer("roles", index)
             close = difflib.get_close_matches(role_id, sorted(files - set(listed)), n=1)
             message = (
@@ -151,7 +162,7 @@ def catalog_role_listing(ctx: Context) -> Iterator[Diagnostic]:
             )
             hint = f"Replace it with `{close[0]}`." if close else None
             yield rules.ROLE_FILE_MISSING.at(doc.path, doc.pos(ptr), ptr, message, hint)
-    for role_id in sorted(files - set(listed)):
+    for role_id in sorted(files - set(listed) - ctx.sources.unreadable_roles):
         rel = f"catalog/roles/{role_id}.yaml"
         message = f"The role file `{rel}` is not listed in catalog.yaml `roles`."
         yield rules.ROLE_FILE_UNLISTED.at(rel, START, "", message)
@@ -272,9 +283,24 @@ def _project_reference(
         seen.add(stage)
         if stage not in declared:
             has = ", ".join(declared) or "none"
-            message = f"The project `{project_id}` declares no stage `{stage}` (it has {has})."
+            where = _stage_list(project, stage, declared)
+            message = (
+                f"The project `{project_id}` declares no stage `{stage}` (it has {has}); "
+                f"its stages are declared at `{where}`."
+            )
             hint = f"Use a stage id of `{project.manifest_file}`, or declare stage `{stage}` there."
             yield rules.UNKNOWN_STAGE.at(doc.path, doc.pos(sptr), sptr, message, hint)
+
+
+def _stage_list(project: Project, stage: str, declared: list[str]) -> str:
+    """``file:line`` of the manifest's stage closest to ``stage`` (or of its first)."""
+    close = difflib.get_close_matches(stage, declared, n=1, cutoff=0.5)
+    if close:
+        ptr = pointer("stages", declared.index(close[0]), "id")
+    else:
+        ptr = pointer("stages", 0) if declared else ""
+    line = project.doc.pos(ptr).line if project.doc is not None else 1
+    return f"{project.manifest_file}:{line}"
 
 
 @check
@@ -334,6 +360,35 @@ def unreferenced_projects(ctx: Context) -> Iterator[Diagnostic]:
             yield rules.UNREFERENCED.at(project.manifest_file, START, "", message)
 
 
+def _outside(folder: Path, test: str) -> bool:
+    """True if the stage test path ``test`` is absolute or leads out of ``folder``."""
+    pure = PurePosixPath(test)
+    if pure.is_absolute() or ".." in pure.parts or "\x00" in test:
+        return pure.is_absolute() or ".." in pure.parts
+    try:
+        return not (folder / test).resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError, ValueError):
+        return False  # Unresolvable (a symlink loop): DSK004 reports it as missing.
+
+
+@check
+def stage_test_paths(ctx: Context) -> Iterator[Diagnostic]:
+    """DSK005: every stage test path stays inside its project folder."""
+    for project in ctx.discovery.projects.values():
+        manifest, doc = project.manifest, project.doc
+        if manifest is None or doc is None:
+            continue
+        for i, stage in enumerate(manifest.stages):
+            for j, test in enumerate(stage.tests):
+                if _outside(project.path, test):
+                    ptr = pointer("stages", i, "tests", j)
+                    message = (
+                        f"The test path `{test}` of stage `{stage.id}` leads out of "
+                        f"`projects/{project.folder}`."
+                    )
+                    yield rules.TEST_PATH_OUTSIDE.at(doc.path, doc.pos(ptr), ptr, message)
+
+
 @check
 def ready_project_tests(ctx: Context) -> Iterator[Diagnostic]:
     """DSK003/DSK004: a `ready` project has an existing test file for every stage."""
@@ -350,10 +405,14 @@ def ready_project_tests(ctx: Context) -> Iterator[Diagnostic]:
                 )
                 yield rules.STAGE_WITHOUT_TEST.at(doc.path, doc.pos(ptr), ptr, message)
             for j, test in enumerate(stage.tests):
-                if not (project.path / test).is_file():
+                if _outside(project.path, test):
+                    continue  # DSK005 says so.
+                path = project.path / test
+                if not path.is_file():
                     tptr = f"{ptr}/{j}"
+                    what = "is not a file" if exists(path) else "does not exist"
                     message = (
-                        f"The test file `{test}` of stage `{stage.id}` does not exist "
+                        f"The test file `{test}` of stage `{stage.id}` {what} "
                         f"in `projects/{project.folder}`."
                     )
                     yield rules.TEST_FILE_MISSING.at(doc.path, doc.pos(tptr), tptr, message)

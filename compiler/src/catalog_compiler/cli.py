@@ -8,26 +8,32 @@ It prints every problem it finds (``file:line:col: severity[CODE] message``
 with a hint) and, when there is no error, writes ``<out>/catalog.json``,
 ``<out>/routes/<role>.txt`` and the site in ``<out>/site/`` (``--check``
 compares instead of writing). Exit status: 0 clean (warnings allowed unless
-``--strict``), 1 errors, 2 usage. This module is the one place that sets it.
+``--strict``), 1 errors, 2 usage, 3 internal error. This module is the one
+place that sets it, and the one boundary where an unexpected exception (a bug
+of the compiler, never of the catalog) becomes an INT001 diagnostic and exit
+status 3 instead of a traceback; ``CATALOG_COMPILE_DEBUG=1`` lets it through.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import click
 
-from catalog_compiler.diagnostics import Diagnostic, Severity
+from catalog_compiler import rules
+from catalog_compiler.diagnostics import START, Diagnostic, Severity
+from catalog_compiler.source_text import exists
 
-EXIT_OK, EXIT_ERRORS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 MARKER = Path("catalog") / "catalog.yaml"
 
 
 def find_root(start: Path) -> Path | None:
     """Return the nearest folder at or above ``start`` that has catalog/catalog.yaml."""
     for folder in (start, *start.parents):
-        if (folder / MARKER).is_file():
+        if exists(folder / MARKER):
             return folder
     return None
 
@@ -67,6 +73,48 @@ def _shown(path: Path, root: Path) -> str:
 )
 def main(root: Path | None, out: Path | None, strict: bool, check: bool, fmt: str) -> None:
     """Validate the JAX Pathways catalog against the projects on disk and build it."""
+    try:
+        code, text = _run(root, out, strict, check, fmt)
+    except click.ClickException:
+        raise
+    except Exception as error:  # The one boundary (see the module docstring).
+        if os.environ.get("CATALOG_COMPILE_DEBUG"):
+            raise
+        code, text = EXIT_INTERNAL, _internal_error(error, fmt)
+    click.echo(text, nl=False)
+    sys.exit(code)
+
+
+def _internal_error(error: Exception, fmt: str) -> str:
+    from catalog_compiler import report
+
+    detail = (str(error).strip().splitlines() or [""])[0][:200]
+    message = (
+        f"catalog-compile failed unexpectedly: `{type(error).__name__}"
+        + (f": {detail}" if detail else "")
+        + "`; this is a bug of the compiler, not a problem of the catalog."
+    )
+    hint = rules.INTERNAL_ERROR.hint + " Set CATALOG_COMPILE_DEBUG=1 to see the traceback."
+    diagnostic = rules.INTERNAL_ERROR.at("catalog-compile", START, "", message, hint)
+    outcome = "Nothing written."
+    if fmt == "json":
+        return report.json_report([diagnostic], outcome, EXIT_INTERNAL)
+    return report.text_report([diagnostic], outcome)
+
+
+def _out_problem(out: Path) -> str | None:
+    """Why ``out`` cannot be a build folder, if an existing ancestor is not a folder."""
+    for folder in out.absolute().parents:
+        if exists(folder):
+            if not folder.is_dir():
+                return f"`{out}` lies below `{folder}`, which is not a folder."
+            return None
+    return None
+
+
+def _run(
+    root: Path | None, out: Path | None, strict: bool, check: bool, fmt: str
+) -> tuple[int, str]:
     from catalog_compiler import emit, report
     from catalog_compiler.pipeline import compile_catalog
 
@@ -77,11 +125,13 @@ def main(root: Path | None, out: Path | None, strict: bool, check: bool, fmt: st
                 f"No catalog repository contains `{Path.cwd()}` (no `{MARKER}` above it); "
                 "run inside the repository or pass --root."
             )
-    elif not (root / MARKER).is_file():
+    elif not exists(root / MARKER):
         raise click.BadParameter(
             f"`{root}` is not a catalog repository: it has no `{MARKER}`.", param_hint="--root"
         )
     out = out if out is not None else root / "build"
+    if problem := _out_problem(out):
+        raise click.BadParameter(problem, param_hint="--out")
     compiled = compile_catalog(root, strict=strict)
     diagnostics = compiled.diagnostics
     outcome = "Nothing written."
@@ -97,14 +147,17 @@ def main(root: Path | None, out: Path | None, strict: bool, check: bool, fmt: st
                 emit.write_build(out, compiled.catalog, compiled.inputs)
             except emit.OutputFolderError as error:
                 raise click.BadParameter(str(error), param_hint="--out") from None
+            except OSError as error:
+                reason = error.strerror or str(error)
+                raise click.BadParameter(
+                    f"`{out}` cannot be written: {reason}.", param_hint="--out"
+                ) from None
             roles = len(compiled.catalog["roles"])
             outcome = f"Wrote `{shown}` ({roles} route{'' if roles == 1 else 's'})."
     code = exit_code(diagnostics)
     if fmt == "json":
-        click.echo(report.json_report(diagnostics, outcome, code), nl=False)
-    else:
-        click.echo(report.text_report(diagnostics, outcome), nl=False)
-    sys.exit(code)
+        return code, report.json_report(diagnostics, outcome, code)
+    return code, report.text_report(diagnostics, outcome)
 
 
 if __name__ == "__main__":  # python -m catalog_compiler.cli

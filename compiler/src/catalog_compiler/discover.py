@@ -16,6 +16,7 @@ from catalog_compiler import rules
 from catalog_compiler.diagnostics import START, Diagnostic
 from catalog_compiler.models import Manifest
 from catalog_compiler.schema import validate
+from catalog_compiler.source_text import exists
 from catalog_compiler.toml_source import load_toml
 from catalog_compiler.yaml_source import Document
 
@@ -53,7 +54,7 @@ def discover_projects(root: Path) -> Discovery:
             continue
         file = folder / MANIFEST
         rel = f"projects/{folder.name}/{MANIFEST}"
-        if not file.is_file():
+        if not exists(file):
             message = f"The project folder `projects/{folder.name}` has no `{MANIFEST}`."
             out.diagnostics.append(rules.NO_MANIFEST.at(rel, START, "", message))
             out.projects[folder.name] = Project(folder.name, folder, False)

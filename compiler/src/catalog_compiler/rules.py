@@ -5,7 +5,8 @@ hint); the checkers that find problems live in the pipeline modules and build
 their diagnostics through :meth:`Rule.at`. Codes are grouped by family, as
 ruff does: ``YML`` YAML source, ``TML`` TOML source, ``SCH`` shape and types,
 ``FIL`` catalog files, ``ID`` identifiers, ``REF`` cross-references, ``DSK``
-catalog versus projects on disk, ``CHK`` ``--check`` comparisons.
+catalog versus projects on disk, ``LIM`` loading limits, ``CHK`` ``--check``
+comparisons, ``INT`` failures of the compiler itself.
 
 ``compiler/RULES.md`` documents every code (``python -m
 catalog_compiler.rules`` prints it); a test keeps the two in step.
@@ -16,6 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from catalog_compiler.diagnostics import Diagnostic, Position, Severity
+from catalog_compiler.limits import (
+    MAX_ALIASES,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_ID_LENGTH,
+    MAX_VALUES,
+)
 
 E = Severity.ERROR
 W = Severity.WARNING
@@ -61,8 +69,13 @@ TAB_INDENT = _rule(
     "Indent with spaces only; YAML forbids tabs in indentation.")
 IMPLICIT_TYPE = _rule(
     "YML004", "implicit-scalar-type", E,
-    "An unquoted YAML value reads as a boolean, number or null where text is expected.",
+    "An unquoted YAML value reads as a boolean, number, date or null where text is expected.",
     "Quote the value (e.g. `'1'` or `'NO'`) so every YAML reader sees a string.")
+YAML_TAG = _rule(
+    "YML005", "yaml-tag", E,
+    "A YAML file uses an explicit tag (`!!int`, `!!python/object:...`) or a directive.",
+    "Remove the tag or `%YAML`/`%TAG` line; the catalog is plain YAML 1.1 "
+    "(quote a value to make it text).")
 TOML_SYNTAX = _rule(
     "TML001", "toml-syntax", E, "A project manifest is not valid TOML.",
     "Fix the TOML syntax at the reported position.")
@@ -88,6 +101,14 @@ ROLE_FILE_MISSING = _rule(
 ROLE_FILE_UNLISTED = _rule(
     "FIL003", "role-file-unlisted", E, "A role file is not listed in catalog.yaml `roles`.",
     "Add the role id to `roles` in catalog/catalog.yaml, or delete the file.")
+UNREADABLE_FILE = _rule(
+    "FIL004", "not-a-regular-file", E,
+    "A catalog file or project manifest is a folder, a symlink loop, a device or unreadable.",
+    "Replace the path with a regular file (or remove it).")
+NOT_TEXT = _rule(
+    "FIL005", "not-utf8-text", E,
+    "A catalog file or project manifest is not UTF-8 text or holds a control character.",
+    "Save the file as UTF-8 and remove the character at the reported position.")
 DUPLICATE_ID = _rule(
     "ID001", "duplicate-id", E, "An id is defined or listed twice where ids must be unique.",
     "Give each entry its own id, or remove the repeated one.")
@@ -103,6 +124,10 @@ NAME_MISMATCH = _rule(
     "ID004", "id-name-mismatch", E,
     "A role's id differs from its file name, or a manifest's id from its folder name.",
     "Make the id equal to the file or folder name.")
+ID_TOO_LONG = _rule(
+    "ID005", "id-too-long", E,
+    f"An id is longer than {MAX_ID_LENGTH} characters (ids become file names of the build).",
+    f"Shorten the id to at most {MAX_ID_LENGTH} characters.")
 UNKNOWN_PATHWAY = _rule(
     "REF001", "unknown-pathway", E, "A pathway id does not name a pathway in pathways.yaml.",
     "Use an id from catalog/pathways.yaml or add the pathway there.")
@@ -150,6 +175,26 @@ STAGE_WITHOUT_TEST = _rule(
 TEST_FILE_MISSING = _rule(
     "DSK004", "test-file-missing", E, "A `ready` project declares a test file that does not exist.",
     "Create the test file or correct its path (relative to the project folder).")
+TEST_PATH_OUTSIDE = _rule(
+    "DSK005", "test-path-outside-project", E,
+    "A stage test path is absolute or leads out of its project folder.",
+    "Give the path relative to the project folder, without `..` (e.g. `tests/test_stage_1.py`).")
+NESTING_TOO_DEEP = _rule(
+    "LIM001", "nesting-too-deep", E,
+    f"A source file nests lists or mappings deeper than {MAX_DEPTH} levels.",
+    "Flatten the structure; catalog files nest a few levels at most.")
+TOO_MANY_ALIASES = _rule(
+    "LIM002", "alias-limit", E,
+    f"A YAML file uses more than {MAX_ALIASES} aliases, or an alias that contains itself.",
+    "Write the values out instead of using anchors and aliases.")
+EXPANSION_TOO_LARGE = _rule(
+    "LIM003", "expansion-too-large", E,
+    f"A YAML file holds (with its aliases expanded) more than {MAX_VALUES} values.",
+    "Write the values out instead of using aliases, or split the data.")
+FILE_TOO_LARGE = _rule(
+    "LIM004", "file-too-large", E,
+    f"A source file is larger than {MAX_FILE_BYTES // 2**20} MiB.",
+    "Shorten the file; catalog files and manifests are a few kilobytes.")
 BUILD_MISSING = _rule(
     "CHK001", "build-file-missing", E, "--check: an expected output file is missing.",
     "Run catalog-compile without --check to rebuild the outputs.")
@@ -161,6 +206,10 @@ BUILD_DIFFERS = _rule(
     "CHK003", "build-file-differs", E,
     "--check: an output file differs from what the compiler writes.",
     "Run catalog-compile without --check to rebuild the outputs.")
+INTERNAL_ERROR = _rule(
+    "INT001", "internal-error", E,
+    "catalog-compile itself failed (a bug, not a problem of the catalog); exit status 3.",
+    "Report it as an issue of this repository with the command line and this message.")
 # fmt: on
 
 

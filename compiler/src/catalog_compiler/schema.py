@@ -8,6 +8,7 @@ an unknown key; of the enclosing mapping, for a missing one).
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import json
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from catalog_compiler import rules
 from catalog_compiler.diagnostics import Diagnostic, pointer
 from catalog_compiler.models import DERIVED_KEYS
-from catalog_compiler.yaml_source import Document
+from catalog_compiler.yaml_source import Document, NotText
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -36,6 +37,10 @@ def describe(value: Any) -> str:
         return "empty (null)"
     if isinstance(value, bool):
         return f"the boolean `{str(value).lower()}`"
+    if isinstance(value, datetime.date):
+        return f"the date `{value.isoformat()}`"
+    if isinstance(value, NotText):
+        return str(value)
     if isinstance(value, int | float):
         return f"the number `{value}`"
     if isinstance(value, str):
@@ -48,6 +53,10 @@ def describe(value: Any) -> str:
 def _kind(value: Any) -> str:
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
+    if isinstance(value, datetime.date):
+        return f"the date {value.isoformat()}"
+    if isinstance(value, NotText):
+        return str(value)
     return "null" if value is None else f"the number {value}"
 
 

@@ -17,6 +17,7 @@ from catalog_compiler import rules
 from catalog_compiler.diagnostics import START, Diagnostic, pointer
 from catalog_compiler.models import LIST_FILES, CatalogRoot, Role
 from catalog_compiler.schema import expect_mapping, validate
+from catalog_compiler.source_text import exists
 from catalog_compiler.yaml_source import Document, load_yaml
 
 T = TypeVar("T")
@@ -50,10 +51,12 @@ class CatalogSources:
     roles_complete: bool = True
     # The names (without .yaml) of the files in catalog/roles/.
     role_files: set[str] = field(default_factory=set)
+    # Those of them that are no readable file (FIL004 says so; FIL002/FIL003 stay quiet).
+    unreadable_roles: set[str] = field(default_factory=set)
 
 
 def _read(file: Path, rel: str, out: CatalogSources) -> Document | None:
-    if not file.is_file():
+    if not exists(file):
         message = f"The catalog file `{rel}` does not exist."
         out.diagnostics.append(rules.MISSING_FILE.at(rel, START, "", message))
         return None
@@ -99,6 +102,12 @@ def load_catalog(root: Path) -> CatalogSources:
     files = sorted(role_dir.glob("*.yaml")) if role_dir.is_dir() else []
     out.known["roles"] = set()
     out.role_files = {file.stem for file in files}
+    if exists(role_dir) and not role_dir.is_dir():
+        message = "`catalog/roles` is not a folder (or a symbolic link that leads nowhere)."
+        out.diagnostics.append(rules.UNREADABLE_FILE.at("catalog/roles", START, "", message))
+        out.roles_complete = False
+        if out.root is not None:  # Their files cannot be looked for: no FIL002 either.
+            out.role_files = out.unreadable_roles = set(out.root.obj.roles)
     for file in files:
         rel = f"catalog/roles/{file.name}"
         role_doc, found = load_yaml(file, rel)
@@ -106,6 +115,8 @@ def load_catalog(root: Path) -> CatalogSources:
         if role_doc is None:
             out.known["roles"].add(file.stem)  # Its id is unknown; the name is the best guess.
             out.roles_complete = False
+            if any(d.code == rules.UNREADABLE_FILE.code for d in found):
+                out.unreadable_roles.add(file.stem)
             continue
         raw_id = role_doc.data.get("id") if isinstance(role_doc.data, dict) else None
         out.known["roles"].add(raw_id if isinstance(raw_id, str) else file.stem)

@@ -3,29 +3,46 @@
 Contract: :func:`load_yaml` never raises on bad input. It returns a
 :class:`Document` (or ``None`` when the file cannot be parsed at all) and the
 diagnostics found while reading: syntax errors (YML001), duplicate keys
-(YML002, the first value is kept), tabs in indentation (YML003).
+(YML002, the first value is kept), tabs in indentation (YML003), explicit
+tags and directives (YML005), files that are not regular UTF-8 text (FIL004, FIL005) and
+files beyond the loading limits (LIM001-LIM004, see ``limits.py``). The
+limits are enforced while composing (ruamel's own ``max_depth``, an alias
+count) and on the composed node graph before any alias is expanded, so a
+hostile file is refused early and cheaply.
 
-Scalars are resolved with YAML 1.1 rules on purpose: a plain ``NO``, ``yes``
-or ``1.10`` is then a boolean or number, exactly what PyYAML and many other
-readers make of it, so the schema pass can flag it (YML004) instead of the
-catalog meaning one thing here and another elsewhere.
+Scalars are resolved with YAML 1.1 rules on purpose, by ruamel's safe
+resolver and constructor: a plain ``NO``, ``yes``, ``1.10`` or
+``2001-12-14`` is then a boolean, number or date, exactly what PyYAML and
+many other readers make of it, so the schema pass can flag it (YML004)
+instead of the catalog meaning one thing here and another elsewhere.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.composer import Composer, MaxDepthExceededError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import (
+    AliasEvent,
+    CollectionStartEvent,
+    DocumentStartEvent,
+    ScalarEvent,
+)
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from ruamel.yaml.reader import Reader
 
 from catalog_compiler import rules
 from catalog_compiler.diagnostics import START, Diagnostic, Position, pointer
+from catalog_compiler.limits import MAX_ALIASES, MAX_DEPTH, MAX_VALUES
+from catalog_compiler.rules import Rule
+from catalog_compiler.source_text import Lines, read_text
 
-_TAG = "tag:yaml.org,2002:"
-_TRUE = {"yes", "true", "on", "y"}
+_DIRECTIVE = re.compile(r"^%", re.M)
 
 
 @dataclass(slots=True)
@@ -36,6 +53,7 @@ class Document:
     ``key_positions`` maps the pointer of a mapping entry to its key;
     ``scalars`` keeps the source text of every plain scalar that did not
     resolve to a string, so messages can quote what the author wrote.
+    ``lines`` is the number of lines of the source.
     """
 
     path: str
@@ -43,6 +61,7 @@ class Document:
     positions: dict[str, Position] = field(default_factory=dict)
     key_positions: dict[str, Position] = field(default_factory=dict)
     scalars: dict[str, str] = field(default_factory=dict)
+    lines: int = 1
 
     def pos(self, ptr: str) -> Position:
         """Return the position of ``ptr``, or of its nearest ancestor that has one."""
@@ -55,62 +74,187 @@ class Document:
         return self.key_positions.get(ptr) or self.pos(ptr)
 
 
-def _mark(node: Node) -> Position:
-    return Position(node.start_mark.line + 1, node.start_mark.column + 1)
+class _Refused(Exception):
+    """A file breaks a loading rule; carries the diagnostic's rule, place and text."""
+
+    def __init__(self, rule: Rule, index: int, message: str) -> None:
+        super().__init__(message)
+        self.rule, self.index, self.message = rule, index, message
 
 
-def _scalar(node: ScalarNode) -> Any:
-    """Return a scalar's value as resolved (YAML 1.1 rules, see module docstring)."""
-    kind = node.tag.removeprefix(_TAG) if node.style is None else "str"
-    text = node.value
-    if kind == "bool":
-        return text.lower() in _TRUE
-    if kind == "null":
-        return None
-    if kind in ("int", "float"):
-        cleaned = text.replace("_", "")
-        for convert in (int, float):
-            try:
-                return convert(cleaned)
-            except ValueError:
-                pass
-        return float("nan")  # Sexagesimal or octal 1.1 forms: still "a number".
-    return text
+class _LimitedComposer(Composer):
+    """ruamel's composer, refusing tags and directives and counting aliases as it goes."""
+
+    def compose_document(self: Any) -> Any:
+        event = self.parser.peek_event()
+        if isinstance(event, DocumentStartEvent) and (event.version or event.tags):
+            directive = "%YAML" if event.version else "%TAG"
+            raise _Refused(rules.YAML_TAG, -1, f"has a `{directive}` directive")
+        return super().compose_document()
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.parser.peek_event()
+        if isinstance(event, AliasEvent):
+            self.aliases = getattr(self, "aliases", 0) + 1
+            if self.aliases > MAX_ALIASES:
+                raise _Refused(
+                    rules.TOO_MANY_ALIASES,
+                    event.start_mark.index,
+                    f"uses more than {MAX_ALIASES} aliases (`*{event.anchor}` is one too many)",
+                )
+        elif isinstance(event, ScalarEvent | CollectionStartEvent) and event.ctag is not None:
+            raise _Refused(
+                rules.YAML_TAG,
+                event.start_mark.index,
+                f"has the explicit tag `{event.ctag.handle or ''}{event.ctag.suffix or ''}`",
+            )
+        return super().compose_node(parent, index)
+
+
+def _measure(root: Node) -> None:
+    """Refuse a node graph that is cyclic, too deep or too large once expanded.
+
+    Iterative and memoised per node, so it costs one visit of each composed
+    node however often aliases repeat it.
+    """
+    done: dict[int, tuple[int, int]] = {}  # id(node) -> (values, depth)
+    active: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        children: list[Node] = []
+        if isinstance(node, MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, SequenceNode):
+            children = node.value
+        if finished:
+            values = 1 + sum(done[id(c)][0] for c in children)
+            depth = 1 + max((done[id(c)][1] for c in children), default=0)
+            done[key] = (values, depth)
+            active.discard(key)
+            if depth > MAX_DEPTH:
+                raise _Refused(
+                    rules.NESTING_TOO_DEEP,
+                    node.start_mark.index,
+                    f"nests more than {MAX_DEPTH} levels deep once its aliases are expanded",
+                )
+            if values > MAX_VALUES:
+                raise _Refused(
+                    rules.EXPANSION_TOO_LARGE,
+                    node.start_mark.index,
+                    f"expands to more than {MAX_VALUES} values through its aliases",
+                )
+            continue
+        if key in done:
+            continue
+        if key in active:
+            raise _Refused(
+                rules.TOO_MANY_ALIASES,
+                node.start_mark.index,
+                "has an alias inside the value it names (a recursive alias)",
+            )
+        active.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in reversed(children))
+
+
+def _parser() -> YAML:
+    yaml = YAML(typ="safe", pure=True)
+    yaml.version = (1, 1)
+    yaml.max_depth = MAX_DEPTH
+    yaml.Composer = _LimitedComposer
+    return yaml
+
+
+_CONSTRUCTED = {
+    "tag:yaml.org,2002:" + kind: word
+    for kind, word in [
+        ("bool", "boolean"),
+        ("int", "number"),
+        ("float", "number"),
+        ("null", "null"),
+        ("timestamp", "date"),
+    ]
+}
+
+
+class NotText:
+    """A plain scalar that YAML 1.1 reads as a non-text ``kind`` ruamel cannot build.
+
+    (``2001-13-45`` matches the timestamp pattern but is no date.) It stands
+    in for the value so the schema pass still says "quote it".
+    """
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return f"a {self.kind}"
 
 
 class _Builder:
     """Turns a composed node tree into plain data, recording positions."""
 
-    def __init__(self, doc: Document, diagnostics: list[Diagnostic]) -> None:
+    def __init__(self, doc: Document, lines: Lines, yaml: YAML) -> None:
         self.doc = doc
-        self.diagnostics = diagnostics
+        self.lines = lines
+        self.constructor = yaml.constructor
+        self.diagnostics: list[Diagnostic] = []
+
+    def mark(self, node: Node) -> Position:
+        return self.lines.position(node.start_mark.index)
+
+    def scalar(self, node: ScalarNode) -> Any:
+        """Return a scalar's value as ruamel's safe constructor resolves it (YAML 1.1)."""
+        kind = _CONSTRUCTED.get(str(node.tag)) if node.style is None else None
+        if kind is None:
+            return node.value
+        try:
+            return self.constructor.construct_object(node)
+        except (YAMLError, ValueError, OverflowError):
+            return NotText(kind)
 
     def build(self, node: Node, ptr: str) -> Any:
-        self.doc.positions[ptr] = _mark(node)
+        self.doc.positions[ptr] = self.mark(node)
         if isinstance(node, MappingNode):
             result: dict[str, Any] = {}
             first_line: dict[str, int] = {}
             for key_node, value_node in node.value:
-                key = str(key_node.value) if isinstance(key_node, ScalarNode) else str(key_node)
+                if not isinstance(key_node, ScalarNode):
+                    kind = "a list" if isinstance(key_node, SequenceNode) else "a mapping"
+                    self.diagnostics.append(
+                        rules.WRONG_TYPE.at(
+                            self.doc.path,
+                            self.mark(key_node),
+                            ptr,
+                            f"A mapping key must be text, but this one is {kind}.",
+                            "Write the key as plain text.",
+                        )
+                    )
+                    continue
+                key = str(key_node.value)
                 child = ptr + pointer(key)
                 if key in result:
                     self.diagnostics.append(
                         rules.DUPLICATE_KEY.at(
                             self.doc.path,
-                            _mark(key_node),
+                            self.mark(key_node),
                             child,
                             f"Key `{key}` appears twice in this mapping "
                             f"(first on line {first_line[key]}).",
                         )
                     )
                     continue
-                first_line[key] = _mark(key_node).line
-                self.doc.key_positions[child] = _mark(key_node)
+                first_line[key] = self.mark(key_node).line
+                self.doc.key_positions[child] = self.mark(key_node)
                 result[key] = self.build(value_node, child)
             return result
         if isinstance(node, SequenceNode):
             return [self.build(item, f"{ptr}/{i}") for i, item in enumerate(node.value)]
-        value = _scalar(node)
+        value = self.scalar(node)
         if not isinstance(value, str):
             self.doc.scalars[ptr] = node.value
         return value
@@ -118,10 +262,10 @@ class _Builder:
 
 def _tab_diagnostics(path: str, text: str) -> list[Diagnostic]:
     found = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         stripped = line.lstrip(" \t")
         indent = line[: len(line) - len(stripped)]
-        if stripped and "\t" in indent:
+        if stripped.strip() and "\t" in indent:
             found.append(
                 rules.TAB_INDENT.at(
                     path,
@@ -133,33 +277,47 @@ def _tab_diagnostics(path: str, text: str) -> list[Diagnostic]:
     return found
 
 
+def _syntax(path: str, lines: Lines, error: MarkedYAMLError) -> Diagnostic:
+    mark = error.problem_mark or error.context_mark
+    pos = lines.position(mark.index) if mark else START
+    if isinstance(error, MaxDepthExceededError):
+        message = f"`{path}` nests lists or mappings more than {MAX_DEPTH} levels deep."
+        return rules.NESTING_TOO_DEEP.at(path, pos, "", message)
+    problem = error.problem or error.context or "unreadable YAML"
+    if error.context and error.context_mark and error.problem:
+        where = lines.position(error.context_mark.index)
+        problem = f"{error.context} (from line {where.line}, column {where.column}), {problem}"
+    return rules.YAML_SYNTAX.at(path, pos, "", f"`{path}` cannot be parsed as YAML: {problem}.")
+
+
 def load_yaml(file: Path, path: str) -> tuple[Document | None, list[Diagnostic]]:
     """Read ``file`` (shown as repo-relative ``path``); see the module docstring."""
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        message = f"`{path}` is not UTF-8 text (byte {error.start} cannot be decoded)."
-        return None, [rules.YAML_SYNTAX.at(path, START, "", message)]
+    text, fault = read_text(file, path, Reader.NON_PRINTABLE)
+    if text is None:
+        return None, [fault] if fault else []
+    return parse_yaml(text, path)
+
+
+def parse_yaml(text: str, path: str) -> tuple[Document | None, list[Diagnostic]]:
+    """Parse YAML ``text`` of the file shown as ``path`` (see the module docstring)."""
+    lines = Lines(text)
     diagnostics = _tab_diagnostics(path, text)
-    yaml = YAML(typ="rt", pure=True)
-    yaml.version = (1, 1)
+    yaml = _parser()
     try:
         root = yaml.compose(text)
+        if root is not None:
+            _measure(root)
+    except _Refused as refused:
+        message = f"`{path}` {refused.message}."
+        index = refused.index
+        if index < 0:  # A directive: the first line that starts with `%`.
+            found = _DIRECTIVE.search(text)
+            index = found.start() if found else 0
+        return None, [refused.rule.at(path, lines.position(index), "", message)]
     except MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        pos = Position(mark.line + 1, mark.column + 1) if mark else START
-        if not any(d.line == pos.line for d in diagnostics):  # A tab already explains it.
-            problem = error.problem or error.context or "unreadable YAML"
-            if error.context and error.context_mark and error.problem:
-                where = (
-                    f"line {error.context_mark.line + 1}, column {error.context_mark.column + 1}"
-                )
-                problem = f"{error.context} (from {where}), {problem}"
-            diagnostics.append(
-                rules.YAML_SYNTAX.at(
-                    path, pos, "", f"`{path}` cannot be parsed as YAML: {problem}."
-                )
-            )
+        found = _syntax(path, lines, error)
+        if not any(d.line == found.line for d in diagnostics):  # A tab already explains it.
+            diagnostics.append(found)
         return None, diagnostics
     except YAMLError as error:
         message = (
@@ -167,7 +325,9 @@ def load_yaml(file: Path, path: str) -> tuple[Document | None, list[Diagnostic]]
         )
         diagnostics.append(rules.YAML_SYNTAX.at(path, START, "", message))
         return None, diagnostics
-    doc = Document(path, None)
+    doc = Document(path, None, lines=lines.count)
     if root is not None:
-        doc.data = _Builder(doc, diagnostics).build(root, "")
+        builder = _Builder(doc, lines, yaml)
+        doc.data = builder.build(root, "")
+        diagnostics += builder.diagnostics
     return doc, diagnostics

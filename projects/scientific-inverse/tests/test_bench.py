@@ -1,5 +1,5 @@
-"""`scientific-inverse bench`: the report keeps the BENCHMARKS.md format and the
-two solvers do the same work. No speed is asserted here (BENCHMARKS.md: a test
+"""`scientific-inverse bench`: the report keeps its documented format and the
+two solvers do the same work. No speed is asserted here (a test
 may run a benchmark on a tiny size to check that it still works, never to
 assert a speed)."""
 

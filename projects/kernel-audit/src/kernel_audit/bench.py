@@ -19,7 +19,7 @@ Execution modes:
     shapes where the best block size is slower than XLA.
   - `xla`: the `jax.numpy` reference compiled by XLA, on whatever backend runs.
 
-Every path is timed as BENCHMARKS.md prescribes (`bench_timing.measure`);
+Every path is timed the same way (`bench_timing.measure`);
 `xla_aa` is a second compilation of the XLA path, the A/A control.
 """
 

@@ -1,5 +1,5 @@
-"""The measurement harness of `kernel-audit bench`, as /work/shared/BENCHMARKS.md
-prescribes: lowering and compilation timed apart from the first call and the
+"""The measurement harness of `kernel-audit bench`, with
+lowering and compilation timed apart from the first call and the
 warm calls, every timed call ending in `jax.block_until_ready`, compiles
 counted through `jax.monitoring`, and the timed rounds interleaved across
 paths (A B C, B C A, C A B, ...: the order rotates so no path always runs

@@ -1,5 +1,5 @@
-"""`policy-evaluation bench`: three speed ratios timed side by side, as
-/work/shared/BENCHMARKS.md prescribes.
+"""`policy-evaluation bench`: three speed ratios timed side by side
+(compile apart from execution, interleaved rounds, an A/A control).
 
 Paths (each compiled or warmed up once, apart from the timed rounds; every
 timed call ends with `block_until_ready` or is pure NumPy/Python):

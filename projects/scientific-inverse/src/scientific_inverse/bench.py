@@ -1,7 +1,7 @@
 """`scientific-inverse bench`: diffrax vmapped over parameter sets against SciPy's
 `solve_ivp` looping over them, and the cost of a gradient against a forward solve.
 
-Measured as /work/shared/BENCHMARKS.md prescribes: lowering and XLA
+Measured with lowering and XLA
 compilation timed apart from the first call and the warm calls; every timed
 JAX call ends in `jax.block_until_ready`; compiles counted through
 `jax.monitoring` (the timed rounds must add none); the paths timed interleaved

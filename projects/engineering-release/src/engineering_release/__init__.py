@@ -1,0 +1,1 @@
+"""Releases bound to immutable model and evaluation identities."""

@@ -1,0 +1,160 @@
+"""The MLflow Model Registry as a view of the release log.
+
+One registered model (`digits-classifier`); one model version per content
+id (tag `model_id`, source the store object); tags `evaluation_id` on a
+version once evaluated. The aliases `champion` (serving) and `previous` (what
+served before it) and the registered model's tags `ledger.length` and
+`ledger.head` are derived from the log by `sync`, never set on their own;
+`check` compares them with the log. The log is the record: an alias that
+disagrees with it is an error, and `sync` moves the aliases to the log.
+
+The anchor (`ledger.length`, `ledger.head`) also guards the log's tail: a
+log shorter than the anchor, or whose entry at the anchor's length does not
+hash to the anchor's head, lost or changed committed entries.
+
+The store is named explicitly (`sqlite:///...`): MLflow otherwise falls back
+to `./mlruns` or `MLFLOW_TRACKING_URI`, silently.
+"""
+
+from pathlib import Path
+
+from engineering_release import ledger
+
+MODEL_NAME = "digits-classifier"
+CHAMPION, PREVIOUS = "champion", "previous"
+
+
+class RegistryError(ValueError):
+    """A registry that does not agree with the log, or a request it refuses."""
+
+
+def connect(db_path: str | Path):
+    """A client bound to the SQLite file `db_path` (created on first use)."""
+    from mlflow import MlflowClient
+
+    db_path = Path(db_path).resolve()
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{db_path}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    _ensure_model(client)
+    return client
+
+
+def _ensure_model(client) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(MODEL_NAME)
+    except MlflowException:
+        client.create_registered_model(
+            MODEL_NAME, description="Digits classifier releases, named by content id."
+        )
+
+
+def version_of(client, model_id: str) -> str | None:
+    """The version number registered for `model_id`, or None."""
+    found = client.search_model_versions(f"name='{MODEL_NAME}' and tags.model_id='{model_id}'")
+    return min((v.version for v in found), key=int) if found else None
+
+
+def register(client, model_id: str, source: str) -> str:
+    """The version of `model_id`, registered now if it is new (idempotent)."""
+    existing = version_of(client, model_id)
+    if existing is not None:
+        return existing
+    version = client.create_model_version(
+        MODEL_NAME, source=source, tags={"model_id": model_id}, description=f"model {model_id}"
+    )
+    return version.version
+
+
+def tag_evaluation(client, model_id: str, evaluation_id: str) -> None:
+    version = version_of(client, model_id)
+    if version is None:
+        raise RegistryError(f"Model `{model_id[:12]}` is not registered.")
+    client.set_model_version_tag(MODEL_NAME, version, "evaluation_id", evaluation_id)
+
+
+def _alias_model(client, alias: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        version = client.get_model_version_by_alias(MODEL_NAME, alias)
+    except MlflowException:
+        return None
+    return version.tags.get("model_id")
+
+
+def state(client) -> dict:
+    """What the registry says: the aliases' model ids and the log anchor."""
+    tags = client.get_registered_model(MODEL_NAME).tags
+    return {
+        CHAMPION: _alias_model(client, CHAMPION),
+        PREVIOUS: _alias_model(client, PREVIOUS),
+        "ledger.length": int(tags.get("ledger.length", "0")),
+        "ledger.head": tags.get("ledger.head", ledger.GENESIS),
+    }
+
+
+def expected(entries: list[dict]) -> dict:
+    """What the registry must say for the log `entries`."""
+    return {
+        CHAMPION: ledger.serving_model(entries),
+        PREVIOUS: ledger.previous_model(entries),
+        "ledger.length": len(entries),
+        "ledger.head": entries[-1]["hash"] if entries else ledger.GENESIS,
+    }
+
+
+def check(client, entries: list[dict]) -> list[str]:
+    """Every way the registry disagrees with the log `entries`; empty when they agree."""
+    problems = []
+    # --- exercise stage 3: Compare each alias and the anchor with what the log implies, and report a log shorter than its anchor as lost entries. ---
+    actual, wanted = state(client), expected(entries)
+    length = actual["ledger.length"]
+    if length > len(entries):
+        problems.append(
+            f"The registry anchored {length} log entries, but the log holds {len(entries)}: "
+            f"committed entries were deleted."
+        )
+    elif length and entries[length - 1]["hash"] != actual["ledger.head"]:
+        problems.append(
+            f"Log entry {length - 1} does not hash to the registry's anchor "
+            f"`{actual['ledger.head'][:12]}`: a committed entry was changed."
+        )
+    for key in (CHAMPION, PREVIOUS, "ledger.length", "ledger.head"):
+        if actual[key] != wanted[key]:
+            problems.append(
+                f"The registry's `{key}` is `{str(actual[key])[:12]}`, the log says "
+                f"`{str(wanted[key])[:12]}`."
+            )
+    # --- end exercise ---
+    return problems
+
+
+def sync(client, entries: list[dict], crashpoint=lambda name: None) -> None:
+    """Moves the aliases and the anchor to what the log says (idempotent).
+
+    Refuses when the log is SHORTER than the anchor: that is lost history, not
+    lag, and only a person can decide what happened.
+    """
+    actual, wanted = state(client), expected(entries)
+    if actual["ledger.length"] > len(entries):
+        raise RegistryError(
+            f"The registry anchored {actual['ledger.length']} entries but the log holds "
+            f"{len(entries)}; refusing to move aliases backwards over lost entries."
+        )
+    for alias in (PREVIOUS, CHAMPION):
+        model_id = wanted[alias]
+        if model_id is None:
+            if actual[alias] is not None:
+                client.delete_registered_model_alias(MODEL_NAME, alias)
+            continue
+        version = version_of(client, model_id)
+        if version is None:
+            raise RegistryError(f"The log names model `{model_id[:12]}`, which is not registered.")
+        if actual[alias] != model_id:
+            client.set_registered_model_alias(MODEL_NAME, alias, version)
+        crashpoint(f"alias-{alias}")
+    client.set_registered_model_tag(MODEL_NAME, "ledger.length", str(wanted["ledger.length"]))
+    client.set_registered_model_tag(MODEL_NAME, "ledger.head", wanted["ledger.head"])

@@ -1,0 +1,173 @@
+"""Signed approvals: Ed25519 over (model id, evaluation id, policy).
+
+A signing key is a private key file (PEM, PKCS#8, mode 0600) plus an entry
+in the keyring `trusted.json`: key id -> raw public key (base64), owner name
+and validity window (`not_before`, `not_after`, ISO-8601 UTC). The key id is
+the first 16 hex digits of the sha256 of the raw public key.
+
+An approval is the canonical JSON of
+`{model_id, evaluation_id, policy, policy_sha256, key_id, signer, signed_at}`
+and the signature over exactly those bytes. It verifies only if the key is in
+the keyring, `signed_at` lies in the key's validity window, and the signature
+checks against the keyring's public key (never a key the approval carries).
+"""
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from engineering_release.config import Policy, canonical_json
+
+KEYRING = "trusted.json"
+
+
+class SignatureRefused(ValueError):
+    """An approval whose signature, key or binding cannot be accepted."""
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+def iso(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str) -> dt.datetime:
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+
+
+def raw_public(public: Ed25519PublicKey) -> bytes:
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    return hashlib.sha256(raw_public(public)).hexdigest()[:16]
+
+
+def read_keyring(keys_dir: Path) -> dict:
+    path = Path(keys_dir) / KEYRING
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _write_keyring(keys_dir: Path, ring: dict) -> None:
+    path = Path(keys_dir) / KEYRING
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(ring, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def generate_key(
+    keys_dir: str | Path,
+    name: str,
+    *,
+    valid_days: float = 365.0,
+    not_before: dt.datetime | None = None,
+    trust: bool = True,
+) -> tuple[str, Path]:
+    """A new Ed25519 key `name`; writes `<name>.pem` and (with `trust`) adds it to
+    the keyring. Returns `(key_id, pem_path)`."""
+    keys_dir = Path(keys_dir)
+    keys_dir.mkdir(parents=True, exist_ok=True)
+    pem_path = keys_dir / f"{name}.pem"
+    if pem_path.exists():
+        raise SignatureRefused(f"A key named `{name}` already exists at `{pem_path}`.")
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(pem_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    kid = key_id(private.public_key())
+    if trust:
+        start = not_before or now_utc()
+        ring = read_keyring(keys_dir)
+        ring[kid] = {
+            "name": name,
+            "public_key": base64.b64encode(raw_public(private.public_key())).decode(),
+            "not_before": iso(start),
+            "not_after": iso(start + dt.timedelta(days=valid_days)),
+        }
+        _write_keyring(keys_dir, ring)
+    return kid, pem_path
+
+
+def load_private(pem_path: str | Path) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(Path(pem_path).read_bytes(), password=None)
+    except (OSError, ValueError) as err:
+        raise SignatureRefused(f"Cannot read the signing key `{pem_path}`: {err}.") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SignatureRefused(f"`{pem_path}` is not an Ed25519 private key.")
+    return key
+
+
+def approval_payload(approval: dict) -> bytes:
+    """The exact bytes an approval's signature covers."""
+    fields = ("model_id", "evaluation_id", "policy", "policy_sha256", "key_id", "signer", "signed_at")
+    return canonical_json({name: approval[name] for name in fields})
+
+
+def sign_approval(
+    private: Ed25519PrivateKey,
+    *,
+    model_id: str,
+    evaluation_id: str,
+    policy: Policy,
+    signer: str,
+    signed_at: dt.datetime | None = None,
+) -> dict:
+    """An approval of `model_id` as judged by `evaluation_id` under `policy`."""
+    # --- exercise stage 3: Fill the approval's fields, sign their canonical bytes with the private key, and attach the signature. ---
+    approval = {
+        "model_id": model_id,
+        "evaluation_id": evaluation_id,
+        "policy": policy.to_dict(),
+        "policy_sha256": policy.sha256(),
+        "key_id": key_id(private.public_key()),
+        "signer": signer,
+        "signed_at": iso(signed_at or now_utc()),
+    }
+    approval["signature"] = base64.b64encode(private.sign(approval_payload(approval))).decode()
+    return approval
+    # --- end exercise ---
+
+
+def verify_approval(approval: dict, keyring: dict) -> None:
+    """Raises `SignatureRefused` unless `approval` is signed by a trusted key that
+    was valid when it signed, over exactly its fields."""
+    # --- exercise stage 3: Look the key up in the keyring, check the signing time lies in its validity window, then verify the signature over the payload. ---
+    kid = approval.get("key_id")
+    entry = keyring.get(kid)
+    if entry is None:
+        raise SignatureRefused(
+            f"The approval is signed by key `{kid}`, which is not in the trusted keyring."
+        )
+    signed_at = parse_iso(approval["signed_at"])
+    if not parse_iso(entry["not_before"]) <= signed_at <= parse_iso(entry["not_after"]):
+        raise SignatureRefused(
+            f"Key `{kid}` ({entry['name']}) is valid from {entry['not_before']} to "
+            f"{entry['not_after']}; the approval was signed at {approval['signed_at']} "
+            f"(expired or not yet valid)."
+        )
+    if Policy.model_validate(approval["policy"]).sha256() != approval["policy_sha256"]:
+        raise SignatureRefused("The approval's `policy_sha256` does not match its policy.")
+    public = Ed25519PublicKey.from_public_bytes(base64.b64decode(entry["public_key"]))
+    try:
+        public.verify(base64.b64decode(approval["signature"]), approval_payload(approval))
+    except InvalidSignature:
+        raise SignatureRefused(
+            f"The approval's signature does not verify with key `{kid}`: its fields were "
+            f"changed after signing, or another key signed it."
+        ) from None
+    # --- end exercise ---

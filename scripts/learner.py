@@ -102,9 +102,13 @@ def check_progression(project: Path, work: Path, cache: Path) -> Progression:
         else:
             prefix = stage_prefix(stage)
             ok = done.code == 1 and prefix in done.output
-            detail = "" if ok else (
-                f"expected a failure naming `{prefix}`; pytest exit {done.code}\n"
-                + _failure_detail(done.output)
+            detail = (
+                ""
+                if ok
+                else (
+                    f"expected a failure naming `{prefix}`; pytest exit {done.code}\n"
+                    + _failure_detail(done.output)
+                )
             )
         result.steps.append(Step(written, stage, expect, done.code, done.seconds, ok, detail))
         label = "+".join(written) or "none"
@@ -135,20 +139,27 @@ def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
     for r in results:
         bad = [s for s in r.steps if not s.ok]
         broken += len(bad) + len(r.problems)
-        print(f"{r.project:<28} {len(r.steps):>5} {len(bad) + len(r.problems):>6} "
-              f"{sum(s.seconds for s in r.steps):>8.1f}")
+        print(
+            f"{r.project:<28} {len(r.steps):>5} {len(bad) + len(r.problems):>6} "
+            f"{sum(s.seconds for s in r.steps):>8.1f}"
+        )
         for problem in r.problems:
             print(f"    {problem}")
         for s in bad:
-            print(f"    written {'+'.join(s.written) or 'none'}, stage {s.stage} should "
-                  f"{s.expect}:\n      " + s.detail.replace("\n", "\n      "))
+            print(
+                f"    written {'+'.join(s.written) or 'none'}, stage {s.stage} should "
+                f"{s.expect}:\n      " + s.detail.replace("\n", "\n      ")
+            )
     steps = sum(len(r.steps) for r in results)
     print(f"progression: {steps} steps in {time.perf_counter() - start:.0f} s, {broken} broken")
     if report is not None:
         rows = [
-            {"row": r.project, "passed": sum(s.ok for s in r.steps),
-             "failed": sum(not s.ok for s in r.steps) + len(r.problems),
-             "seconds": sum(s.seconds for s in r.steps)}
+            {
+                "row": r.project,
+                "passed": sum(s.ok for s in r.steps),
+                "failed": sum(not s.ok for s in r.steps) + len(r.problems),
+                "seconds": sum(s.seconds for s in r.steps),
+            }
             for r in results
         ]
         report.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
@@ -191,8 +202,10 @@ def main(argv: list[str]) -> int:
         dest = args.out or ROOT / "learn" / project.name
         keep = {s for s in args.keep.split(",") if s}
         write_starter(project, dest, keep)
-        print(f"Starter of {project.name} written to {dest}. Next: cd {dest}, install as its "
-              "README says, then `python progress.py`.")
+        print(
+            f"Starter of {project.name} written to {dest}. Next: cd {dest}, install as its "
+            "README says, then `python progress.py`."
+        )
         return 0
     if args.command == "check":
         projects = [project_folder(n) for n in args.projects] or ready_projects()

@@ -92,8 +92,11 @@ def main(argv: list[str]) -> int:
             target.write_text(text, encoding="utf-8")
             print(f"{target.relative_to(ROOT)}: {text.count(chr(10)) - 3} pins")
     if stale:
-        print(f"Stale constraints.txt in: {', '.join(stale)}. "
-              "Run `python scripts/project_constraints.py`.", file=sys.stderr)
+        print(
+            f"Stale constraints.txt in: {', '.join(stale)}. "
+            "Run `python scripts/project_constraints.py`.",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

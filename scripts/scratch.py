@@ -25,6 +25,8 @@ from pathlib import Path
 from catalog_compiler.starters import copy_project  # noqa: F401  (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
 def manifest(project: Path) -> dict:
     with (project / "project.toml").open("rb") as f:
         return tomllib.load(f)
@@ -81,14 +83,28 @@ def run_env(copy: Path, cache_dir: Path) -> dict[str, str]:
 def run_pytest(copy: Path, nodes: list[str], cache_dir: Path, timeout: float = 900) -> Run:
     """``pytest -x -q`` on ``nodes`` inside ``copy``; a timeout counts as exit 124."""
     cmd = [
-        sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-        "--tb=short", "-o", "console_output_style=classic", *nodes,
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--tb=short",
+        "-o",
+        "console_output_style=classic",
+        *nodes,
     ]
     start = time.perf_counter()
     try:
         done = subprocess.run(
-            cmd, cwd=copy, env=run_env(copy, cache_dir), capture_output=True, text=True,
-            timeout=timeout, stdin=subprocess.DEVNULL,
+            cmd,
+            cwd=copy,
+            env=run_env(copy, cache_dir),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
         )
         code, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
@@ -101,6 +117,9 @@ def imports_from_copy(copy: Path, package: str, cache_dir: Path) -> bool:
     """Whether Python, with the run environment, imports ``package`` from ``copy``."""
     done = subprocess.run(
         [sys.executable, "-c", f"import {package}; print({package}.__file__)"],
-        cwd=copy, env=run_env(copy, cache_dir), capture_output=True, text=True,
+        cwd=copy,
+        env=run_env(copy, cache_dir),
+        capture_output=True,
+        text=True,
     )
     return done.returncode == 0 and Path(done.stdout.strip()).is_relative_to(copy / "src")

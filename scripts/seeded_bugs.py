@@ -16,6 +16,7 @@ Commands:
       every ready project); exit 1 on any survivor, broken or invalid entry
   python scripts/seeded_bugs.py --readme <id> ...        rewrite the README table
   python scripts/seeded_bugs.py --list <id>              print the table
+  python scripts/seeded_bugs.py <id> --only a,b          apply only those bugs
 """
 
 from __future__ import annotations
@@ -85,21 +86,34 @@ def load_bugs(project: Path) -> tuple[list[Bug], list[str]]:
             continue
         count = target.read_text(encoding="utf-8").count(entry["find"])
         if count != 1 or entry["find"] == entry["replace"]:
-            problems.append(f"{where}: `find` occurs {count} times in {entry['file']} "
-                            "(it must occur exactly once and differ from `replace`)")
+            problems.append(
+                f"{where}: `find` occurs {count} times in {entry['file']} "
+                "(it must occur exactly once and differ from `replace`)"
+            )
             continue
         tests = tuple(entry.get("tests") or stages[entry["stage"]])
         outside = [t for t in tests if t.split("::")[0] not in stages[entry["stage"]]]
         if outside:
             problems.append(f"{where}: tests {outside} are not stage {entry['stage']}'s files")
             continue
-        bugs.append(Bug(project.name, entry["id"], entry["stage"], entry["file"], entry["find"],
-                        entry["replace"], entry["why"].strip(), tests))
+        bugs.append(
+            Bug(
+                project.name,
+                entry["id"],
+                entry["stage"],
+                entry["file"],
+                entry["find"],
+                entry["replace"],
+                entry["why"].strip(),
+                tests,
+            )
+        )
     for stage in stages:
         count = sum(b.stage == stage for b in bugs)
         if count < MIN_PER_STAGE:
-            problems.append(f"{project.name}: stage {stage} lists {count} bugs "
-                            f"(at least {MIN_PER_STAGE})")
+            problems.append(
+                f"{project.name}: stage {stage} lists {count} bugs (at least {MIN_PER_STAGE})"
+            )
     return bugs, problems
 
 
@@ -178,12 +192,14 @@ class Worker:
         return Outcome(bug, verdict, done.seconds, detail)
 
 
-def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
+def check(
+    projects: list[Path], jobs: int, report: Path | None = None, only: set[str] | None = None
+) -> int:
     start = time.perf_counter()
     bugs, problems = [], []
     for project in projects:
         found, bad = load_bugs(project)
-        bugs += found
+        bugs += [b for b in found if not only or b.id in only]
         problems += bad
     for problem in problems:
         print(f"INVALID {problem}")
@@ -205,10 +221,12 @@ def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
                 outcome = worker.apply(bug)
                 with lock:
                     outcomes.append(outcome)
-                    print(f"  [{len(outcomes):>3}/{len(bugs)}] {outcome.verdict:<8} "
-                          f"{bug.project}/{bug.id} (stage {bug.stage}) {outcome.seconds:5.1f} s"
-                          f"  {outcome.detail.splitlines()[0] if outcome.detail else ''}",
-                          flush=True)
+                    print(
+                        f"  [{len(outcomes):>3}/{len(bugs)}] {outcome.verdict:<8} "
+                        f"{bug.project}/{bug.id} (stage {bug.stage}) {outcome.seconds:5.1f} s"
+                        f"  {outcome.detail.splitlines()[0] if outcome.detail else ''}",
+                        flush=True,
+                    )
 
         threads = [threading.Thread(target=drain) for _ in range(max(1, jobs))]
         for t in threads:
@@ -220,22 +238,33 @@ def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
     print("\n{:<28} {:>4} {:>6} {:>8} {:>6} {:>8}".format(*header))
     for project in projects:
         mine = [o for o in outcomes if o.bug.project == project.name]
-        print(f"{project.name:<28} {len(mine):>4} {sum(o.verdict == 'caught' for o in mine):>6} "
-              f"{sum(o.verdict == 'SURVIVED' for o in mine):>8} "
-              f"{sum(o.verdict == 'BROKEN' for o in mine):>6} {sum(o.seconds for o in mine):>8.1f}")
+        print(
+            f"{project.name:<28} {len(mine):>4} {sum(o.verdict == 'caught' for o in mine):>6} "
+            f"{sum(o.verdict == 'SURVIVED' for o in mine):>8} "
+            f"{sum(o.verdict == 'BROKEN' for o in mine):>6} {sum(o.seconds for o in mine):>8.1f}"
+        )
     for o in bad:
-        print(f"\n{o.verdict}: {o.bug.project}/{o.bug.id} (stage {o.bug.stage}, {o.bug.file})\n"
-              f"  {o.bug.why}\n  " + o.detail.replace("\n", "\n  "))
-    print(f"seeded bugs: {len(outcomes)} applied in {time.perf_counter() - start:.0f} s, "
-          f"{len(bad)} not caught, {len(problems)} invalid list entries")
+        print(
+            f"\n{o.verdict}: {o.bug.project}/{o.bug.id} (stage {o.bug.stage}, {o.bug.file})\n"
+            f"  {o.bug.why}\n  " + o.detail.replace("\n", "\n  ")
+        )
+    print(
+        f"seeded bugs: {len(outcomes)} applied in {time.perf_counter() - start:.0f} s, "
+        f"{len(bad)} not caught, {len(problems)} invalid list entries"
+    )
     if report is not None:
         rows = []
         for project in projects:
             mine = [o for o in outcomes if o.bug.project == project.name]
             invalid = sum(p.startswith(f"{project.name}") for p in problems)
-            rows.append({"row": project.name, "passed": sum(o.verdict == "caught" for o in mine),
-                         "failed": sum(o.verdict != "caught" for o in mine) + invalid,
-                         "seconds": sum(o.seconds for o in mine)})
+            rows.append(
+                {
+                    "row": project.name,
+                    "passed": sum(o.verdict == "caught" for o in mine),
+                    "failed": sum(o.verdict != "caught" for o in mine) + invalid,
+                    "seconds": sum(o.seconds for o in mine),
+                }
+            )
         report.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return 1 if bad or problems or len(outcomes) != len(bugs) else 0
 
@@ -247,6 +276,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--readme", action="store_true", help="rewrite the README tables")
     parser.add_argument("--list", action="store_true", help="print the README table")
     parser.add_argument("--json", type=Path, help="also write per-project rows here")
+    parser.add_argument("--only", default="", help="comma-separated bug ids to apply")
     args = parser.parse_args(argv)
     projects = [ROOT / "projects" / n for n in args.projects] or ready_projects()
     for project in projects:
@@ -266,7 +296,8 @@ def main(argv: list[str]) -> int:
                 (project / "README.md").write_text(readme_with_table(project, bugs), "utf-8")
                 print(f"{project.name}/README.md: {len(bugs)} seeded bugs in the table")
         return status
-    return check(projects, args.jobs, args.json)
+    only = {b for b in args.only.split(",") if b}
+    return check(projects, args.jobs, args.json, only)
 
 
 if __name__ == "__main__":

@@ -90,7 +90,10 @@ def test_ready_project_selects_each_stage_by_marker(project: Path):
     """`pytest -m stage<id>` selects exactly the tests of the files that stage declares."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--markers", "-p", "no:cacheprovider"],
-        cwd=project, capture_output=True, text=True, check=False,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for stage in manifest(project)["stages"]:

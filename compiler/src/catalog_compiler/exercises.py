@@ -100,8 +100,12 @@ def find_regions(text: str, path: str = "<source>") -> list[Region]:
                 raise RegionError(path, current_line, "the region holds no code")
             regions.append(
                 Region(
-                    path, current["stage"], current["hint"].strip(), current["indent"],
-                    current_line, number,
+                    path,
+                    current["stage"],
+                    current["hint"].strip(),
+                    current["indent"],
+                    current_line,
+                    number,
                 )
             )
             current = None

@@ -24,8 +24,19 @@ from catalog_compiler.exercises import source_files, strip_source
 
 # What a starter leaves behind: environments, outputs and caches, never sources.
 IGNORED = shutil.ignore_patterns(
-    ".venv", "runs", "evidence", "learn", "build", "__pycache__", "*.egg-info",
-    ".pytest_cache", ".hypothesis", ".ruff_cache", "*.pyc", "mlruns", "*.db",
+    ".venv",
+    "runs",
+    "evidence",
+    "learn",
+    "build",
+    "__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+    ".hypothesis",
+    ".ruff_cache",
+    "*.pyc",
+    "mlruns",
+    "*.db",
 )
 NOTE = """\
 > **Starter.** This is the learner's copy of `{id}`: the code of each stage
@@ -122,8 +133,7 @@ def zip_files(files: dict[str, bytes], name: str) -> bytes:
 def zip_folder(folder: Path, name: str) -> bytes:
     """A zip of every file under ``folder``, as :func:`zip_files` writes it."""
     files = {
-        p.relative_to(folder).as_posix(): p.read_bytes()
-        for p in folder.rglob("*") if p.is_file()
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
     }
     return zip_files(files, name)
 

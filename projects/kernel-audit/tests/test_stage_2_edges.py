@@ -87,7 +87,7 @@ def test_layer_norm_shape_table(evidence, case, dtype):
 # --- PROPERTY-BASED CASES ---------------------------------------------------------------------
 
 HYPOTHESIS = settings(
-    max_examples=5,
+    max_examples=20,
     deadline=None,
     derandomize=True,  # same examples every run: the suite stays deterministic
     database=None,

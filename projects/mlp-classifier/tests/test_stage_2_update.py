@@ -205,6 +205,47 @@ def test_three_optimizer_steps_match_published_rule(evidence, digits, name, over
     assert int(state.step) == 3
 
 
+def _rng_count(state: TrainState) -> int:
+    """The dropout stream's draw counter (`RngCount`) in `state.rng`."""
+    counts = [v.get_value() for path, v in nnx.to_flat_state(state.rng) if path[-1] == "count"]
+    assert len(counts) == 1, counts
+    return int(counts[0])
+
+
+@pytest.mark.parametrize("hidden_sizes", [(32,), (24, 16)])
+def test_every_step_draws_fresh_dropout_masks(evidence, digits, hidden_sizes):
+    """`train_step` returns the ADVANCED dropout stream: the draw counter grows by
+    one draw per hidden layer per step (the forward pass calls dropout once per
+    hidden layer), and a step from the advanced stream differs from the same step
+    from the old stream (other masks, other loss). A step that returned the old
+    stream would train every step with the same masks."""
+    config = Config.tiny().model_copy(update={"dropout_rate": 0.5, "hidden_sizes": hidden_sizes})
+    tx = make_optimizer(config)
+    graphdef, s0 = create_train_state(config, tx, jax.random.key(5))
+    batch = real_batches(digits, 1, seed=2)[0]
+    s1, m1 = train_step(graphdef, tx, s0, batch)
+    s2, _ = train_step(graphdef, tx, s1, batch)
+    counts = [_rng_count(s) for s in (s0, s1, s2)]
+    expected = [counts[0] + k * len(hidden_sizes) for k in range(3)]
+    # Same params, same batch, the stream after one step: only the masks differ.
+    _, replay = train_step(graphdef, tx, s0._replace(rng=s1.rng), batch)
+    losses = (float(m1["loss"]), float(replay["loss"]))
+    assert evidence.record(
+        "dropout draw counter after 0, 1, 2 steps vs one draw per hidden layer per step",
+        f"hidden {hidden_sizes}, dropout 0.5",
+        {"counts": counts, "expected": expected},
+        None,
+        counts == expected,
+    )
+    assert evidence.record(
+        "loss of the same step from the old vs the advanced dropout stream",
+        f"hidden {hidden_sizes}, dropout 0.5, same params and batch",
+        {"old_stream_loss": losses[0], "advanced_stream_loss": losses[1]},
+        {"must_differ": True},
+        losses[0] != losses[1],
+    )
+
+
 @pytest.fixture(scope="module")
 def trained(digits) -> tuple[nnx.GraphDef, TrainState]:
     """A state after 2 steps (non-trivial optimizer moments and RNG count), dropout 0.5."""

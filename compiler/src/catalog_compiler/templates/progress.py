@@ -41,7 +41,9 @@ def run_stage(tests: list[str]) -> tuple[str, str]:
     """Run one stage's tests; return its status and pytest's summary line."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
-        cwd=HERE, capture_output=True, text=True,
+        cwd=HERE,
+        capture_output=True,
+        text=True,
     )
     lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
     summary = lines[-1].strip("= ") if lines else done.stderr.strip()[-200:]
@@ -69,16 +71,20 @@ def main(argv: list[str]) -> int:
     for sid, title, todo, status, summary in rows:
         print(f"{sid:<6} {title[:40]:<40} {todo:>8}  {status}  {summary}")
     if next_stage is None:
-        print("\nEvery stage passes. Compare your code with the reference, then try the seeded "
-              "bugs in seeded_bugs.toml: each must make its stage fail.")
+        print(
+            "\nEvery stage passes. Compare your code with the reference, then try the seeded "
+            "bugs in seeded_bugs.toml: each must make its stage fail."
+        )
         return 0
     sid = next_stage["id"]
     print(f"\nNext: stage {sid}, {next_stage['title']}: {next_stage['deliverable']}.")
     for rel, number, hint in left.get(sid, []):
         print(f"  {rel}:{number}: {hint}")
     if not left.get(sid):
-        print("  Every region of this stage is written; its tests still fail: "
-              f"run `pytest -m stage{sid}` and read the first failure.")
+        print(
+            "  Every region of this stage is written; its tests still fail: "
+            f"run `pytest -m stage{sid}` and read the first failure."
+        )
     return 1
 
 

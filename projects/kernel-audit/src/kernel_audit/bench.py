@@ -113,10 +113,12 @@ def matmul_tiling_cost(m: int, k: int, n: int, blocks: kernels.MatmulBlocks, ite
     """FLOPs and global-memory bytes of the tiled matmul, from the tiling alone:
     each of the ceil(M/bm) x ceil(N/bn) programs reads a (bm, K) strip of `x`, a
     (K, bn) strip of `w` and bn bias entries, and writes one (bm, bn) tile."""
+    # --- exercise stage 3: Count FLOPs and the bytes every program reads and writes. ---
     gm, gn = -(-m // blocks.block_m), -(-n // blocks.block_n)
     flops = 2.0 * m * n * k + 2.0 * m * n  # multiply-adds, bias, activation ~ 1 op
     bytes_ = itemsize * (m * k * gn + k * n * gm + n * gm + m * n)
     return {"flops": flops, "bytes": float(bytes_), "intensity": flops / bytes_}
+    # --- end exercise ---
 
 
 def measure_ceilings(size: BenchSize, log: Callable[[str], None]) -> dict[str, Any]:

@@ -252,25 +252,38 @@ def activate(z: jax.Array, activation: str) -> jax.Array:
     raise KernelInputError(f"Unknown activation `{activation}`.")
 
 
+def _zero_past_k(xk, wk, k, block_k, k_total):
+    """Chunk `k` of the reduction with the entries past `K` zeroed: `xk` `(block_m,
+    block_k)`, `wk` `(block_k, block_n)`. Those entries lie outside the arrays (NaN
+    in the interpreter, undefined on a GPU); zero times anything adds nothing."""
+    # --- exercise stage 2: Zero the x columns and w rows whose index is >= k_total. ---
+    col = k * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+    xk = jnp.where(col < k_total, xk, jnp.zeros_like(xk))
+    row = k * block_k + jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
+    wk = jnp.where(row < k_total, wk, jnp.zeros_like(wk))
+    return xk, wk
+    # --- end exercise ---
+
+
 def _matmul_kernel(x_ref, w_ref, b_ref, o_ref, *, k_total, block_k, num_k, activation, mask):
     """One `(block_m, block_n)` output tile. `x_ref` is a `(block_m, >= num_k*block_k)`
-    strip, `w_ref` a `(>= num_k*block_k, block_n)` strip, `b_ref` `(1, block_n)`."""
+    strip, `w_ref` a `(>= num_k*block_k, block_n)` strip, `b_ref` `(1, block_n)`.
+    With `mask`, a ragged reduction edge (K not a multiple of `block_k`) is zeroed."""
     block_m, block_n = o_ref.shape
+    ragged = mask and k_total % block_k != 0  # Static: only a ragged K needs the mask.
 
+    # --- exercise stage 1: Accumulate x @ w chunk by chunk in float32; add b; activate. ---
     def body(k, acc):
         xk = x_ref[:, pl.ds(k * block_k, block_k)]
         wk = w_ref[pl.ds(k * block_k, block_k), :]
-        if mask:
-            # Entries past K are outside the array (NaN in the interpreter): zero them.
-            col = k * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
-            xk = jnp.where(col < k_total, xk, jnp.zeros_like(xk))
-            row = k * block_k + jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
-            wk = jnp.where(row < k_total, wk, jnp.zeros_like(wk))
+        if ragged:
+            xk, wk = _zero_past_k(xk, wk, k, block_k, k_total)
         return acc + jnp.dot(xk, wk, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, num_k, body, jnp.zeros((block_m, block_n), jnp.float32))
     z = acc + b_ref[...].astype(jnp.float32)
     o_ref[...] = activate(z, activation).astype(o_ref.dtype)
+    # --- end exercise ---
 
 
 @functools.partial(jax.jit, static_argnames=("blocks", "activation", "interpret", "mask_edges"))
@@ -379,21 +392,31 @@ def _layer_norm_kernel(x_ref, g_ref, b_ref, o_ref, mean_ref, rstd_ref, *, cols, 
     """`block_rows` rows. `x_ref` `(block_rows, block_cols)`, `g_ref`/`b_ref`
     `(1, block_cols)`; writes `o_ref` like `x_ref`, `mean_ref`/`rstd_ref` `(block_rows,)`."""
     block_cols = x_ref.shape[1]
+    ragged = mask and cols != block_cols  # Static: only a padded row needs the mask.
+    # --- exercise stage 1: Row mean and variance in float32; normalize with rsqrt(var + eps). ---
     x = x_ref[...].astype(jnp.float32)
-    valid = jax.lax.broadcasted_iota(jnp.int32, (1, block_cols), 1) < cols
-    if mask:
-        # Columns past C are outside the array (NaN in the interpreter): zero them.
-        x = jnp.where(valid, x, jnp.zeros_like(x))
+    if ragged:
+        x = _zero_past_cols(x, cols)
     mean = jnp.sum(x, axis=1, keepdims=True) / cols
     d = x - mean
-    if mask:
-        d = jnp.where(valid, d, jnp.zeros_like(d))
+    if ragged:
+        d = _zero_past_cols(d, cols)
     var = jnp.sum(d * d, axis=1, keepdims=True) / cols
     rstd = jax.lax.rsqrt(var + eps)
     y = d * rstd * g_ref[...].astype(jnp.float32) + b_ref[...].astype(jnp.float32)
+    # --- end exercise ---
     o_ref[...] = y.astype(o_ref.dtype)
     mean_ref[...] = mean[:, 0]
     rstd_ref[...] = rstd[:, 0]
+
+
+def _zero_past_cols(v, cols):
+    """`v` `(block_rows, block_cols)` with the columns `>= cols` zeroed: they lie outside
+    the array (NaN in the interpreter), and must count neither in the mean nor the variance."""
+    # --- exercise stage 2: Zero every column whose index is >= cols. ---
+    valid = jax.lax.broadcasted_iota(jnp.int32, (1, v.shape[1]), 1) < cols
+    return jnp.where(valid, v, jnp.zeros_like(v))
+    # --- end exercise ---
 
 
 @functools.partial(jax.jit, static_argnames=("blocks", "interpret", "mask_edges"))
@@ -471,6 +494,7 @@ def _layer_norm_bwd(blocks, interpret, residuals, g):
     x, gamma, mean, rstd = residuals
     cols = x.shape[1]
     g32 = g.astype(jnp.float32)
+    # --- exercise stage 2: The closed-form layer-norm gradients from the saved mean and rstd. ---
     xhat = (x.astype(jnp.float32) - mean[:, None]) * rstd[:, None]
     gy = g32 * gamma.astype(jnp.float32)[None, :]
     # d/dx of (x - mean) * rstd, contracted with gy (the standard closed form).
@@ -479,6 +503,7 @@ def _layer_norm_bwd(blocks, interpret, residuals, g):
     dx = rstd[:, None] * (gy - mean_gy - xhat * mean_gy_xhat)
     dgamma = jnp.sum(g32 * xhat, axis=0)
     dbeta = jnp.sum(g32, axis=0)
+    # --- end exercise ---
     return dx.astype(x.dtype), dgamma.astype(gamma.dtype), dbeta.astype(gamma.dtype)
 
 

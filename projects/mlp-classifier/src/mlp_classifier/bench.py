@@ -1,5 +1,5 @@
 """`mlp-classifier bench`: one training epoch of the project's MLP, four ways, timed
-side by side as /work/shared/BENCHMARKS.md prescribes.
+side by side: compile apart from execution, interleaved rounds, ratios with an A/A control.
 
 Run: `mlp-classifier bench [--out runs/bench.json] [--size default|tiny]`.
 The default size takes one to three minutes on a shared 2-core CPU (mostly

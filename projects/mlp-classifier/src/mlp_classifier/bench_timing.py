@@ -1,5 +1,5 @@
-"""The measurement harness of `mlp-classifier bench`, as
-/work/shared/BENCHMARKS.md prescribes: compilation timed apart from execution
+"""The measurement harness of `mlp-classifier bench`, with
+compilation timed apart from execution
 (a path's `prepare`), every timed call ending in `jax.block_until_ready` (a
 path's `run_epoch`), compiles and jaxpr traces counted through
 `jax.monitoring`, FLOPs and bytes from XLA's cost analysis of an executable,
@@ -113,7 +113,8 @@ def measure(
     """Compiles each path, runs its first epoch, then `repeats` rounds of one
     epoch per path in a fixed interleaved order (A B C D A B C D ...).
 
-    Returns the per-path measurements (BENCHMARKS.md fields plus `lower_s`,
+    Returns the per-path measurements (`compile_s`, `first_call_s`,
+    `median_s`, `p90_s`, `n`, plus `lower_s`,
     `min_s`, `max_s`, every timed value in `times_s`, and the compiles/traces
     seen while preparing, during the first call and during the timed rounds)
     and each path's per-step losses from its first epoch.

@@ -58,6 +58,7 @@ def split_ids(
     classes = np.unique(labels)
     class_keys = jax.random.split(key, len(classes))
     parts: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
+    # --- exercise stage 3: Permute each class by its key; cut test, val, train. ---
     for cls, class_key in zip(classes, class_keys, strict=True):
         ids = np.flatnonzero(labels == cls)
         ids = ids[np.asarray(jax.random.permutation(class_key, len(ids)))]
@@ -66,6 +67,7 @@ def split_ids(
         parts["test"].append(ids[:n_test])
         parts["validation"].append(ids[n_test : n_test + n_val])
         parts["train"].append(ids[n_test + n_val :])
+    # --- end exercise ---
     return {name: np.sort(np.concatenate(p)).astype(np.int32) for name, p in parts.items()}
 
 

@@ -49,6 +49,8 @@ class MLP(nnx.Module):
         """Maps `x`, float32 of shape `(batch, in_features)`, to logits of shape
         `(batch, num_classes)`. In train mode each call draws a fresh dropout
         key, which advances the model's RNG state (an in-place update)."""
+        # --- exercise stage 1: Linear, relu, dropout per hidden layer; then the head. ---
         for layer in self.hidden:
             x = self.dropout(nnx.relu(layer(x)))
         return self.head(x)
+        # --- end exercise ---

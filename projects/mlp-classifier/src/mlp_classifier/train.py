@@ -93,12 +93,14 @@ def loss_fn(model: MLP, batch: Batch) -> tuple[jax.Array, jax.Array]:
     Returns:
       `(loss, logits)`: loss float32 `()`, logits float32 `(B, num_classes)`.
     """
+    # --- exercise stage 2: Mean cross-entropy over rows whose mask is True only. ---
     logits = model(batch["image"])
     per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
     weights = batch["mask"].astype(per_example.dtype)
     # max(., 1) keeps an all-padding batch at loss 0 instead of 0/0 = NaN.
     loss = jnp.sum(per_example * weights) / jnp.maximum(jnp.sum(weights), 1.0)
     return loss, logits
+    # --- end exercise ---
 
 
 def _batch_counts(logits: jax.Array, batch: Batch) -> dict[str, jax.Array]:
@@ -127,6 +129,7 @@ def train_step(
         # Read the advanced RNG state back out, so that it is returned, not lost.
         return loss, (logits, nnx.state(model, nnx.RngState))
 
+    # --- exercise stage 2: Grad of pure_loss, optax update, keep the advanced RNG. ---
     (loss, (logits, rng)), grads = jax.value_and_grad(pure_loss, has_aux=True)(
         state.params, state.rng
     )
@@ -136,6 +139,7 @@ def train_step(
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = TrainState(params, rng, opt_state, state.step + 1)
+    # --- end exercise ---
     return new_state, {"loss": loss, **_batch_counts(logits, batch)}
 
 

@@ -1,0 +1,71 @@
+"""Stage 1: masked language modelling (BERT-style corruption, masked-only loss).
+
+Corruption (Devlin et al. 2019, section 3.1): each real, non-special token is
+selected with probability `mask_rate`; a selected token becomes MASK with
+probability 0.8, a random symbol with probability 0.1, and stays itself with
+probability 0.1. All draws come from one key.
+
+Loss: cross-entropy at selected positions only, averaged over the number of
+selected positions in the batch. Padding and unselected positions contribute
+nothing, to the loss or to the gradient.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from training_methods.data import MASK, NUM_SPECIAL
+
+
+class Corrupted(NamedTuple):
+    inputs: jax.Array  # int32 (B, T): tokens after corruption
+    labels: jax.Array  # int32 (B, T): the original tokens
+    loss_mask: jax.Array  # bool (B, T): the selected positions
+
+
+def check_mask(mask: jax.Array, like: jax.Array, name: str = "mask") -> None:
+    """Refuses a mask that is not bool or not of shape `like.shape` (no broadcasting)."""
+    if mask.dtype != jnp.bool_:
+        raise ValueError(f"`{name}` must be bool, but its dtype is `{mask.dtype}`.")
+    if mask.shape != like.shape:
+        raise ValueError(
+            f"`{name}` has shape `{tuple(mask.shape)}` but the labels have shape "
+            f"`{tuple(like.shape)}`; a mask is never broadcast."
+        )
+
+
+@jax.jit(static_argnums=3)
+def corrupt(key: jax.Array, tokens: jax.Array, mask_rate: float, num_symbols: int) -> Corrupted:
+    """BERT corruption of int32 `tokens` `(B, T)`; special tokens are never selected."""
+    k_select, k_kind, k_random = jax.random.split(key, 3)
+    # --- exercise stage 1: Select real symbols with probability mask_rate, then replace 80% by MASK, 10% by a random symbol and keep 10%. ---
+    candidate = tokens >= NUM_SPECIAL
+    selected = candidate & jax.random.bernoulli(k_select, mask_rate, tokens.shape)
+    u = jax.random.uniform(k_kind, tokens.shape)
+    random_tokens = jax.random.randint(k_random, tokens.shape, NUM_SPECIAL, NUM_SPECIAL + num_symbols)
+    inputs = jnp.where(selected & (u < 0.8), MASK, tokens)
+    inputs = jnp.where(selected & (u >= 0.8) & (u < 0.9), random_tokens, inputs)
+    # --- end exercise ---
+    return Corrupted(inputs.astype(jnp.int32), tokens, selected)
+
+
+def mlm_loss(logits: jax.Array, labels: jax.Array, loss_mask: jax.Array) -> jax.Array:
+    """Mean cross-entropy over the positions where `loss_mask` is True.
+
+    `logits` `(B, T, V)`, `labels` int32 `(B, T)`, `loss_mask` bool `(B, T)`.
+    Denominator: the number of selected positions in the batch (at least 1).
+    """
+    check_mask(loss_mask, labels, "loss_mask")
+    # --- exercise stage 1: Average the per-position cross-entropy over the selected positions only. ---
+    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    per_token = jnp.where(loss_mask, per_token, 0.0)
+    return jnp.sum(per_token) / jnp.maximum(jnp.sum(loss_mask), 1).astype(per_token.dtype)
+    # --- end exercise ---
+
+
+def masked_accuracy(logits: jax.Array, labels: jax.Array, loss_mask: jax.Array) -> jax.Array:
+    """Fraction of selected positions whose argmax is the original token."""
+    hit = (jnp.argmax(logits, -1) == labels) & loss_mask
+    return jnp.sum(hit) / jnp.maximum(jnp.sum(loss_mask), 1)

@@ -11,7 +11,7 @@ from conftest import EXPECT, INVALID, materialize, run_cli, run_json
 
 # Rules that a fixture folder cannot carry, and the test that covers each:
 # CHK rules compare a build folder (test_check.py); LIM004 needs a file of
-# more than 4 MiB and INT001 a failing compiler (test_hostile_input.py).
+# more than 1 MiB and INT001 a failing compiler (test_hostile_input.py).
 NOT_FIXTURES = {"LIM004", "INT001"}
 FIXTURE_CODES = sorted(
     code for code in REGISTRY if not code.startswith("CHK") and code not in NOT_FIXTURES

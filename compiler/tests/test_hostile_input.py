@@ -139,7 +139,7 @@ def test_a_file_over_the_size_limit_is_not_read(valid_repo: Path) -> None:
         f.write("#" * MAX_FILE_BYTES + "\n")
     d = _only(valid_repo)
     assert (d["code"], d["file"], d["line"]) == ("LIM004", "catalog/lessons.yaml", 1)
-    assert "4.0 MiB" in d["message"]
+    assert f"more than the {MAX_FILE_BYTES // 2**20} MiB" in d["message"]
 
 
 # Tags, dates, directives -------------------------------------------------
@@ -166,6 +166,20 @@ def test_tags_dates_and_directives(
     assert (d["code"], d["file"], d["line"], d["column"]) == (code, TRACKS, line, column)
     if code == "YML004":
         assert "date" in d["message"] and "Quote" in d["hint"]
+
+
+@pytest.mark.parametrize(
+    ("value", "described"),
+    [("1979-05-27", "the date `1979-05-27`"), ("07:32:00", "the value `07:32:00`")],
+)
+def test_toml_dates_and_times_where_text_belongs(
+    valid_repo: Path, value: str, described: str
+) -> None:
+    manifest = valid_repo / MANIFEST
+    manifest.write_text(manifest.read_text().replace('title = "Demo project"', f"title = {value}"))
+    d = _only(valid_repo)
+    assert (d["code"], d["file"], d["line"], d["pointer"]) == ("SCH003", MANIFEST, 2, "/title")
+    assert described in d["message"]
 
 
 def test_a_quoted_date_stays_text(valid_repo: Path) -> None:

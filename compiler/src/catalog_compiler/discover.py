@@ -3,8 +3,9 @@
 Contract: :func:`discover_projects` returns one :class:`Project` per folder
 (sorted by name; hidden folders and caches skipped), with its manifest
 parsed and schema-checked when ``project.toml`` exists, and the diagnostics
-of doing so (TML001, SCH*, DSK001 for a folder without a manifest). It never
-raises on bad input.
+of doing so (TML001, SCH*, LIM*, FIL004/FIL005 for a manifest that is no
+regular UTF-8 file, DSK001 for a folder without a manifest). It never raises
+on bad input.
 """
 
 from __future__ import annotations

@@ -45,6 +45,8 @@ def describe(value: Any) -> str:
         return f"the number `{value}`"
     if isinstance(value, str):
         return f"the text `{value}`"
+    if not isinstance(value, list | dict):  # A TOML time, for one.
+        return f"the value `{value}`"
     kind = "a list" if isinstance(value, list) else "a mapping"
     shown = json.dumps(value, ensure_ascii=False, default=str)
     return f"{kind} `{shown[:60]}{'...' if len(shown) > 60 else ''}`"

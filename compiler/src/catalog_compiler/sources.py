@@ -4,7 +4,9 @@ Contract: :func:`load_catalog` reads ``catalog.yaml``, the list files and
 every ``roles/*.yaml``; it returns a :class:`CatalogSources` holding the
 typed objects that passed the schema pass, the ids that exist (also those of
 entries that failed it, so one broken entry does not make every reference to
-it a second error) and all diagnostics. It never raises on bad input.
+it a second error) and all diagnostics. A path that exists but is no readable
+regular file (a folder, a symlink loop) is FIL004, not "missing". It never
+raises on bad input.
 """
 
 from __future__ import annotations

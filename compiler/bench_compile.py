@@ -182,6 +182,8 @@ def main() -> None:
     root = args.root or find_root(Path.cwd())
     if root is None:
         parser.error("run inside the repository or pass --root")
+    if len(set(args.scales)) < 2:
+        parser.error("--scales needs at least two different scales to fit a slope")
     run(root, args.scales, args.repeats, args.report or root / "build" / "bench_compile.json")
 
 

@@ -128,8 +128,8 @@ class Config(BaseModel):
     def tiny(cls) -> "Config":
         """Test preset: 40 steps at 20 steps/s, heartbeats every 0.5 s, hang after 6
         silent intervals, stall after 8 intervals without a step, slow below 80
-        examples/s (a quarter of the paced 320), 512 MB for the job's group (it
-        needs about 320 MB), checkpoints off."""
+        examples/s (a quarter of the paced 320), 384 MB for the job's group (a job
+        forked from the fork server needs about 200 MB), checkpoints off."""
         return cls(
             num_examples=256,
             heldout_examples=128,
@@ -144,7 +144,7 @@ class Config(BaseModel):
             startup_timeout_s=300.0,
             min_examples_per_s=80.0,
             rate_window_steps=3,
-            memory_limit_mb=512.0,
+            memory_limit_mb=384.0,
             checkpoint_every=0,
         )
 

@@ -14,7 +14,7 @@ heartbeat intervals h; "grace" is the part the config chooses):
 | `exception` | non-zero exit status, a Python traceback on stderr  | 2              |
 | `killed`    | ended by a signal the supervisor did not send       | 2              |
 | `exited`    | non-zero exit status, no traceback                  | 2              |
-| `memory`    | group resident memory above `memory_limit_mb`       | 2              |
+| `memory`    | group resident memory above `memory_limit_mb`       | 2 + 6          |
 | `hang`      | no heartbeat for `hang_timeout_s`                   | 2 + hang/h     |
 | `stall`     | heartbeats go on, no new step for `stall_timeout_s` | 2 + stall/h    |
 | `slow`      | rate over the last steps under `min_examples_per_s` | 2 + window/h   |
@@ -33,6 +33,7 @@ from workload_operations.config import Config
 CLASSES = ("exception", "killed", "exited", "memory", "hang", "stall", "slow")
 LIVE = {"memory", "hang", "stall", "slow"}  # The job is still running when diagnosed.
 # What a drill's injected fault must be diagnosed as.
+MEMORY_GRACE_INTERVALS = 6
 EXPECTED = {
     "exception": "exception",
     "kill": "killed",
@@ -101,6 +102,7 @@ def bound_intervals(status: str, config: Config) -> float:
     """The detection bound of a class, in heartbeat intervals (see the table above)."""
     h = config.heartbeat_interval_s
     grace = {
+        "memory": MEMORY_GRACE_INTERVALS,
         "hang": config.hang_timeout_s / h,
         "stall": config.stall_timeout_s / h,
         "slow": config.rate_window_steps * 4 * config.batch_size / config.min_examples_per_s / h,

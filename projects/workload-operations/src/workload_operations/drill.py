@@ -84,18 +84,25 @@ def run_drills(
     repeats: int = 5,
     parallel: int = 6,
     at_step: int = 10,
+    compilation_cache: str | Path | None = None,
     say=None,
 ) -> dict:
-    """Runs the drills and writes `summary.json` (and `detection.png`) into `out`."""
+    """Runs the drills and writes `summary.json` into `out`. Repetition `r` injects
+    its faults after step `at_step + 2 r`: the same fault at another point of the run."""
     say = say or (lambda _: None)
     kinds = list(kinds or faults.DRILL_FAULTS)
+    for kind in kinds:
+        if kind not in faults.DRILL_FAULTS:
+            raise faults.FaultError(
+                f"Unknown drill fault `{kind}`; choose from {', '.join(faults.DRILL_FAULTS)}."
+            )
     out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     config = config.replace(sidecar=True, checkpoint_every=0)
-    plan = [faults.Fault(kind, at_step) for _ in range(repeats) for kind in kinds]
+    plan = [faults.Fault(kind, at_step + 2 * rep) for rep in range(repeats) for kind in kinds]
     for fault in plan:
         faults.check(fault, config)
-    cache = out / "jax-cache"
+    cache = Path(compilation_cache) if compilation_cache else out / "jax-cache"
     started = time.monotonic()
     results = []
     with ThreadPoolExecutor(max_workers=parallel) as pool:

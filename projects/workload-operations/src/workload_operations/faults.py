@@ -7,7 +7,7 @@ diagnose. The kinds:
 
 - `exception`: an uncaught `RuntimeError`; the job exits with status 1.
 - `kill`: the job SIGKILLs itself (a preemption, the OOM killer).
-- `memory`: the job allocates and touches memory 64 MB past
+- `memory`: the job allocates and touches memory 32 MB past
   `memory_limit_mb`, then keeps stepping (a leak).
 - `hang`: the training loop takes the reporter's lock and deadlocks: no step,
   no heartbeat.
@@ -112,13 +112,12 @@ class Injector:
         if self.fault is None or step != self.fault.step or self.fault.kind == "kill-during-save":
             return
         kind = self.fault.kind
+        self._announce()
         if kind == "memory":
             # Just past the limit (the group's other members count too), every page
-            # touched so that the memory is resident, not just reserved. The fault's
-            # onset, announced after, is the moment the memory is resident.
-            size_mb = max(self.config.memory_limit_mb - resident_mb(), 0.0) + 64.0
+            # touched so that the memory is resident, not just reserved.
+            size_mb = max(self.config.memory_limit_mb - resident_mb(), 0.0) + 32.0
             self._hoard.append(np.ones(int(size_mb * 2**20), np.uint8))
-        self._announce()
         if kind == "exception":
             raise RuntimeError(f"Injected fault at step {step}: the training step failed.")
         if kind == "kill":

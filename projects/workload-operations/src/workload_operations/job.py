@@ -4,7 +4,7 @@ Order matters: the stack-dump handler and the heartbeat reporter start before
 JAX is imported, so start-up is observed too. Then the job trains
 (`train.train_and_evaluate`), stops reporting, writes a final heartbeat and a
 `finished` line with its own counts, and, with `--hold`, keeps its metrics
-endpoint up until its standard input closes (the supervisor's final scrape).
+endpoint up until it receives SIGTERM (after the supervisor's final scrape).
 
 Output: JSON lines on standard output (events and heartbeats), tracebacks and
 stack dumps on standard error. Exit status: 0 done, 1 the training failed
@@ -17,7 +17,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 from workload_operations import faults
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--hold", action="store_true")
+    parser.add_argument("--compilation-cache", default="")
     args = parser.parse_args(argv)
 
     # A supervisor sends SIGUSR1 to a process it is about to kill: every thread's stack.
@@ -65,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
             "t": time.monotonic(),
         }
     )
+
+    import jax
+
+    if args.compilation_cache:
+        # JAX's persistent cache: a job after the first loads its executables.
+        jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
     from workload_operations import train
 
@@ -104,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     if args.hold:
-        sys.stdin.read()  # Returns when the supervisor closes our standard input.
+        wait_for_release()
     if sidecar is not None:
         sidecar.kill()
         sidecar.wait()
@@ -112,5 +123,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def wait_for_release() -> None:
+    """Holds (metrics still served) until SIGTERM: the supervisor's final scrape is done."""
+    released = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: released.set())
+    while not released.wait(0.05):
+        pass
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    # Exit at once: a slow interpreter teardown would look like silence, not an exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

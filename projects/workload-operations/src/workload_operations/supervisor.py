@@ -18,6 +18,7 @@ When the job finishes, a last scrape is taken while the job holds, then its
 standard input is closed and it exits.
 """
 
+import atexit
 import ctypes
 import json
 import os
@@ -88,25 +89,42 @@ def _reap(pid: int, timeout_s: float) -> str:
 
 
 def resources(pid: int) -> dict:
-    """psutil's view of the job and its descendants: RSS, CPU percent, threads."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.Error:
-        return {"processes": 0, "rss_mb": 0.0, "threads": 0, "cpu_percent": 0.0}
-    rss = threads = 0
+    """psutil's view of the job and its descendants: RSS, CPU seconds, threads."""
+    return resources_of(_group_processes(pid))
+
+
+def resources_of(procs: list) -> dict:
+    rss = threads = alive = 0
     cpu = 0.0
-    alive = 0
     for proc in procs:
         try:
             with proc.oneshot():
                 rss += proc.memory_info().rss
                 threads += proc.num_threads()
-                cpu += proc.cpu_times().user + proc.cpu_times().system
+                times = proc.cpu_times()
+            cpu += times.user + times.system
             alive += 1
         except psutil.Error:
             continue
     return {"processes": alive, "rss_mb": rss / 2**20, "threads": threads, "cpu_s": cpu}
+
+
+def _group_processes(pid: int) -> list:
+    try:
+        root = psutil.Process(pid)
+        return [root] + root.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _rss_mb(procs: list) -> float:
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            continue
+    return total / 2**20
 
 
 def scrape(port: int, timeout_s: float) -> dict[str, float]:
@@ -119,6 +137,78 @@ def scrape(port: int, timeout_s: float) -> dict[str, float]:
         for sample in family.samples
         if sample.name.startswith("workload_")
     }
+
+
+class Child:
+    """A job process this process is the parent of (started, or adopted from the
+    zygote): `poll`/`wait` read its exit status with `waitpid`, like `Popen`."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.returncode
+            if done == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+class Zygote:
+    """The fork server (see `zygote`), one per supervising process, started lazily."""
+
+    _lock = threading.Lock()
+    _instance: "Zygote | None" = None
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workload_operations.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")},
+        )
+        ready = json.loads(self.proc.stdout.readline() or "{}")
+        if not ready.get("ready"):
+            raise RuntimeError("The job fork server did not start; see its standard error.")
+
+    @classmethod
+    def shared(cls) -> "Zygote":
+        with cls._lock:
+            if cls._instance is None or cls._instance.proc.poll() is not None:
+                cls._instance = cls()
+                atexit.register(cls._instance.close)
+            return cls._instance
+
+    def spawn(self, argv: list[str], stdout: Path, stderr: Path) -> Child:
+        request = {"argv": argv, "stdout": str(stdout), "stderr": str(stderr)}
+        with self._lock:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            reply = json.loads(self.proc.stdout.readline() or "{}")
+        if "pid" not in reply:
+            raise RuntimeError(f"The job fork server failed: {reply.get('error', 'no reply')}.")
+        return Child(reply["pid"])
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        self.proc.stdout.close()
 
 
 @dataclass
@@ -152,9 +242,13 @@ class Supervisor:
         resume: bool = False,
         attempt: int = 0,
         compilation_cache: str | Path | None = None,
+        use_zygote: bool = True,
         say=None,
     ):
         self.config = config
+        # Jobs are forked from a fork server that has imported JAX once; the
+        # subreaper needed to adopt them is Linux-only.
+        self.use_zygote = use_zygote and become_subreaper()
         self.workdir = Path(workdir).absolute()
         self.fault = fault
         self.detect = detect
@@ -170,11 +264,8 @@ class Supervisor:
             else self.workdir.parent / "jax-cache"
         )
 
-    def command(self) -> list[str]:
+    def job_args(self) -> list[str]:
         cmd = [
-            sys.executable,
-            "-m",
-            "workload_operations.job",
             "--config",
             str(self.workdir / "config.json"),
             "--workdir",
@@ -182,6 +273,8 @@ class Supervisor:
             "--attempt",
             str(self.attempt),
             "--hold",
+            "--compilation-cache",
+            str(self.compilation_cache),
         ]
         if self.fault:
             cmd += ["--fault", self.fault]
@@ -196,17 +289,19 @@ class Supervisor:
         (self.workdir / "config.json").write_text(self.config.to_json(), encoding="utf-8")
         out_path = logs / f"attempt_{self.attempt}.out"
         err_path = logs / f"attempt_{self.attempt}.err"
-        env = cache_env(self.compilation_cache)
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            started = time.monotonic()
-            proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                env=env,
-            )
+        started = time.monotonic()
+        if self.use_zygote:
+            proc = Zygote.shared().spawn(self.job_args(), out_path, err_path)
+        else:
+            with open(out_path, "wb") as out, open(err_path, "wb") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "workload_operations.job", *self.job_args()],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    env=cache_env(self.compilation_cache),
+                )
         pgid = proc.pid  # A new session: the job leads its own process group.
         outcome = Outcome("running", None, self.attempt, str(self.workdir))
         watch = _Watch(self, proc, out_path, err_path, started, outcome)
@@ -250,6 +345,7 @@ class _Watch:
         self.last_heartbeat: dict | None = None
         self.detected_t: float | None = None
         self.rss_mb = 0.0
+        self.group: list = []
 
     def read_lines(self) -> None:
         with open(self.out_path, "rb") as f:
@@ -290,7 +386,8 @@ class _Watch:
             now=now,
             started=self.started,
             returncode=self.proc.returncode,
-            stderr_tail=tail_lines(self.err_path, 40),
+            # Read only once the job has exited: the tail is for the exit's diagnosis.
+            stderr_tail=[] if self.proc.returncode is None else tail_lines(self.err_path, 40),
             rss_mb=self.rss_mb,
             last_heartbeat_t=None if self.last_heartbeat is None else self.last_heartbeat["t"],
             last_step=0 if not self.pairs else self.pairs[-1][0],
@@ -312,13 +409,18 @@ class _Watch:
                 self.finish()
                 out.status = "completed" if self.proc.returncode == 0 else "exited"
                 return
-            sample = resources(self.proc.pid)
-            self.rss_mb = sample["rss_mb"]
             if now >= next_sample:
+                # Once per interval: the whole group (a scan of all processes).
                 next_sample = now + sup.h
+                self.group = _group_processes(self.proc.pid)
+                sample = resources_of(self.group)
+                self.rss_mb = sample["rss_mb"]
                 out.resources.append({"t": now, **sample})
                 if self.port is not None:
                     out.scrapes.append(self.take_scrape())
+            else:
+                # Every poll: the resident memory of the processes known to the group.
+                self.rss_mb = _rss_mb(self.group)
             self.proc.poll()
             if self.proc.returncode is not None:
                 self.read_lines()  # The last lines a dying job wrote.
@@ -349,8 +451,8 @@ class _Watch:
             out.final_scrape = self.take_scrape()
         out.resources.append({"t": time.monotonic(), "final": True, **resources(self.proc.pid)})
         try:
-            self.proc.stdin.close()
-        except OSError:
+            os.kill(self.proc.pid, signal.SIGTERM)  # The release the holding job waits for.
+        except ProcessLookupError:
             pass
         try:
             self.proc.wait(timeout=max(30.0, 10 * self.sup.h))
@@ -393,10 +495,6 @@ def terminate(proc, pgid: int, err_path: Path, *, dump: bool, wait_s: float) -> 
         signalled = True
     except ProcessLookupError:
         signalled = False
-    try:
-        proc.stdin.close()
-    except (OSError, AttributeError):
-        pass
     proc.wait()
     reaped = {m["pid"]: _reap(m["pid"], wait_s) for m in members if m["pid"] != proc.pid}
     left = group_members(pgid)
@@ -441,6 +539,7 @@ def build_incident(sup: Supervisor, outcome: Outcome, watch: _Watch, out_path, e
             "last_progress": None
             if not watch.pairs
             else {"step": watch.pairs[-1][0], "step_t": watch.pairs[-1][1]},
+            "rss_mb_at_detection": symptoms.rss_mb,
             "resources_last": outcome.resources[-5:],
             "stack_dump": stack_dump(err_path),
             "logs": {"stdout": str(out_path), "stderr": str(err_path)},

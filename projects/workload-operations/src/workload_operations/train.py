@@ -167,6 +167,8 @@ def train_and_evaluate(
     `workdir=None` keeps everything in memory (no checkpoints, no files)."""
     say = say or (lambda _: None)
     workdir = None if workdir is None else Path(workdir).absolute()
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
     dataset = data.make_dataset(config)
     state = create_train_state(config)
     iterator = data.iterator(config, dataset)

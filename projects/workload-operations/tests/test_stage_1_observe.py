@@ -1,0 +1,206 @@
+"""Stage 1: an observed workload.
+
+Independent checks: the observer's counts against a Python tally of the same
+steps; the scraped Prometheus counters against the job's own final counts,
+the step count the run must reach, and the heartbeat lines counted in its log;
+the supervisor's psutil resource figures against /proc read directly. Changed
+conditions: another batch size and heartbeat interval.
+"""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+from click.testing import CliRunner
+
+from workload_operations.cli import main
+from workload_operations.config import Config, ConfigError
+from workload_operations.observe import Observer
+from workload_operations.supervisor import Supervisor, resources
+
+
+@pytest.mark.parametrize("batch", [16, 5])
+def test_heartbeat_reports_what_the_loop_counted(batch, evidence):
+    observer = Observer(10.0, out=io.StringIO(), serve=False)
+    losses = [0.9, 0.7, 0.6, 0.55, 0.5, 0.45, 0.4]
+    for step, loss in enumerate(losses, 1):
+        observer.step_done(step, batch, jnp.float32(loss))
+    beat = observer.heartbeat()
+    tally = {"step": len(losses), "examples": sum(batch for _ in losses)}  # Python reference.
+    registry = observer.registry
+    scraped = {
+        "steps": registry.get_sample_value("workload_steps_total"),
+        "examples": registry.get_sample_value("workload_examples_total"),
+        "heartbeats": registry.get_sample_value("workload_heartbeats_total"),
+        "loss": registry.get_sample_value("workload_loss"),
+    }
+    ok = (
+        beat["step"] == tally["step"]
+        and beat["examples"] == tally["examples"]
+        and beat["loss"] == pytest.approx(losses[-1], rel=1e-6)
+        and beat["examples_per_s"] > 0
+        and beat["seq"] == 1
+        and beat["step_t"] is not None
+        and scraped["steps"] == tally["step"]
+        and scraped["examples"] == tally["examples"]
+        and scraped["heartbeats"] == 1
+        and scraped["loss"] == pytest.approx(losses[-1], rel=1e-6)
+    )
+    assert evidence.record(
+        "heartbeat and metrics equal a Python tally of the steps",
+        f"batch {batch}, {len(losses)} steps",
+        {"heartbeat": beat, "scraped": scraped, "tally": tally},
+        {"exact": True},
+        ok,
+    ), (beat, scraped, tally)
+
+
+def _supervised(config: Config, workdir: Path, cache: Path, results: dict, key: str) -> None:
+    results[key] = Supervisor(config, workdir, detect=False, compilation_cache=cache).run()
+
+
+def test_scraped_counters_agree_with_the_jobs_own_count(tmp_path, jax_cache, evidence):
+    configs = {
+        "batch16-h0.5": Config.tiny(),
+        "batch8-h0.25": Config.tiny().replace(
+            batch_size=8, heartbeat_interval_s=0.25, num_steps=30, min_examples_per_s=40.0
+        ),
+    }
+    results: dict = {}
+    threads = [
+        threading.Thread(target=_supervised, args=(c, tmp_path / k, jax_cache, results, k))
+        for k, c in configs.items()
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for key, config in configs.items():
+        outcome = results[key]
+        assert outcome.status == "completed", (outcome.status, outcome.returncode)
+        log = (tmp_path / key / "logs" / "attempt_0.out").read_text().splitlines()
+        records = [json.loads(line) for line in log]
+        beats = sum(r.get("event") == "heartbeat" for r in records)
+        final = outcome.final_scrape["values"]
+        finished = outcome.finished
+        reference = {
+            "steps": config.num_steps,
+            "examples": config.num_steps * config.batch_size,
+            "heartbeats": beats,
+        }
+        own = {k: finished[k] for k in ("steps_done", "examples", "heartbeats")}
+        scraped = {
+            "steps": final["workload_steps_total"],
+            "examples": final["workload_examples_total"],
+            "heartbeats": final["workload_heartbeats_total"],
+        }
+        agree = (
+            scraped["steps"] == own["steps_done"] == reference["steps"]
+            and scraped["examples"] == own["examples"] == reference["examples"]
+            and scraped["heartbeats"] == own["heartbeats"] == reference["heartbeats"]
+        )
+        # Mid-run scrapes: counters never go back, and never lag the progress that
+        # a heartbeat had already reported before the scrape was sent.
+        mid = [s for s in outcome.scrapes if "values" in s]
+        steps_seen = [s["values"]["workload_steps_total"] for s in mid]
+        monotone = all(a <= b for a, b in zip(steps_seen, steps_seen[1:], strict=False))
+        not_lagging = all(
+            s["values"]["workload_steps_total"] >= (s["step_before"] or 0) for s in mid
+        )
+        assert evidence.record(
+            "final scrape = job's own count = reference count",
+            key,
+            {"scraped": scraped, "own": own, "reference": reference, "mid_scrapes": len(mid)},
+            {"exact": True},
+            agree and monotone and not_lagging and len(mid) >= 2,
+        ), (scraped, own, reference, steps_seen)
+        port_event = next(r for r in records if r.get("event") == "metrics")
+        assert 1024 <= port_event["port"] < 65536
+        samples = outcome.resources
+        assert all(s["processes"] == 1 for s in samples[3:]), "no sidecar: one process"
+        assert samples[-1]["final"] and samples[-1]["threads"] >= 3, samples[-1]
+        assert samples[-1]["rss_mb"] > 50, samples[-1]
+
+
+def _proc_status(pid: int) -> dict:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("threads", [1, 4])
+def test_resource_signals_match_proc(threads, evidence):
+    code = (
+        "import threading, time\n"
+        f"for _ in range({threads} - 1):\n"
+        "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "buf = bytearray(64 * 2**20)\n"
+        "for i in range(0, len(buf), 4096): buf[i] = 1\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            sample = resources(proc.pid)
+            status = _proc_status(proc.pid)
+            proc_rss_mb = int(status["VmRSS"].split()[0]) / 1024
+            proc_threads = len(os.listdir(f"/proc/{proc.pid}/task"))
+        finally:
+            proc.kill()
+    ok = (
+        sample["threads"] == proc_threads == threads
+        and abs(sample["rss_mb"] - proc_rss_mb) <= 1.0
+        and sample["rss_mb"] >= 64
+    )
+    assert evidence.record(
+        "psutil resources equal /proc/<pid>/status and /proc/<pid>/task",
+        f"{threads} thread(s), 64 MB touched",
+        {"psutil": sample, "proc_rss_mb": proc_rss_mb, "proc_threads": proc_threads},
+        {"rss_mb_abs": 1.0, "threads": "exact"},
+        ok,
+    ), (sample, proc_rss_mb, proc_threads)
+
+
+def test_observation_cost_bench_runs_on_a_tiny_size(tmp_path, evidence):
+    """The bench works end to end on a tiny size; speed is the bench's business."""
+    from workload_operations.bench import observation_cost
+
+    result = observation_cost(Config.tiny(), reps=3, chunk=20)
+    ratios = result["ratios"]
+    ok = (
+        set(ratios) >= {"observed_vs_unobserved", "unobserved_vs_observed"}
+        and abs(ratios["observed_vs_unobserved"] * ratios["unobserved_vs_observed"] - 1) < 1e-9
+        and all(m["n"] == 3 for m in result["measurements"].values())
+    )
+    assert evidence.record(
+        "bench reports consistent ratios (not a speed assertion)",
+        "3 reps x 20 steps",
+        {"ratios": ratios, "per_step": result["per_step"]},
+        None,
+        ok,
+    )
+
+
+def test_heartbeat_interval_not_shorter_than_timeout_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="`heartbeat_interval_s` = `5.0` is not shorter"):
+        Config.tiny().replace(heartbeat_interval_s=5.0)
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        Config.tiny()
+        .to_json()
+        .replace('"heartbeat_interval_s": 0.5', '"heartbeat_interval_s": 9.0')
+    )
+    result = CliRunner().invoke(main, ["supervise", "--config", str(bad)])
+    assert result.exit_code == 2
+    assert "`heartbeat_interval_s` = `9.0`" in result.output
+    assert not (tmp_path / "runs").exists()

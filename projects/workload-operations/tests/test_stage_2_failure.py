@@ -1,0 +1,194 @@
+"""Stage 2: a retained failure.
+
+Independent checks: the classifier against an enumerated table of symptoms
+with known answers (repeated with every time scaled to another heartbeat
+interval); real drills against the fault that was injected (which the
+classifier never sees), 5 repetitions of each fault at different steps, with
+the group's processes looked up afterwards through psutil (not the
+supervisor's own /proc scan).
+"""
+
+import json
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from workload_operations import diagnose, faults
+from workload_operations.cli import main
+from workload_operations.config import Config
+from workload_operations.diagnose import Symptoms, classify
+from workload_operations.drill import run_drills
+
+
+def _symptoms(h: float, **changes) -> Symptoms:
+    """A healthy job 100 intervals after its start, times in units of `h` seconds."""
+    base = dict(
+        now=100.0,
+        started=0.0,
+        returncode=None,
+        stderr_tail=[],
+        rss_mb=300.0,
+        last_heartbeat_t=99.5,
+        last_step=50,
+        last_step_t=99.4,
+        rate=300.0,
+    )
+    base.update(changes)
+    for key in ("now", "started", "last_heartbeat_t", "last_step_t"):
+        if base[key] is not None:
+            base[key] *= h
+    return Symptoms(**base)
+
+
+# (symptoms in heartbeat intervals, expected class). With the tiny config: memory over
+# 384 MB; hang after 6 silent intervals, stall after 8 intervals without a step, slow
+# under 80 examples/s.
+CASES = [
+    ({}, None),
+    ({"returncode": 0}, None),
+    ({"returncode": -9}, "killed"),
+    ({"returncode": -15}, "killed"),
+    (
+        {"returncode": 1, "stderr_tail": ["Traceback (most recent call last):", "  x", "E: y"]},
+        "exception",
+    ),
+    ({"returncode": 3, "stderr_tail": ["error: bad"]}, "exited"),
+    ({"rss_mb": 400.0}, "memory"),
+    ({"rss_mb": 400.0, "returncode": -9}, "killed"),
+    ({"last_heartbeat_t": 94.5}, None),  # 5.5 intervals: not yet a hang
+    ({"last_heartbeat_t": 93.5, "last_step_t": 93.4}, "hang"),  # 6.5 intervals
+    ({"last_heartbeat_t": None, "last_step_t": None, "last_step": 0}, None),  # starting
+    ({"last_heartbeat_t": 99.5, "last_step_t": 92.0}, None),  # 7.5 intervals without a step
+    ({"last_heartbeat_t": 99.5, "last_step_t": 91.0}, "stall"),  # 8.5 intervals
+    # Progress stopped, heartbeats stopped too: a hang, not a stall.
+    ({"last_heartbeat_t": 90.0, "last_step_t": 85.0}, "hang"),
+    ({"rate": 79.0}, "slow"),
+    ({"rate": 81.0}, None),
+    ({"rate": None}, None),
+]
+
+
+@pytest.mark.parametrize("h", [0.5, 0.25])
+def test_classifier_matches_an_enumerated_table(h, evidence):
+    config = Config.tiny()
+    config = config.replace(
+        heartbeat_interval_s=h,
+        hang_timeout_s=6 * h,
+        stall_timeout_s=8 * h,
+        startup_timeout_s=300 * h,
+    )
+    got = [classify(_symptoms(h, **changes), config) for changes, _ in CASES]
+    expected = [answer for _, answer in CASES]
+    wrong = [(i, g, e) for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
+    assert evidence.record(
+        "classifier = enumerated answers",
+        f"heartbeat interval {h} s, {len(CASES)} cases",
+        {"wrong": wrong, "classes": got},
+        {"exact": True},
+        not wrong,
+    ), wrong
+
+
+@pytest.fixture(scope="module")
+def drills(tmp_path_factory, jax_cache):
+    out = tmp_path_factory.mktemp("drills")
+    summary = run_drills(
+        Config.tiny(), out, repeats=5, parallel=10, at_step=8, compilation_cache=jax_cache
+    )
+    return summary
+
+
+def test_every_fault_is_classified_in_five_repetitions(drills, evidence):
+    for kind, f in drills["per_fault"].items():
+        assert evidence.record(
+            "diagnosis = injected fault",
+            f"{kind} x {f['runs']}, injected after steps 8, 10, 12, 14, 16",
+            {"classifications": f["classifications"], "expected": diagnose.EXPECTED[kind]},
+            {"exact": True},
+            f["runs"] == 5 and f["correct"] == 5,
+        ), (kind, f["classifications"])
+
+
+def test_detection_is_within_its_bound_in_heartbeat_intervals(drills, evidence):
+    for kind, f in drills["per_fault"].items():
+        d = f["detection_intervals"]
+        assert evidence.record(
+            "detection time (intervals from the fault's onset) <= bound",
+            kind,
+            {"intervals": d, "max": max(d) if d else None},
+            {"bound_intervals": f["bound_intervals"]},
+            len(d) == 5 and max(d) <= f["bound_intervals"],
+        ), (kind, d, f["bound_intervals"])
+
+
+def test_no_process_of_a_failed_job_is_left(drills, evidence):
+    """Looked up through psutil: no process of any drill's group, sidecars included."""
+    pgids, sidecars = set(), set()
+    for r in drills["results"]:
+        incident = json.loads(Path(r["incident"]).read_text())
+        pgids.add(incident["termination"]["pgid"])
+        log = Path(incident["evidence"]["logs"]["stdout"]).read_text().splitlines()
+        start = next(json.loads(line) for line in log if '"event": "start"' in line)
+        sidecars.add(start["sidecar_pid"])
+    left = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.pid in sidecars or os.getpgid(proc.pid) in pgids:
+                left.append((proc.pid, proc.info["status"]))
+        except (psutil.Error, ProcessLookupError):
+            continue
+    assert evidence.record(
+        "no member of a drilled process group remains (psutil)",
+        f"{len(pgids)} groups, {len(sidecars)} sidecars",
+        {"left": left, "supervisor_left": drills["processes_left"]},
+        {"exact": 0},
+        not left and drills["processes_left"] == 0 and None not in sidecars,
+    ), left
+
+
+def test_incident_keeps_the_evidence_of_each_symptom(drills, evidence):
+    checks = {}
+    for r in drills["results"]:
+        inc = json.loads(Path(r["incident"]).read_text())
+        ev = inc["evidence"]
+        kind = r["fault"]
+        if kind == "kill":
+            ok = ev["signal"] == "SIGKILL" and ev["returncode"] == -9
+        elif kind == "exception":
+            ok = ev["returncode"] == 1 and any(
+                "RuntimeError: Injected fault" in line for line in ev["last_stderr_lines"]
+            )
+        elif kind == "hang":
+            # The reporter thread is blocked inside `heartbeat`, waiting for the lock.
+            ok = "in heartbeat" in ev["stack_dump"] and inc["termination"]["stack_dumped"]
+        elif kind == "stall":
+            ok = "in after_step" in ev["stack_dump"]  # The training loop waits there.
+        elif kind == "slow":
+            ok = "in train_and_evaluate" in ev["stack_dump"]  # Alive, still in the loop.
+        else:  # memory
+            ok = ev["rss_mb_at_detection"] > 384 and inc["termination"]["stack_dumped"]
+        ok = ok and ev["last_progress"] is not None and inc["diagnosis"]
+        checks.setdefault(kind, []).append(bool(ok))
+    assert evidence.record(
+        "each incident keeps the evidence of its symptom",
+        "30 incidents",
+        checks,
+        None,
+        all(all(v) for v in checks.values()),
+    ), checks
+
+
+def test_unknown_fault_name_is_a_clear_error(tmp_path):
+    with pytest.raises(faults.FaultError, match="Unknown fault `segfault`"):
+        faults.parse("segfault@3")
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", "--fault", "segfault@3", "--workdir", str(tmp_path / "w")])
+    assert result.exit_code == 2 and "`segfault`" in result.output
+    result = runner.invoke(
+        main, ["drill", "--faults", "hang,segfault", "--out", str(tmp_path / "d")]
+    )
+    assert result.exit_code == 2 and "`segfault`" in result.output
+    assert not (tmp_path / "w").exists() and not (tmp_path / "d").exists()

@@ -132,7 +132,7 @@ class Config(BaseModel):
             max_len=5,
             mlm_steps=60,
             contrastive_steps=60,
-            sft_steps=400,
+            sft_steps=150,
             lora_steps=200,
             dpo_steps=60,
         )

@@ -13,6 +13,8 @@ negatives: each is counted as a negative of the other although it matches;
 `false_negatives` finds them from the content the embeddings came from.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,6 +70,7 @@ def views(tokens: jax.Array, prompt_len: jax.Array) -> tuple[jax.Array, jax.Arra
     return prompt, response
 
 
+@functools.lru_cache(maxsize=16)
 def make_loss_fn(temperature: float):
     def loss_fn(model, batch, key):
         del key

@@ -25,6 +25,8 @@ length are compared per token.
 
 from typing import NamedTuple
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,6 +113,7 @@ class PolicyAndReference(nnx.Module):
 TRAINABLE = nnx.All(nnx.Param, nnx.PathContains("policy"))
 
 
+@functools.lru_cache(maxsize=16)
 def make_loss_fn(beta: float, normalize: bool = False):
     def loss_fn(pair_model: PolicyAndReference, batch, key):
         del key

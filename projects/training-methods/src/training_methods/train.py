@@ -12,6 +12,7 @@ Every `fit` records, in its `Ledger`, the example ids its objective read, so
 the held-out checks (stage 7) can prove no held-out id entered an objective.
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -44,6 +45,7 @@ class Ledger:
 
 
 def optimizer(config: Config) -> optax.GradientTransformation:
+    """AdamW without weight decay: adapters and policies drift only by their gradient."""
     return optax.adamw(config.learning_rate, weight_decay=0.0)
 
 
@@ -137,9 +139,13 @@ def fit(
     Returns the trained model (a new object; `model` is left as it was) and a
     history `{"loss": [...], "opt_state": ..., "trainable": ...}`.
     """
-    tx = tx or optimizer(config)
-    graphdef, state = create_train_state(model, tx, wrt)
-    step_fn = make_train_step(graphdef, tx, loss_fn)
+    if tx is None:
+        tx = optimizer(config)
+        graphdef, state = create_train_state(model, tx, wrt)
+        step_fn = _cached_step(graphdef, loss_fn, config.learning_rate)
+    else:
+        graphdef, state = create_train_state(model, tx, wrt)
+        step_fn = make_train_step(graphdef, tx, loss_fn)
     key, k_data = jax.random.split(key)
     stream = batches(corpus, train_ids, heldout_ids, config.batch_size, k_data, steps)
     losses = []
@@ -159,6 +165,13 @@ def fit(
         "trainable": state.trainable,
         "frozen": state.frozen,
     }
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_step(graphdef, loss_fn, learning_rate):
+    # One compiled step per (model structure, objective, optimizer): repeated
+    # runs of a lab (other seeds, other data) reuse the compilation.
+    return make_train_step(graphdef, optax.adamw(learning_rate, weight_decay=0.0), loss_fn)
 
 
 class _Null:

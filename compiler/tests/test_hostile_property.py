@@ -15,10 +15,11 @@ compiled in-process through the command line. Every case must:
   reported at the role citing it, with the manifest's stage line).
 
 Hypothesis runs ``CASES`` cases, derandomized (a fixed seed, no example
-database), so every run of the suite tries the same damage. Unchanged files
-are parsed once and their parse reused (keyed by their bytes): each case then
-costs the parse of the damaged file plus the schema and rules passes over the
-whole catalog, which keeps the 300 cases within about a minute on two cores.
+database), so every run of the suite tries the same damage. One working copy
+is damaged and repaired again after each case, and unchanged files are parsed
+once and their parse reused (keyed by their bytes): a case then costs the
+parse of the damaged file plus the schema and rules passes over the whole
+catalog, which keeps the 300 cases well within a minute on two cores.
 """
 
 from __future__ import annotations
@@ -51,6 +52,19 @@ YAML_ID = re.compile(r"^(\s*(?:- )?id: )(\S.*)$")
 TOML_VALUE = re.compile(r'^([A-Za-z]+ = )(".*"|\[.*\])$')
 TOML_ID = re.compile(r'^(id = )"(.*)"$')
 TOML_TEST = re.compile(r'"tests/[^"]*"')
+# Every kind of damage; those of one file type name it in KINDS_FOR.
+KINDS = ["folder", "loop", "delete", "truncate", "nul", "bad-utf8", "separator", "deep"]
+KINDS += ["long-id", "oversize", "tab", "edit-insert", "edit-delete", "edit-duplicate"]
+KINDS += ["edit-swap", "alias-bomb", "recursive-alias", "tag", "date", "test-path"]
+KINDS += ["rename-stage"]
+KINDS_FOR = {
+    "alias-bomb": "yaml",
+    "recursive-alias": "yaml",
+    "tag": "yaml",
+    "date": "yaml",
+    "test-path": "toml",
+    "rename-stage": "toml",
+}
 SPECIALS = [":", "- ", "[", "]", "{", "}", '"', "'", "#", "&a ", "*a", "!", "%", "|", ">", "\t"]
 SPECIALS += ["\n", "  ", "=", "\\", "\u2028", "\u00e9", "\r", "---\n", "? ", ",", "0x1F", "~"]
 
@@ -129,17 +143,14 @@ def _insert(data: bytes, at: int, piece: bytes) -> bytes:
 
 def _damage(draw, root: Path, files: list[str]) -> Damage:  # noqa: C901 - one branch per kind
     """Draw one damage, apply it under ``root`` and describe it."""
-    rel = draw(st.sampled_from(files))
+    kind = draw(st.sampled_from(KINDS))
+    suffix = {"yaml": ".yaml", "toml": ".toml"}.get(KINDS_FOR.get(kind, ""), "")
+    rel = draw(st.sampled_from([f for f in files if f.endswith(suffix)]))
     path = root / rel
     is_yaml = rel.endswith(".yaml")
     data = path.read_bytes()
     text = data.decode("utf-8")
     lines = text.split("\n")
-    kinds = ["folder", "loop", "delete", "truncate", "nul", "bad-utf8", "separator", "deep"]
-    kinds += ["long-id", "edit", "edit", "edit", "oversize", "tab"]
-    kinds += ["alias-bomb", "recursive-alias", "tag", "date"] if is_yaml else []
-    kinds += ["test-path", "rename-stage"] if not is_yaml else []
-    kind = draw(st.sampled_from(kinds))
     position = draw(st.integers(0, max(0, len(data) - 1)))
     new: bytes | str | None = None
     local, must_fail = True, True
@@ -163,9 +174,9 @@ def _damage(draw, root: Path, files: list[str]) -> Damage:  # noqa: C901 - one b
         new, local, must_fail = text[:at] + piece + text[at:], False, False
     elif kind == "oversize":
         new = data + b"#" * (MAX_FILE_BYTES + 1 - len(data)) + b"\n"
-    elif kind == "edit":
+    elif kind.startswith("edit-"):
         local, must_fail = False, False
-        how = draw(st.sampled_from(["insert", "delete", "duplicate", "swap"]))
+        how = kind.removeprefix("edit-")
         if how == "insert":
             at = draw(st.integers(0, len(text)))
             new = text[:at] + draw(st.sampled_from(SPECIALS)) + text[at:]
@@ -246,6 +257,15 @@ def _damage(draw, root: Path, files: list[str]) -> Damage:  # noqa: C901 - one b
     return Damage(rel, kind, local, must_fail)
 
 
+def _restore(original: Path, damaged: Path) -> None:
+    """Put the template's ``original`` back at ``damaged`` (whatever is there now)."""
+    if damaged.is_dir() and not damaged.is_symlink():
+        shutil.rmtree(damaged)
+    elif os.path.lexists(damaged):
+        damaged.unlink()
+    os.link(original, damaged)
+
+
 def _unchanged(rel: str) -> Damage:
     return Damage(rel, "none", False, False)
 
@@ -281,6 +301,10 @@ def template(tmp_path_factory) -> tuple[Path, list[str], set[tuple]]:
 
 def test_damaged_catalogs_never_crash_hang_or_misplace(template, monkeypatch) -> None:
     root, files, base = template
+    # One working copy (hard links to the template), repaired after each case.
+    work = Path(tempfile.mkdtemp(prefix="damaged-")) / "repo"
+    build = work.parent / "build"
+    shutil.copytree(root, work, copy_function=os.link, symlinks=True)
     monkeypatch.setattr(sources, "load_yaml", _memoised(sources.load_yaml))
     monkeypatch.setattr(discover, "load_toml", _memoised(discover.load_toml))
     monkeypatch.delenv("CATALOG_COMPILE_DEBUG", raising=False)
@@ -297,16 +321,13 @@ def test_damaged_catalogs_never_crash_hang_or_misplace(template, monkeypatch) ->
     )
     @given(st.data())
     def check(data) -> None:
-        case = Path(tempfile.mkdtemp(prefix="damaged-"))
+        damage = _damage(data.draw, work, files)
+        kinds[damage.kind] = kinds.get(damage.kind, 0) + 1
         try:
-            shutil.copytree(root, case / "repo", copy_function=os.link, symlinks=True)
-            repo = case / "repo"
-            damage = _damage(data.draw, repo, files)
-            kinds[damage.kind] = kinds.get(damage.kind, 0) + 1
             start = time.perf_counter()
             result = CliRunner().invoke(
                 main,
-                ["--root", str(repo), "--format", "json", "--out", str(case / "build")],
+                ["--root", str(work), "--format", "json", "--out", str(build)],
                 catch_exceptions=False,
             )
             seconds.append(elapsed := time.perf_counter() - start)
@@ -323,17 +344,21 @@ def test_damaged_catalogs_never_crash_hang_or_misplace(template, monkeypatch) ->
                 if d["severity"] == "error" and (d["code"], d["file"], d["message"]) not in base
             ]
             for d in new:
-                where = repo / d["file"]
+                where = work / d["file"]
                 assert os.path.lexists(where) or d["file"] == damage.file, (damage, d)
                 assert 1 <= d["line"] <= _line_count(where) and d["column"] >= 1, (damage, d)
             if damage.must_fail:
                 assert result.exit_code == 1 and new, (damage, report["diagnostics"])
             if damage.local and new:
-                assert any(_names(d, damage, repo) for d in new), (damage, new)
+                assert any(_names(d, damage, work) for d in new), (damage, new)
         finally:
-            shutil.rmtree(case, ignore_errors=True)
+            _restore(root / damage.file, work / damage.file)
+            shutil.rmtree(build, ignore_errors=True)
 
-    check()
+    try:
+        check()
+    finally:
+        shutil.rmtree(work.parent, ignore_errors=True)
     assert len(seconds) >= CASES
     print(
         f"{len(seconds)} damaged catalogs, slowest run {max(seconds):.2f} s, "

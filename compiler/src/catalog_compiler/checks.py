@@ -361,14 +361,23 @@ def unreferenced_projects(ctx: Context) -> Iterator[Diagnostic]:
 
 
 def _outside(folder: Path, test: str) -> bool:
-    """True if the stage test path ``test`` is absolute or leads out of ``folder``."""
+    """True if the stage test path ``test`` is absolute or leads out of ``folder``.
+
+    Lexically first (absolute, ``..``); then through symbolic links, resolving
+    only when one of its components is a link (most paths have none).
+    """
     pure = PurePosixPath(test)
-    if pure.is_absolute() or ".." in pure.parts or "\x00" in test:
-        return pure.is_absolute() or ".." in pure.parts
+    if pure.is_absolute() or ".." in pure.parts:
+        return True
     try:
-        return not (folder / test).resolve().is_relative_to(folder.resolve())
+        current = folder
+        for part in pure.parts:
+            current = current / part
+            if current.is_symlink():
+                return not (folder / test).resolve().is_relative_to(folder.resolve())
     except (OSError, RuntimeError, ValueError):
-        return False  # Unresolvable (a symlink loop): DSK004 reports it as missing.
+        return False  # Unresolvable (a symlink loop, a NUL): DSK004 reports it as missing.
+    return False
 
 
 @check

@@ -47,10 +47,6 @@ class Lines:
             column = max(1, column - 1)  # Editors do not show the byte order mark.
         return Position(line, column)
 
-    @property
-    def count(self) -> int:
-        return len(self.starts)
-
 
 def byte_position(data: bytes, offset: int) -> Position:
     """Return the line and column of byte ``offset`` of UTF-8 ``data``.

@@ -164,7 +164,7 @@ def parse_toml(text: str, path: str) -> tuple[Document | None, list[Diagnostic]]
         pos = lines.position(deep) if deep is not None else START
         message = f"`{path}` nests arrays or tables more than {MAX_DEPTH} levels deep."
         return None, [rules.NESTING_TOO_DEEP.at(path, pos, "", message)]
-    doc = Document(path, data, lines=lines.count)
+    doc = Document(path, data)
     doc.positions[""] = START
     _positions(text, doc)
     return doc, []

@@ -53,7 +53,6 @@ class Document:
     ``key_positions`` maps the pointer of a mapping entry to its key;
     ``scalars`` keeps the source text of every plain scalar that did not
     resolve to a string, so messages can quote what the author wrote.
-    ``lines`` is the number of lines of the source.
     """
 
     path: str
@@ -61,7 +60,6 @@ class Document:
     positions: dict[str, Position] = field(default_factory=dict)
     key_positions: dict[str, Position] = field(default_factory=dict)
     scalars: dict[str, str] = field(default_factory=dict)
-    lines: int = 1
 
     def pos(self, ptr: str) -> Position:
         """Return the position of ``ptr``, or of its nearest ancestor that has one."""
@@ -325,7 +323,7 @@ def parse_yaml(text: str, path: str) -> tuple[Document | None, list[Diagnostic]]
         )
         diagnostics.append(rules.YAML_SYNTAX.at(path, START, "", message))
         return None, diagnostics
-    doc = Document(path, None, lines=lines.count)
+    doc = Document(path, None)
     if root is not None:
         builder = _Builder(doc, lines, yaml)
         doc.data = builder.build(root, "")

@@ -20,13 +20,13 @@ TARGETS = ("q", "k", "v", "o", "up", "down")
 
 class LoRALinear(nnx.Module):
     def __init__(self, base: nnx.Linear, rank: int, alpha: float, *, key: jax.Array):
-        d_in, d_out = base.kernel.value.shape
+        d_in, d_out = base.kernel[...].shape
         if not 1 <= rank <= min(d_in, d_out):
             raise ValueError(
                 f"LoRA rank `{rank}` does not fit a layer of shape `({d_in}, {d_out})`; "
                 f"choose a rank from 1 to `{min(d_in, d_out)}`."
             )
-        dtype = base.kernel.value.dtype
+        dtype = base.kernel[...].dtype
         self.base = base
         self.rank = rank
         self.scale = alpha / rank
@@ -37,7 +37,7 @@ class LoRALinear(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         # --- exercise stage 4: Add the scaled low-rank update x @ A @ B to the frozen base layer's output. ---
-        return self.base(x) + (x @ self.lora_a.value @ self.lora_b.value) * jnp.asarray(self.scale, x.dtype)
+        return self.base(x) + (x @ self.lora_a[...] @ self.lora_b[...]) * jnp.asarray(self.scale, x.dtype)
         # --- end exercise ---
 
 
@@ -63,11 +63,23 @@ def merge(model: nnx.Module) -> nnx.Module:
     return model
 
 
+def merge_free_view(model: nnx.Module) -> nnx.Module:
+    """A copy of `model` with every `LoRALinear` replaced by its BASE layer
+    (adapters dropped): the frozen weights alone, in the base model's layout."""
+    model = nnx.clone(model)
+    for block in model.blocks:
+        for owner in (block.attn, block):
+            for name, layer in list(vars(owner).items()):
+                if isinstance(layer, LoRALinear):
+                    setattr(owner, name, layer.base)  # In-place update.
+    return model
+
+
 def merged_linear(layer: LoRALinear) -> nnx.Linear:
     base = nnx.clone(layer.base)
     # --- exercise stage 4: Fold the scaled product A @ B into the base kernel. ---
-    base.kernel.value = base.kernel.value + (layer.lora_a.value @ layer.lora_b.value) * jnp.asarray(
-        layer.scale, base.kernel.value.dtype
+    base.kernel[...] = base.kernel[...] + (layer.lora_a[...] @ layer.lora_b[...]) * jnp.asarray(
+        layer.scale, base.kernel[...].dtype
     )
     # --- end exercise ---
     return base

@@ -104,7 +104,7 @@ def load_from_nnx(torch_model: TorchTransformer, nnx_model: nnx.Module) -> Torch
     dtype = next(torch_model.parameters()).dtype
 
     def t(x):
-        return torch.from_numpy(np.array(x.value, dtype=np.float64)).to(dtype)
+        return torch.from_numpy(np.array(x[...], dtype=np.float64)).to(dtype)
 
     def linear(dst: torch.nn.Linear, src: nnx.Linear):
         # --- exercise stage 8: Copy a Flax Linear into a torch Linear: the torch weight is the transposed kernel. ---

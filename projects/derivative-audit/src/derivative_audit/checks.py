@@ -1,0 +1,184 @@
+"""Stage 1: JVPs and VJPs checked by independent means.
+
+Every check takes a function `f: (n,) -> (m,)` and a point `x` and returns a
+small dict of the figures it compared (relative error and what it was
+relative to), so that a test, the report and a person read the same numbers:
+
+- `jvp_linearity`: J(a u + b v) = a J u + b J v, the JVP is linear in the tangent;
+- `dot_product_test`: <w, J u> = <J^T w, u>, the VJP is the transpose of the JVP;
+- `jacobian_agreement`: `jacfwd` (n JVPs) equals `jacrev` (m VJPs);
+- `central_difference` / `fd_check`: (f(x + h u) - f(x - h u)) / 2h against J u,
+  at the step `theory_step` chosen from the error model below;
+- `fd_sweep` / `analyse_sweep`: the error against the step over many decades.
+
+Error model of the central difference (float precision eps, |f| ~ |f'''| ~ 1):
+truncation h^2 |f'''| / 6 plus round-off eps |f| / h. Their sum is smallest at
+h* = (3 eps)^(1/3), where the error is about eps^(2/3): 4e-11 in float64,
+2e-5 in float32. Left of h* the error grows like 1/h (slope -1 on log-log
+axes), right of it like h^2 (slope +2).
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Fn = Callable[[jax.Array], jax.Array]
+
+
+class DerivativeInputError(TypeError):
+    """An input a derivative check cannot use; the message says why."""
+
+
+def require_float(x: jax.Array, what: str = "x") -> None:
+    """Derivatives are defined for floating inputs only; anything else is refused."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise DerivativeInputError(
+            f"Derivative checks need a floating-point `{what}`, but it has dtype `{dtype}`; "
+            f"cast it with `.astype(jnp.float64)` (or float32)."
+        )
+
+
+def _norm(a) -> float:
+    return float(np.linalg.norm(np.asarray(a, dtype=np.float64).ravel()))
+
+
+def _rel(diff: float, scale: float) -> float:
+    return diff / max(scale, np.finfo(np.float64).tiny)
+
+
+def jvp_linearity(f: Fn, x: jax.Array, u: jax.Array, v: jax.Array, a: float, b: float) -> dict:
+    """Relative error of J(a u + b v) against a J u + b J v."""
+    require_float(x)
+    # --- exercise stage 1: Push a*u + b*v through jax.jvp and compare with a*(J u) + b*(J v), relative to |a||Ju| + |b||Jv|. ---
+    a_ = jnp.asarray(a, x.dtype)
+    b_ = jnp.asarray(b, x.dtype)
+    _, ju = jax.jvp(f, (x,), (u,))
+    _, jv = jax.jvp(f, (x,), (v,))
+    _, jw = jax.jvp(f, (x,), (a_ * u + b_ * v,))
+    diff = _norm(np.asarray(jw, np.float64) - (a * np.asarray(ju, np.float64) + b * np.asarray(jv, np.float64)))
+    scale = abs(a) * _norm(ju) + abs(b) * _norm(jv)
+    # --- end exercise ---
+    return {"rel_error": _rel(diff, scale), "scale": scale}
+
+
+def dot_product_test(f: Fn, x: jax.Array, u: jax.Array, w: jax.Array) -> dict:
+    """Relative mismatch of <w, J u> (forward mode) and <J^T w, u> (reverse mode)."""
+    require_float(x)
+    # --- exercise stage 1: Take J u from jax.jvp and J^T w from jax.vjp; the two inner products must agree, relative to |w||Ju| + |J^T w||u|. ---
+    _, ju = jax.jvp(f, (x,), (u,))
+    _, pullback = jax.vjp(f, x)
+    (jtw,) = pullback(w)
+    left = float(np.vdot(np.asarray(w, np.float64), np.asarray(ju, np.float64)))
+    right = float(np.vdot(np.asarray(jtw, np.float64), np.asarray(u, np.float64)))
+    scale = _norm(w) * _norm(ju) + _norm(jtw) * _norm(u)
+    # --- end exercise ---
+    return {"forward": left, "reverse": right, "rel_error": _rel(abs(left - right), scale)}
+
+
+def jacobian_agreement(f: Fn, x: jax.Array) -> dict:
+    """Largest difference of the forward- and reverse-mode Jacobians, relative
+    to the largest Jacobian entry."""
+    require_float(x)
+    # --- exercise stage 1: Build the Jacobian column by column (jax.jacfwd) and row by row (jax.jacrev) and compare. ---
+    fwd = np.asarray(jax.jacfwd(f)(x), np.float64)
+    rev = np.asarray(jax.jacrev(f)(x), np.float64)
+    # --- end exercise ---
+    scale = float(np.max(np.abs(rev)))
+    return {"rel_error": _rel(float(np.max(np.abs(fwd - rev))), scale), "shape": list(fwd.shape)}
+
+
+def theory_step(dtype, x: jax.Array) -> float:
+    """The central-difference step that balances truncation and round-off:
+    (3 eps)^(1/3) times the scale of x (at least 1)."""
+    # --- exercise stage 1: Balance truncation h^2/6 against round-off eps/h: h* = (3 eps)^(1/3), scaled by max(1, max|x|). ---
+    eps = float(jnp.finfo(dtype).eps)
+    scale = max(1.0, float(np.max(np.abs(np.asarray(x, np.float64)))))
+    return (3.0 * eps) ** (1.0 / 3.0) * scale
+    # --- end exercise ---
+
+
+def central_difference(f: Fn, x: jax.Array, u: jax.Array, h: float) -> np.ndarray:
+    """(f(x + h u) - f(x - h u)) / (2 h), evaluated in x's dtype."""
+    require_float(x)
+    # --- exercise stage 1: Step h along u both ways in x's own dtype and divide the difference by 2h. ---
+    h_ = jnp.asarray(h, x.dtype)
+    forward = np.asarray(f(x + h_ * u), np.float64)
+    backward = np.asarray(f(x - h_ * u), np.float64)
+    # Divide by h as rounded to x's dtype: that is the step that was taken.
+    return (forward - backward) / (2.0 * float(np.asarray(h_, np.float64)))
+    # --- end exercise ---
+
+
+def fd_check(f: Fn, x: jax.Array, u: jax.Array, reference: np.ndarray | None = None) -> dict:
+    """Central difference at `theory_step` against J u (the JVP in x's dtype, or
+    `reference` when given, e.g. a float64 JVP for a float32 function)."""
+    require_float(x)
+    h = theory_step(x.dtype, x)
+    if reference is None:
+        reference = np.asarray(jax.jvp(f, (x,), (u,))[1], np.float64)
+    fd = central_difference(f, x, u, h)
+    return {"step": h, "rel_error": _rel(_norm(fd - reference), _norm(reference))}
+
+
+def sweep_steps(min_exponent: int, max_exponent: int, per_decade: int) -> np.ndarray:
+    """Logarithmically spaced steps 10**min_exponent .. 10**max_exponent."""
+    count = (max_exponent - min_exponent) * per_decade + 1
+    return np.logspace(min_exponent, max_exponent, count)
+
+
+def fd_sweep(f: Fn, x: jax.Array, u: jax.Array, steps: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Relative error of the central difference at every step against `reference`."""
+    require_float(x)
+    scale = _norm(reference)
+    return np.array([_rel(_norm(central_difference(f, x, u, h) - reference), scale) for h in steps])
+
+
+def analyse_sweep(steps: np.ndarray, errors: np.ndarray, dtype, x: jax.Array) -> dict:
+    """Where the minimum lies and the log-log slopes on either side of it.
+
+    Truncation slope: fitted over steps >= 10 h* with error below 1e-2 (beyond
+    that the Taylor model stops holding). Round-off slope: over steps <= h*/10
+    with error below 0.1 (at the smallest steps the difference can be zero).
+    """
+    h_star = theory_step(dtype, x)
+    eps = float(jnp.finfo(dtype).eps)
+    # --- exercise stage 1: Find the step of least error and fit log-log slopes right of 3 h* (truncation) and left of h*/3 (round-off). ---
+    positive = errors > 0
+    best = int(np.argmin(np.where(positive, errors, np.inf)))
+    right = (steps >= 3 * h_star) & (errors < 1e-2) & positive
+    left = (steps <= h_star / 3) & (errors < 0.1) & positive
+    # --- end exercise ---
+    return {
+        "theory_step": h_star,
+        "best_step": float(steps[best]),
+        "best_rel_error": float(errors[best]),
+        "expected_best_rel_error": eps ** (2.0 / 3.0),
+        "truncation_slope": _slope(steps[right], errors[right]),
+        "roundoff_slope": _slope(steps[left], errors[left]),
+        "trusted_digits": float(-np.log10(errors[best])) if errors[best] > 0 else float("inf"),
+    }
+
+
+def _slope(steps: np.ndarray, errors: np.ndarray) -> float | None:
+    if steps.size < 2:
+        return None
+    return float(np.polyfit(np.log10(steps), np.log10(errors), 1)[0])
+
+
+def second_opinion(f: Fn, x: jax.Array, order: int = 2) -> dict:
+    """`jax.test_util.check_grads` in both modes to `order`; it raises on a mismatch,
+    recorded here as `passed: False` with its message."""
+    require_float(x)
+    from jax.test_util import check_grads
+
+    eps = float(jnp.finfo(x.dtype).eps)
+    # check_grads uses its own step (1e-4 in float64); tolerances as its docs suggest.
+    tol = 1e-5 if x.dtype == jnp.float64 else 5e-2
+    try:
+        check_grads(f, (x,), order=order, modes=("fwd", "rev"), atol=tol, rtol=tol)
+    except AssertionError as err:
+        return {"passed": False, "order": order, "message": str(err)[:500], "eps": eps}
+    return {"passed": True, "order": order, "tolerance": tol, "eps": eps}

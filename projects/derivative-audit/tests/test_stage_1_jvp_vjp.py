@@ -1,0 +1,276 @@
+"""Stage 1: JVPs and VJPs over the suite, checked by independent means.
+
+Independent checks: Jacobians against NumPy float64 formulas written by hand;
+JVPs against central finite differences at the step the error model gives;
+the VJP against the JVP by the dot-product (transpose) test; `check_grads` as
+a second opinion. Changed condition: the same problems in float32, with
+tolerances scaled by float32's eps, and finite differences judged against a
+float64 JVP. Each check is also shown to fail on a deliberately wrong rule.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from derivative_audit import checks, data, functions
+from derivative_audit.cli import main
+from derivative_audit.config import Config
+
+CONFIG = Config.tiny()
+NAMES = list(functions.SUITE)
+EPS = {"float64": float(jnp.finfo(jnp.float64).eps), "float32": float(jnp.finfo(jnp.float32).eps)}
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return {(n, d): data.make_problem(n, CONFIG, d) for n in NAMES for d in ("float64", "float32")}
+
+
+def _directions(problem, seed: int):
+    ku, kw = jax.random.split(jax.random.key(seed))
+    m = problem.fn(problem.x).shape[0]
+    return (data.unit_directions(ku, 2, problem.x.shape[0], problem.x.dtype),
+            data.unit_directions(kw, 1, m, problem.x.dtype)[0])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_jacobians_match_numpy_formulas(problems, evidence, dtype):
+    """jacfwd and jacrev of two suite functions against Jacobians written by hand in NumPy."""
+    tol = 50 * EPS[dtype]
+    p = problems[("matmul_chain", dtype)]
+    w = {k: np.asarray(v, np.float64) for k, v in p.weights.items()}
+    x = np.asarray(p.x, np.float64)
+    t1 = np.tanh(w["w1"] @ x)
+    t2 = np.tanh(w["w2"] @ t1)
+    expected = w["w3"] @ np.diag(1 - t2**2) @ w["w2"] @ np.diag(1 - t1**2) @ w["w1"]
+    e = problems[("elementwise", dtype)]
+    xe = np.asarray(e.x, np.float64)
+    d = (np.cos(xe) * np.exp(-xe**2 / 4) - np.sin(xe) * xe / 2 * np.exp(-xe**2 / 4)
+         + 1 - np.tanh(xe) ** 2)
+    ok = [
+        evidence.allclose("jacfwd vs NumPy", f"matmul_chain {dtype}", jax.jacfwd(p.fn)(p.x),
+                          expected, rtol=tol, atol=tol),
+        evidence.allclose("jacrev vs NumPy", f"matmul_chain {dtype}", jax.jacrev(p.fn)(p.x),
+                          expected, rtol=tol, atol=tol),
+        evidence.allclose("jacrev vs NumPy", f"elementwise {dtype}", jax.jacrev(e.fn)(e.x),
+                          np.diag(d), rtol=tol, atol=tol),
+    ]
+    assert all(ok)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_jvp_is_linear_in_the_tangent(problems, evidence, name):
+    ok = []
+    for dtype, seed in (("float64", 1), ("float32", 2)):
+        p = problems[(name, dtype)]
+        (u, v), _ = _directions(p, seed)
+        r = checks.jvp_linearity(p.fn, p.x, u, v, 0.7, -1.3)
+        tol = 50 * EPS[dtype]
+        ok.append(evidence.record("J(au+bv) = aJu+bJv", f"{name} {dtype}", r, {"rel": tol},
+                                  r["rel_error"] <= tol))
+    assert all(ok)
+
+
+def test_linearity_check_catches_a_nonlinear_tangent_rule(evidence):
+    """A JVP rule that squares the tangent is not linear, and the check says so."""
+
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def _jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return jnp.sin(x), jnp.cos(x) * t * t
+
+    x = jnp.linspace(0.1, 1.0, 4, dtype=jnp.float64)
+    u, v = data.unit_directions(jax.random.key(3), 2, 4, jnp.float64)
+    r = checks.jvp_linearity(f, x, u, v, 0.7, -1.3)
+    assert evidence.record("broken rule detected", "t*t tangent rule", r, {"rel_at_least": 0.01},
+                           r["rel_error"] >= 0.01)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dot_product_test_transposes(problems, evidence, name):
+    """<w, J u> (forward mode) equals <J^T w, u> (reverse mode)."""
+    ok = []
+    for dtype, seed in (("float64", 4), ("float32", 5)):
+        p = problems[(name, dtype)]
+        (u, _), w = _directions(p, seed)
+        r = checks.dot_product_test(p.fn, p.x, u, w)
+        tol = 50 * EPS[dtype]
+        ok.append(evidence.record("<w,Ju> = <J^T w,u>", f"{name} {dtype}", r, {"rel": tol},
+                                  r["rel_error"] <= tol))
+    assert all(ok)
+
+
+def test_dot_product_test_catches_an_untransposed_vjp(evidence):
+    """A VJP rule that applies A instead of A^T fails the transpose test."""
+    a = jax.random.normal(jax.random.key(6), (4, 4), jnp.float64)
+
+    @jax.custom_jvp
+    def g(x):
+        return a @ x
+
+    @g.defjvp
+    def _g_jvp(primals, tangents):
+        return g(primals[0]), a @ tangents[0]
+
+    @jax.custom_vjp
+    def f(x):
+        return a @ x
+
+    f.defvjp(lambda x: (a @ x, None), lambda _, w: (a @ w,))
+
+    x = jnp.ones(4, jnp.float64)
+    u, w = data.unit_directions(jax.random.key(7), 2, 4, jnp.float64)
+    _, jtw = jax.vjp(f, x)
+    left = float(jnp.vdot(w, g(u)))  # the JVP of the linear map is the map itself
+    right = float(jnp.vdot(jtw(w)[0], u))
+    gap = abs(left - right) / (abs(left) + abs(right))
+    good = checks.dot_product_test(g, x, u, w)
+    ok = evidence.record("wrong VJP detected", "A instead of A^T",
+                         {"gap": gap, "correct_rel_error": good["rel_error"]},
+                         {"gap_at_least": 1e-3}, gap >= 1e-3 and good["rel_error"] <= 1e-13)
+    assert ok
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_and_reverse_jacobians_agree(problems, evidence, name):
+    ok = []
+    for dtype in ("float64", "float32"):
+        r = checks.jacobian_agreement(problems[(name, dtype)].fn, problems[(name, dtype)].x)
+        tol = 50 * EPS[dtype]
+        ok.append(evidence.record("jacfwd = jacrev", f"{name} {dtype}", r, {"rel": tol},
+                                  r["rel_error"] <= tol))
+    assert all(ok)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_central_difference_at_the_theory_step(problems, evidence, name):
+    """In float64, within 100 eps^(2/3) of the JVP; in float32, the same bound in
+    float32's eps, against the float64 JVP (the exact answer)."""
+    p64 = problems[(name, "float64")]
+    (u, _), _ = _directions(p64, 8)
+    reference = np.asarray(jax.jvp(p64.fn, (p64.x,), (u,))[1], np.float64)
+    ok = []
+    for dtype in ("float64", "float32"):
+        p = problems[(name, dtype)]
+        r = checks.fd_check(p.fn, p.x, u.astype(p.x.dtype), reference)
+        tol = 100 * EPS[dtype] ** (2 / 3)
+        ok.append(evidence.record("central difference = JVP", f"{name} {dtype}", r,
+                                  {"rel": tol}, r["rel_error"] <= tol))
+    assert all(ok)
+
+
+@pytest.mark.parametrize("name", ["matmul_chain", "scan_recurrence"])
+def test_error_vs_step_sweep_shows_truncation_and_roundoff(problems, evidence, name):
+    """Slope +2 right of the minimum, -1 left of it, minimum near the theory step;
+    in float32 the best error is about eps32^(2/3): 4 to 6 digits, no more."""
+    steps = checks.sweep_steps(-13, -1, 3)
+    p64 = problems[(name, "float64")]
+    (u, _), _ = _directions(p64, 9)
+    reference = np.asarray(jax.jvp(p64.fn, (p64.x,), (u,))[1], np.float64)
+    ok = []
+    for dtype in ("float64", "float32"):
+        p = problems[(name, dtype)]
+        errors = checks.fd_sweep(p.fn, p.x, u.astype(p.x.dtype), steps, reference)
+        a = checks.analyse_sweep(steps, errors, p.x.dtype, p.x)
+        tight = (
+            abs(np.log10(a["best_step"] / a["theory_step"])) <= 1.0
+            and a["best_rel_error"] <= 100 * a["expected_best_rel_error"]
+            and a["roundoff_slope"] is not None and -1.4 <= a["roundoff_slope"] <= -0.6
+        )
+        if dtype == "float64":
+            tight = tight and a["truncation_slope"] is not None
+            tight = tight and 1.7 <= a["truncation_slope"] <= 2.3
+        else:
+            tight = tight and 3.0 <= a["trusted_digits"] <= 6.5
+        ok.append(evidence.record("error-vs-step sweep", f"{name} {dtype}", a,
+                                  {"best_step_within_decades": 1, "slopes": [2, -1]}, tight))
+    assert all(ok)
+
+
+@pytest.mark.parametrize("name", ["matmul_chain"])
+def test_check_grads_agrees(problems, evidence, name):
+    """jax.test_util.check_grads, first order in both modes, as a second opinion
+    (the `audit` command runs it to second order)."""
+    ok = []
+    for dtype in ("float64", "float32"):
+        p = problems[(name, dtype)]
+        r = checks.second_opinion(p.fn, p.x, order=1)
+        ok.append(evidence.record("check_grads", f"{name} {dtype}", r, None, r["passed"]))
+    assert all(ok)
+
+
+def test_both_opinions_catch_a_wrong_derivative(evidence):
+    """A rule that doubles the derivative fails check_grads and the finite-difference check."""
+
+    @jax.custom_jvp
+    def f(x):
+        return jnp.tanh(x)
+
+    @f.defjvp
+    def _jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return jnp.tanh(x), 2 * (1 - jnp.tanh(x) ** 2) * t
+
+    x = jnp.linspace(-1.0, 1.0, 5, dtype=jnp.float64)
+    u = data.unit_directions(jax.random.key(10), 1, 5, jnp.float64)[0]
+    fd = checks.fd_check(f, x, u)
+    opinion = checks.second_opinion(f, x, order=1)
+    ok = evidence.record("wrong rule detected", "derivative doubled",
+                         {"fd_rel_error": fd["rel_error"], "check_grads": opinion["passed"]},
+                         {"fd_rel_at_least": 0.1}, fd["rel_error"] >= 0.1 and not opinion["passed"])
+    assert ok
+
+
+def test_same_seed_same_bits(evidence):
+    a = data.make_problem("scan_recurrence", CONFIG, "float32")
+    b = data.make_problem("scan_recurrence", CONFIG, "float32")
+    (u, v), _ = _directions(a, 11)
+    ra = checks.jvp_linearity(a.fn, a.x, u, v, 0.5, 2.0)
+    rb = checks.jvp_linearity(b.fn, b.x, u, v, 0.5, 2.0)
+    same = np.array_equal(np.asarray(a.x), np.asarray(b.x)) and ra == rb
+    other = data.make_problem("scan_recurrence", CONFIG.model_copy(update={"seed": 1}), "float32")
+    differs = not np.array_equal(np.asarray(a.x), np.asarray(other.x))
+    assert evidence.record("determinism", "seed 0 twice; seed 1", {"same": same, "seed_1_differs":
+                           differs}, None, same and differs)
+
+
+def test_non_float_input_is_refused():
+    with pytest.raises(checks.DerivativeInputError, match="floating-point `x`.*`int32`"):
+        checks.jvp_linearity(jnp.sin, jnp.arange(3, dtype=jnp.int32), None, None, 1.0, 1.0)
+
+
+def test_audit_command_writes_report_and_sweep_plot(tmp_path, evidence):
+    config = tmp_path / "tiny.json"
+    config.write_text(CONFIG.model_copy(update={"directions": 1}).to_json())
+    workdir = tmp_path / "audit"
+    result = CliRunner().invoke(main, ["audit", "elementwise", "--config", str(config),
+                                       "--workdir", str(workdir)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((workdir / "report.json").read_text())
+    png = (workdir / "sweep.png").read_bytes()
+    passed = all(c["passed"] for c in report["checks"])
+    assert evidence.record("audit command", "elementwise tiny",
+                           {"checks": len(report["checks"]), "all_passed": passed,
+                            "png_bytes": len(png)}, None, passed and png[:4] == b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["audit", "no_such_function"], "Unknown suite function `no_such_function`"),
+        (["audit", "logsumexp", "--dtype", "int32"], "floating-point.*`int32`"),
+    ],
+)
+def test_audit_bad_input_is_a_clear_error(args, message):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert pytest.importorskip("re").search(message, result.output), result.output

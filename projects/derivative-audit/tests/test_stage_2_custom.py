@@ -1,0 +1,234 @@
+"""Stage 2: custom derivative rules, implicit differentiation, higher order.
+
+Independent checks: derivatives against NumPy float64 formulas (sigmoid, the
+unit vector, clipping, the implicit-function-theorem Jacobian solved by
+`numpy.linalg.solve`, analytic Hessians), against differentiating the unrolled
+solver, and against central differences. Changed conditions: float32, a
+batch of inputs, another seed, another clipping interval.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from derivative_audit import checks, model, rules
+
+POINTS = np.array([-1000.0, -30.0, -3.0, -0.5, 0.0, 0.5, 3.0, 30.0, 1000.0])
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """Stable float64 logistic, by cases (never overflows)."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_softplus_rule_is_finite_where_autodiff_is_nan(evidence, dtype):
+    x = jnp.asarray(POINTS, dtype)
+    value = np.logaddexp(0.0, POINTS)
+    grad = jax.jit(jax.vmap(jax.grad(rules.softplus)))(x)
+    second = jax.jit(jax.vmap(jax.grad(jax.grad(rules.softplus))))(x)
+    naive = jax.jit(jax.vmap(jax.grad(rules.softplus_naive)))(x)
+    where = jax.jit(jax.vmap(jax.grad(rules.softplus_where)))(x)
+    tol = 10 * float(jnp.finfo(dtype).eps)
+    s = _sigmoid(POINTS)
+    ok = [
+        evidence.allclose("softplus value", str(dtype.__name__), rules.softplus(x), value,
+                          rtol=tol, atol=tol),
+        evidence.allclose("softplus' = sigmoid", str(dtype.__name__), grad, s, rtol=tol, atol=tol),
+        evidence.allclose("softplus'' = s(1-s) (rule differentiated)", str(dtype.__name__),
+                          second, s * (1 - s), rtol=10 * tol, atol=tol),
+        evidence.record("plain autodiff at 1000", str(dtype.__name__),
+                        {"naive_grad": float(naive[-1]), "where_grad": float(where[-1])},
+                        None, bool(np.isnan(naive[-1]) and np.isnan(where[-1]))),
+    ]
+    assert all(ok)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_safe_norm_has_a_subgradient_at_zero_and_the_right_hessian(evidence, seed):
+    x = jax.random.normal(jax.random.key(seed), (4,), jnp.float64)
+    xn = np.asarray(x)
+    r = np.linalg.norm(xn)
+    zero = jnp.zeros(4, jnp.float64)
+    hessian = (np.eye(4) - np.outer(xn, xn) / r**2) / r
+    u = jnp.asarray(np.eye(4)[seed], jnp.float64)
+    fd = checks.central_difference(jax.jit(lambda y: jnp.reshape(rules.safe_norm(y), (1,))),
+                                   x, u, 1e-5)
+    ok = [
+        evidence.allclose("grad |x| = x/|x|", f"seed {seed}", jax.grad(rules.safe_norm)(x),
+                          xn / r, rtol=1e-14, atol=1e-15),
+        evidence.allclose("grad |x| vs central difference", f"seed {seed}",
+                          jax.grad(rules.safe_norm)(x)[seed], fd[0], rtol=1e-8, atol=1e-9),
+        evidence.allclose("grad at 0 = 0", "x = 0", jax.grad(rules.safe_norm)(zero),
+                          np.zeros(4), rtol=0, atol=0),
+        evidence.allclose("Hessian fwd-over-rev", f"seed {seed}",
+                          jax.jit(lambda y: rules.hessian_fwd_rev(rules.safe_norm, y))(x), hessian,
+                          rtol=1e-12, atol=1e-13),
+        evidence.record("plain autodiff at 0", "x = 0",
+                        {"grad": np.asarray(jax.grad(rules.norm_naive)(zero))}, None,
+                        bool(np.all(np.isnan(jax.grad(rules.norm_naive)(zero))))),
+    ]
+    assert all(ok)
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(-1.0, 1.0), (-0.25, 2.0)])
+def test_clip_gradient_clips_only_the_cotangent(evidence, lo, hi):
+    k1, k2 = jax.random.split(jax.random.key(3))
+    x = jax.random.normal(k1, (16,), jnp.float64)
+    w = 3.0 * jax.random.normal(k2, (16,), jnp.float64)
+
+    def loss(y):
+        return jnp.sum(w * rules.clip_gradient(y, lo, hi))
+
+    ok = [
+        evidence.allclose("forward is identity", f"[{lo}, {hi}]",
+                          rules.clip_gradient(x, lo, hi), x, rtol=0, atol=0),
+        evidence.allclose("grad = clip(upstream)", f"[{lo}, {hi}]", jax.grad(loss)(x),
+                          np.clip(np.asarray(w), lo, hi), rtol=0, atol=0),
+    ]
+    assert all(ok)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_straight_through_round_passes_the_gradient(evidence, dtype):
+    x = jnp.asarray([-1.7, -0.2, 0.4, 1.6, 2.5], dtype)
+
+    def loss(fn):
+        return lambda y: jnp.sum(jnp.sin(fn(y)))
+
+    rounded = np.round(np.asarray(x, np.float64))
+    ok = [
+        evidence.allclose("STE grad = f'(round(x))", dtype.__name__,
+                          jax.grad(loss(rules.straight_through_round))(x), np.cos(rounded),
+                          rtol=1e-6, atol=1e-6),
+        evidence.allclose("plain round grad = 0", dtype.__name__, jax.grad(loss(jnp.round))(x),
+                          np.zeros(5), rtol=0, atol=0),
+    ]
+    assert all(ok)
+
+
+def test_custom_vjp_refuses_forward_mode_and_says_why(evidence):
+    r = rules.forward_mode_refusal()
+    refused = r["refused"]
+    expected = {"jvp": True, "jacfwd": True, "jacrev(jacfwd)": True,
+                "jacfwd(grad)": False, "grad": False}
+    observed = {k: refused[k] is not None for k in expected}
+    messages_name_it = all("custom_vjp" in refused[k] for k in expected if expected[k])
+    assert evidence.record("forward mode on custom_vjp", "five transformations",
+                           {"refused": refused}, {"expected_refused": expected},
+                           observed == expected and messages_name_it
+                           and "transposed" in r["explanation"])
+
+
+def _ift_jacobian(params: model.Params, x: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """dz*/dx = (I - D W)^-1 D U with D = diag(1 - z*^2), in NumPy float64."""
+    w, u = np.asarray(params.w, np.float64), np.asarray(params.u, np.float64)
+    d = np.diag(1 - np.asarray(z, np.float64) ** 2)
+    return np.linalg.solve(np.eye(w.shape[0]) - d @ w, d @ u)
+
+
+@pytest.mark.parametrize(("seed", "dtype"), [(0, jnp.float64), (2, jnp.float32)])
+def test_implicit_gradient_matches_analytic_and_unrolled(evidence, seed, dtype):
+    kp, kx = jax.random.split(jax.random.key(seed))
+    params = model.init(kp, 6, 4, contraction=0.6, dtype=dtype)
+    x = jax.random.normal(kx, (4,), jnp.float64).astype(dtype)
+    z = rules.fixed_point_implicit(params, x, 500)
+    jacobian = jax.jit(jax.jacrev(rules.fixed_point_implicit, argnums=1), static_argnums=2)
+    implicit = jacobian(params, x, 500)
+    unrolled = jax.jit(jax.jacrev(model.solve_unrolled, argnums=1), static_argnums=2)(
+        params, x, 200)
+    analytic = _ift_jacobian(params, np.asarray(x, np.float64), np.asarray(z, np.float64))
+    tol = 1e3 * float(jnp.finfo(dtype).eps)
+
+    def loss_implicit(p):
+        return jnp.sum(jnp.square(rules.fixed_point_implicit(p, x, 500)))
+
+    def loss_unrolled(p):
+        return jnp.sum(jnp.square(model.solve_unrolled(p, x, 200)))
+
+    g_imp = jax.jit(jax.grad(loss_implicit))(params)
+    g_unr = jax.jit(jax.grad(loss_unrolled))(params)
+    cond = f"seed {seed} {dtype.__name__}"
+    ok = [
+        evidence.allclose("fixed point residual", cond, model.step(params, z, x), z,
+                          rtol=tol, atol=tol),
+        evidence.allclose("implicit dz/dx vs IFT formula (NumPy)", cond, implicit, analytic,
+                          rtol=tol, atol=tol),
+        evidence.allclose("unrolled dz/dx vs IFT formula (NumPy)", cond, unrolled, analytic,
+                          rtol=tol, atol=tol),
+    ] + [
+        evidence.allclose(f"implicit vs unrolled grad {name}", cond, a, b, rtol=tol, atol=tol)
+        for name, a, b in zip(params._fields, g_imp, g_unr, strict=True)
+    ]
+    assert all(ok)
+
+
+def test_implicit_gradient_batched(evidence):
+    """A batch of inputs through one solve: each row's gradient as if alone."""
+    kp, kx = jax.random.split(jax.random.key(4))
+    params = model.init(kp, 5, 3, contraction=0.5)
+    xs = jax.random.normal(kx, (4, 3), jnp.float64)
+
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(rules.fixed_point_implicit(p, x, 500)))
+
+    grad = jax.jit(jax.grad(loss))
+    batched = grad(params, xs)
+    per_row = [grad(params, xs[i]) for i in range(4)]
+    summed = [sum(np.asarray(g[k]) for g in per_row) for k in range(3)]
+    ok = [evidence.allclose(f"batched grad {name}", "batch of 4 vs rows", a, b,
+                            rtol=1e-11, atol=1e-12)
+          for name, a, b in zip(params._fields, batched, summed, strict=True)]
+    assert all(ok)
+
+
+def _glm_loss(a: jax.Array, lam: float):
+    def f(x):
+        return jnp.mean(rules.softplus(a @ x)) + 0.5 * lam * jnp.sum(jnp.square(x))
+
+    return f
+
+
+@pytest.mark.parametrize(("n", "dtype"), [(6, jnp.float64), (9, jnp.float32)])
+def test_hessians_forward_over_reverse_match_analytic(evidence, n, dtype):
+    """logsumexp(A x): A^T (diag p - p p^T) A; a softplus GLM loss:
+    A^T diag(s(1-s)) A / m + lambda I; and H v from `hvp` against both."""
+    ka, kx, kv = jax.random.split(jax.random.key(n), 3)
+    a = jax.random.normal(ka, (n + 2, n), jnp.float64)
+    x = jax.random.normal(kx, (n,), jnp.float64)
+    v = jax.random.normal(kv, (n,), jnp.float64)
+    an, xn = np.asarray(a), np.asarray(x)
+    logits = an @ xn
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    h_lse = an.T @ (np.diag(p) - np.outer(p, p)) @ an
+    s = _sigmoid(logits)
+    h_glm = an.T @ np.diag(s * (1 - s)) @ an / (n + 2) + 0.1 * np.eye(n)
+    ac, xc, vc = a.astype(dtype), x.astype(dtype), v.astype(dtype)
+    tol = 100 * float(jnp.finfo(dtype).eps)
+
+    def lse(y):
+        return jax.nn.logsumexp(ac @ y)
+
+    glm = _glm_loss(ac, 0.1)
+
+    @jax.jit
+    def everything(y, t):
+        return (rules.hessian_fwd_rev(lse, y), rules.hessian_fwd_rev(glm, y),
+                rules.hvp(glm, y, t), rules.hvp(lse, y, t))
+
+    h1, h2, hv_glm, hv_lse = everything(xc, vc)
+    cond = f"n={n} {dtype.__name__}"
+    ok = [
+        evidence.allclose("Hessian logsumexp", cond, h1, h_lse,
+                          rtol=tol, atol=tol * np.abs(h_lse).max()),
+        evidence.allclose("Hessian GLM (custom softplus)", cond, h2,
+                          h_glm, rtol=tol, atol=tol * np.abs(h_glm).max()),
+        evidence.allclose("hvp GLM", cond, hv_glm, h_glm @ np.asarray(v),
+                          rtol=tol, atol=tol * np.abs(h_glm @ np.asarray(v)).max()),
+        evidence.allclose("hvp logsumexp", cond, hv_lse, h_lse @ np.asarray(v),
+                          rtol=tol, atol=tol * np.abs(h_lse @ np.asarray(v)).max()),
+    ]
+    assert all(ok)

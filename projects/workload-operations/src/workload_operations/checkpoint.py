@@ -129,15 +129,19 @@ def is_committed(workdir: Path, step: int) -> bool:
 
 
 def latest_accepted(workdir: Path) -> int | None:
-    """The newest step whose latest verdict is `accepted`, or None."""
+    """The newest step whose latest verdict, given after its latest request, is
+    `accepted` and whose directory is still committed; None if there is none."""
     ledger = Ledger(workdir)
-    # --- exercise stage 3: Newest accepted, requested, committed step. ---
+    # --- exercise stage 3: Newest step accepted after its request, still committed. ---
     requested = ledger.by_step("requested")
     verdicts = ledger.by_step("verdicts")
     accepted = [
         step
         for step, verdict in verdicts.items()
-        if verdict["accepted"] and step in requested and is_committed(workdir, step)
+        if verdict["accepted"]
+        and step in requested
+        and verdict["t"] >= requested[step]["t"]  # judged after its latest request
+        and is_committed(workdir, step)
     ]
     return max(accepted) if accepted else None
     # --- end exercise ---
@@ -212,13 +216,13 @@ class Recorder:
         return record
 
     def poll(self, wait: bool = False) -> list[int]:
-        """Records the pending steps Orbax has finished; `wait` blocks until it has."""
+        """Records the pending steps Orbax has committed; `wait` blocks until all are.
+        A step is committed when its directory got its final name (Orbax renames the
+        temporary one last), whether or not a later save is still running."""
         if not self.pending:
             return []
         if wait:
             self.manager.wait_until_finished()
-        elif self.manager.is_saving_in_progress():
-            return []
         done = [s for s in self.pending if is_committed(self.workdir, s)]
         for step in done:
             self.ledger.append("completed", {"step": step})

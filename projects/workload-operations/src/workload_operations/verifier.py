@@ -71,8 +71,8 @@ def judge(workdir: Path, step: int, config: Config, dataset: dict) -> dict:
 
 
 def verify(workdir: Path, config: Config | None = None, *, rejudge: bool = False) -> list[dict]:
-    """Judges every requested step without a verdict (all of them with `rejudge`)
-    and appends the verdicts to the ledger."""
+    """Judges every requested step without a verdict newer than its request (all of
+    them with `rejudge`) and appends the verdicts to the ledger."""
     workdir = Path(workdir)
     ledger = checkpoint.Ledger(workdir)
     if not ledger.root.is_dir():
@@ -83,9 +83,16 @@ def verify(workdir: Path, config: Config | None = None, *, rejudge: bool = False
     if config is None:
         config = load(workdir / "config.json")
     dataset = data.make_dataset(config)
-    judged = set() if rejudge else set(ledger.by_step("verdicts"))
+    requested = ledger.by_step("requested")
+    verdicts_so_far = {} if rejudge else ledger.by_step("verdicts")
+    # A step requested again (by a continued run) after its verdict is judged again.
+    pending = [
+        step
+        for step, request in requested.items()
+        if step not in verdicts_so_far or verdicts_so_far[step]["t"] < request["t"]
+    ]
     verdicts = []
-    for step in sorted(set(ledger.by_step("requested")) - judged):
+    for step in sorted(pending):
         verdict = judge(workdir, step, config, dataset)
         ledger.append("verdicts", {k: verdict[k] for k in ("step", "accepted", "reasons")})
         verdicts.append(verdict)

@@ -1,0 +1,256 @@
+"""Stage 3: a verified recovery point.
+
+Independent checks: the latest accepted step against an enumerated ledger;
+the continued run against an uninterrupted run computed in this process
+(loss bits and sample IDs, the IDs also computed without any iterator); the
+verifier's acceptances against the job's own completion records; damage
+(corrupted bytes, a degraded state with regenerated checksums) against the
+judgement. Changed conditions: a kill after a step vs a kill during a save;
+two damaged steps; two degradations.
+"""
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from workload_operations import checkpoint, data, faults, train, verifier
+from workload_operations.cli import main
+from workload_operations.config import Config
+from workload_operations.supervisor import run_verifier, supervise
+
+
+def _ledger(workdir: Path, requested, verdicts, committed) -> None:
+    ledger = checkpoint.Ledger(workdir)
+    for step in requested:
+        ledger.append("requested", {"step": step})
+    for step, accepted in verdicts:
+        ledger.append("verdicts", {"step": step, "accepted": accepted, "reasons": []})
+    for step in committed:
+        root = checkpoint.checkpoint_dir(workdir) / str(step)
+        root.mkdir(parents=True)
+        (root / "_CHECKPOINT_METADATA").write_text("{}")
+
+
+def test_latest_accepted_follows_the_verdicts(tmp_path, evidence):
+    # 6 was accepted but its directory is gone; 12's latest verdict rejects it; 15
+    # was never requested; 9 has no verdict yet.
+    _ledger(
+        tmp_path,
+        requested=[3, 6, 9, 12],
+        verdicts=[(3, True), (6, True), (12, True), (12, False), (15, True)],
+        committed=[3, 9, 12, 15],
+    )
+    first = checkpoint.latest_accepted(tmp_path)
+    checkpoint.Ledger(tmp_path).append("verdicts", {"step": 9, "accepted": True, "reasons": []})
+    second = checkpoint.latest_accepted(tmp_path)
+    assert evidence.record(
+        "latest accepted step = enumerated answer",
+        "before and after step 9 is accepted",
+        {"before": first, "after": second},
+        {"expected": [3, 9]},
+        (first, second) == (3, 9),
+    ), (first, second)
+
+
+def test_a_step_without_a_request_is_not_accepted(tmp_path):
+    config = Config.tiny_recovery()
+    _ledger(tmp_path, requested=[3], verdicts=[], committed=[3, 6])
+    verdict = verifier.judge(tmp_path, 6, config, dataset={})
+    assert not verdict["accepted"]
+    assert "no request record" in verdict["reasons"][0]
+
+
+SCENARIOS = {"kill-after-step": "kill@8", "kill-during-save": "kill-during-save@9"}
+
+
+@pytest.fixture(scope="module")
+def recovery(tmp_path_factory, jax_cache):
+    """Both interrupted runs, supervised concurrently, each continued once."""
+    config = Config.tiny_recovery()
+    root = tmp_path_factory.mktemp("recovery")
+    results = {}
+
+    def go(name, fault):
+        results[name] = supervise(
+            config, root / name, fault=fault, restarts=1, compilation_cache=jax_cache
+        )
+
+    threads = [threading.Thread(target=go, args=item) for item in SCENARIOS.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return config, root, results
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The uninterrupted run, in this process and in memory."""
+    config = Config.tiny_recovery()
+    result = train.train_and_evaluate(config, None)
+    return {r["step"]: r for r in result["records"]}, result["final_heldout"]
+
+
+def _records(workdir: Path) -> list[dict]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_continuation_equals_an_uninterrupted_run_bitwise(recovery, reference, evidence):
+    config, root, results = recovery
+    reference, reference_heldout = reference
+    for name in SCENARIOS:
+        outcomes = results[name]["outcomes"]
+        first_verification = results[name]["verifications"][0]
+        assert [o.status for o in outcomes] == ["killed", "completed"], name
+        start = outcomes[1].finished["start_step"]
+        resumed = [r for r in _records(root / name) if r["attempt"] == 1]
+        steps = [r["step"] for r in resumed]
+        loss_equal = all(r["loss_bits"] == reference[r["step"]]["loss_bits"] for r in resumed)
+        ids_equal = all(
+            r["ids"] == reference[r["step"]]["ids"] == data.ids_for_step(config, r["step"])
+            for r in resumed
+        )
+        ok = (
+            start == first_verification["latest_accepted"]
+            and steps == list(range(start + 1, config.num_steps + 1))
+            and loss_equal
+            and ids_equal
+            and outcomes[1].finished["final_heldout"] == reference_heldout
+        )
+        assert evidence.record(
+            "continued run = uninterrupted run (loss bits, sample IDs)",
+            f"{name}: resumed from accepted step {start}",
+            {"start": start, "steps": steps, "loss_equal": loss_equal, "ids_equal": ids_equal},
+            {"bitwise": True},
+            ok,
+        ), (name, start, steps, loss_equal, ids_equal)
+
+
+def test_only_completed_steps_are_accepted(recovery, evidence):
+    """Acceptances against Orbax's own list of committed steps and the job's own
+    completion records; the save cut by a kill left only a temporary directory."""
+    import orbax.checkpoint as ocp
+
+    config, root, results = recovery
+    for name in SCENARIOS:
+        workdir = root / name
+        ledger = checkpoint.Ledger(workdir)
+        job_completed = set(ledger.by_step("completed"))
+        verdicts = [v for r in results[name]["verifications"] for v in r["verdicts"]]
+        ever_accepted = {v["step"] for v in verdicts if v["accepted"]}
+        with ocp.CheckpointManager(checkpoint.checkpoint_dir(workdir)) as mngr:
+            orbax_steps = set(mngr.all_steps())
+        final = {v["step"]: v["accepted"] for v in verdicts}  # The last verdict of each step.
+        final_accepted = {s for s, a in final.items() if a}
+        start = results[name]["outcomes"][1].finished["start_step"]
+        continued = set(range(start + 3 - start % 3, config.num_steps + 1, 3))
+        ok = (
+            job_completed <= ever_accepted
+            and final_accepted <= orbax_steps
+            and continued <= final_accepted
+        )
+        cut = None
+        if name == "kill-during-save":
+            first = {v["step"]: v for v in results[name]["verifications"][0]["verdicts"]}
+            tmp = [p.name for p in (workdir / "set-aside").iterdir() if p.name.startswith("9.")]
+            cut = {"verdict": first.get(9), "temporary_dirs": tmp}
+            ok = ok and first[9]["accepted"] is False and "not completed" in first[9]["reasons"][0]
+            ok = ok and bool(tmp)
+        assert evidence.record(
+            "accepted = committed by Orbax; a save cut by a kill is never accepted",
+            name,
+            {
+                "job_completed": sorted(job_completed),
+                "orbax_steps": sorted(orbax_steps),
+                "final_accepted": sorted(final_accepted),
+                "continued_steps": sorted(continued),
+                "cut_save": cut,
+            },
+            None,
+            ok,
+        ), (name, sorted(job_completed), sorted(orbax_steps), verdicts, cut)
+
+
+@pytest.fixture
+def finished_copy(recovery, tmp_path):
+    config, root, _ = recovery
+    workdir = tmp_path / "copy"
+    shutil.copytree(root / "kill-after-step", workdir)
+    return config, workdir
+
+
+@pytest.mark.parametrize("step", [15, 12])
+def test_a_corrupted_completed_step_is_rejected(finished_copy, step, evidence):
+    config, workdir = finished_copy
+    dataset = data.make_dataset(config)
+    before = verifier.judge(workdir, step, config, dataset)
+    changed = faults.corrupt_step(workdir, step)
+    after = verifier.judge(workdir, step, config, dataset)
+    assert evidence.record(
+        "bytes flipped in a committed step: rejected",
+        f"step {step}, {len(changed)} data files changed",
+        {"before": before["accepted"], "after": after["accepted"], "reasons": after["reasons"]},
+        None,
+        before["accepted"] and changed and not after["accepted"],
+    ), after
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.999])
+def test_a_degraded_artifact_with_regenerated_checksums_is_rejected(
+    finished_copy, scale, jax_cache, evidence
+):
+    config, workdir = finished_copy
+    dataset = data.make_dataset(config)
+    step = 15
+    faults.degrade_step(workdir, step, config, scale=scale)
+    verdict = verifier.judge(workdir, step, config, dataset)
+    figures = verdict["figures"]
+    ok = (
+        not verdict["accepted"]
+        and figures["checksum_mismatches"] == []
+        and any("held-out" in r for r in verdict["reasons"])
+    )
+    summary = {"latest_accepted": None}
+    if scale == 0.5:
+        # The same judgement by the separate verifier process, re-judging every step.
+        checkpoint.Ledger(workdir).rewrite("verdicts", [])
+        summary = run_verifier(workdir, jax_cache)
+        process_verdict = next(v for v in summary["verdicts"] if v["step"] == step)
+        ok = ok and not process_verdict["accepted"] and summary["latest_accepted"] == 12
+    assert evidence.record(
+        "checksums pass, held-out evaluation rejects",
+        f"w2 scaled by {scale}",
+        {
+            "reasons": verdict["reasons"],
+            "heldout": figures.get("heldout"),
+            "recorded": figures.get("heldout_recorded"),
+            "latest_accepted_after": summary["latest_accepted"],
+        },
+        None,
+        ok,
+    ), verdict
+
+
+def test_missing_or_damaged_checkpoint_folder_is_a_clear_error(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["verify", "--workdir", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "holds no checkpoint folder" in result.output
+    result = runner.invoke(main, ["run", "--resume", "--workdir", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "holds no checkpoint folder" in result.output
+    assert not (tmp_path / "empty").exists()
+    damaged = tmp_path / "damaged"
+    _ledger(damaged, requested=[3, 6], verdicts=[(3, True)], committed=[3])
+    path = damaged / "ledger" / "requested.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "{not json", lines[1]]) + "\n")
+    with pytest.raises(checkpoint.CheckpointError, match="Line 2 of .* is not JSON"):
+        checkpoint.latest_accepted(damaged)
+    (damaged / "config.json").write_text(Config.tiny_recovery().to_json())
+    result = runner.invoke(main, ["verify", "--workdir", str(damaged)])
+    assert result.exit_code == 2 and "is not JSON" in result.output
+    assert path.read_text().count("\n") == 3, "the damaged ledger is left as it was"

@@ -1,0 +1,170 @@
+"""Conversion from a safetensors file to a safetensors file, tensor by tensor.
+
+`convert_file` never holds the whole source: it reads the source header
+(names, dtypes, shapes) to check the names against the map, writes the
+output header (whose shapes come from the target model), then for each rule
+opens the source lazily (`safe_open`), reads only that rule's tensors,
+transforms them, appends the result and lets them go. The source is
+re-opened per rule: `safe_open` memory-maps the file, and pages of a mapping
+that stays open count in the process's resident memory once read.
+
+safetensors offers no incremental writer (`save_file` takes a complete
+dict), so the output is written here in the documented format: an 8-byte
+little-endian header length, the JSON header (padded with spaces to a
+multiple of 8), then each tensor's bytes at its `data_offsets`. The tests
+read every file back with the safetensors library itself.
+
+Errors (a name the map does not know, a truncated file, an unsupported
+dtype) raise `MappingError` naming the tensor; the output is written to a
+temporary name and renamed only when complete, so nothing is left behind.
+
+`convert_file_eager` is the baseline: `load_file` everything, convert, and
+`save_file` the result.
+"""
+
+import json
+import os
+import struct
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load_file, save_file
+
+from weight_conversion.config import Arch
+from weight_conversion.weight_map import MappingError, Rule, apply_rule, check_names, convert
+
+DTYPE_CODES = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}
+
+Spec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+
+
+def describe_damage(path: str | Path) -> str | None:
+    """For a safetensors file that does not open: which tensor is cut off.
+
+    Reads only the header (8-byte little-endian length, then JSON) and compares
+    each tensor's byte range with the file size."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                return f"the header claims {length} bytes but the file has {size - 8} after it"
+            header = json.loads(f.read(length))
+    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as err:
+        return f"the header cannot be read ({err})"
+    data_size = size - 8 - length
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        if end > data_size:
+            return (
+                f"tensor `{name}` needs bytes {begin}..{end} of the data section, but the "
+                f"file holds only {data_size} (truncated)"
+            )
+    return None
+
+
+def _source_keys(path: Path) -> list[str]:
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return list(f.keys())
+    except (SafetensorError, OSError) as err:
+        raise MappingError([f"cannot open `{path}`: {describe_damage(path) or err}"]) from None
+
+
+def _read(path: Path, names: list[str]) -> dict[str, np.ndarray]:
+    """Only `names`, from a fresh lazy handle (closed again on return)."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            available = set(f.keys())
+            return {n: f.get_tensor(n) for n in names if n in available}
+    except (SafetensorError, OSError, TypeError) as err:
+        damage = describe_damage(path)
+        raise MappingError(
+            [f"cannot read source tensor(s) {names} from `{path}`: {damage or err}"]
+        ) from None
+
+
+def output_header(spec: Spec, order: list[str], metadata: dict[str, str] | None) -> bytes:
+    """The safetensors header for tensors written in `order` with `spec`'s shapes."""
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name in order:
+        shape, dtype = spec[name]
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {
+            "dtype": DTYPE_CODES[np.dtype(dtype)],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def convert_file(
+    src: str | Path,
+    dst: str | Path,
+    rules: list[Rule],
+    arch: Arch,
+    spec: Spec,
+    metadata: dict[str, str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """Streams `src` (a source-framework safetensors file) through `rules` into
+    `dst` (an NNX safetensors file). Peak memory: about one rule's tensors."""
+    src, dst = Path(src), Path(dst)
+    keys = _source_keys(src)
+    problems = check_names(rules, keys, spec.keys())
+    if problems:
+        raise MappingError(problems)
+    order = [path for rule in rules for path in rule.targets]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + f".partial-{os.getpid()}")
+    try:
+        with tmp.open("wb") as out:
+            out.write(output_header(spec, order, metadata))
+            # --- exercise stage 3: Per rule: read its tensors lazily, convert, write the bytes. ---
+            for done, rule in enumerate(rules, start=1):
+                arrays = _read(src, list(rule.sources))
+                converted = apply_rule(rule, arrays, arch, spec)
+                del arrays
+                for path in rule.targets:  # the order of the header's offsets
+                    out.write(converted[path].tobytes())
+                del converted
+                if progress:
+                    progress(done, len(rules))
+            # --- end exercise ---
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
+
+
+def convert_file_eager(
+    src: str | Path,
+    dst: str | Path,
+    rules: list[Rule],
+    arch: Arch,
+    spec: Spec,
+    metadata: dict[str, str] | None = None,
+) -> Path:
+    """The baseline: the whole source in memory, converted, saved in one call."""
+    src, dst = Path(src), Path(dst)
+    try:
+        source = load_file(str(src))
+    except (SafetensorError, OSError) as err:
+        raise MappingError([f"cannot open `{src}`: {describe_damage(src) or err}"]) from None
+    arrays = convert(rules, source, arch, spec)
+    tmp = dst.with_name(dst.name + f".partial-{os.getpid()}")
+    try:
+        save_file(arrays, str(tmp), metadata=metadata)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst

@@ -69,6 +69,27 @@ def make_pairs(tokens: np.ndarray, prompt_len: np.ndarray, num_symbols: int, key
     return pairs
 
 
+def pair_batch(batch: dict, step: int, num_symbols: int, key: jax.Array) -> dict:
+    """A training batch of preference pairs (the `prepare` hook of `train.fit`)."""
+    pairs = make_pairs(batch["tokens"], batch["prompt_len"], num_symbols, jax.random.fold_in(key, step))
+    return {"id": batch["id"], "chosen": pairs.chosen, "rejected": pairs.rejected, "prompt_len": pairs.prompt_len}
+
+
+def train_dpo(config, sft_model, corpus, train_ids, heldout_ids, *, key, ledger=None, progress=False):
+    """DPO from the SFT model: the policy starts as a copy, the reference is a
+    frozen copy. Returns `(PolicyAndReference, history)`."""
+    from training_methods.train import fit
+
+    k_pairs, k_fit = jax.random.split(key)
+    pair_model = PolicyAndReference(nnx.clone(sft_model), nnx.clone(sft_model))
+    return fit(
+        pair_model, make_loss_fn(config.dpo_beta), config, corpus, train_ids, heldout_ids,
+        steps=config.dpo_steps, key=k_fit, objective="dpo", wrt=TRAINABLE, ledger=ledger,
+        progress=progress,
+        prepare=lambda b, step: pair_batch(b, step, config.num_symbols, k_pairs),
+    )
+
+
 def sequence_logps(model, tokens: jax.Array, prompt_len: jax.Array, normalize: bool = False) -> jax.Array:
     """`(B,)` log-probability of each response (and EOS) given its prompt."""
     logits = model(tokens[:, :-1])

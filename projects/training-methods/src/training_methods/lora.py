@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-TARGETS = ("q", "k", "v", "o", "up", "down")
+# The query and value projections, as in Hu et al. (2021), section 7.1.
+TARGETS = ("q", "v")
 
 
 class LoRALinear(nnx.Module):

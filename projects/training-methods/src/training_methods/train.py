@@ -133,10 +133,12 @@ def fit(
     ledger: Ledger | None = None,
     progress: bool = False,
     tx: optax.GradientTransformation | None = None,
+    prepare: Callable[[dict, int], dict] | None = None,
 ) -> tuple[nnx.Module, dict[str, Any]]:
     """Trains `model` on `loss_fn` for `steps` batches of `train_ids`.
 
-    Returns the trained model (a new object; `model` is left as it was) and a
+    `prepare(batch, step)`, if given, turns each host batch into the lab's
+    batch (e.g. preference pairs). Returns the trained model (a new object; `model` is left as it was) and a
     history `{"loss": [...], "opt_state": ..., "trainable": ...}`.
     """
     if tx is None:
@@ -154,6 +156,8 @@ def fit(
             batch = next(stream)
             if ledger is not None:
                 ledger.add(objective, batch["id"])
+            if prepare is not None:
+                batch = prepare(batch, len(losses))
             key, k_step = jax.random.split(key)
             state, loss, _ = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()}, k_step)
             losses.append(loss)

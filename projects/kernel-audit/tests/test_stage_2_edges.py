@@ -19,11 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental import pallas as pl
 
 from kernel_audit import data, kernels, reference, train
+from kernel_audit.cli import main
 from kernel_audit.config import Config
 
 MODE = kernels.execution_mode(None)
@@ -371,3 +373,44 @@ def test_training_through_kernels_matches_references(evidence):
         and observed["loss_decreased"]
         and observed["rerun_bitwise_equal"],
     )
+
+
+def test_audit_command_writes_a_labelled_report(evidence, tmp_path):
+    from kernel_audit import checkpoint
+
+    # The tiny preset, cut to one ragged shape per kernel and one dtype to stay fast.
+    config = Config.tiny().model_copy(
+        update={"dtypes": ("float32",), "matmul_cases": ("ragged",), "row_cases": ("ragged",)}
+    )
+    (tmp_path / "config.json").write_text(config.to_json())
+    result = CliRunner().invoke(
+        main,
+        ["audit", "--config", str(tmp_path / "config.json"), "--workdir", str(tmp_path)],
+    )
+    assert result.exit_code == 0, result.output
+    report = checkpoint.load_record(tmp_path / "report.json")
+    records = report["records"]
+    observed = {
+        "cells": len(records),
+        "all_labelled": all(r.get("execution_mode") in ("interpret", "compiled") for r in records),
+        "modes": sorted({r["execution_mode"] for r in records}),
+        "all_passed": all(r["passed"] for r in records if not r.get("refused")),
+        "max_bound_used": report["summary"]["max_bound_used_vs_f64"],
+        "unmasked_edges_all_nan": report["summary"]["unmasked_edges_all_nan"],
+        "png_written": (tmp_path / "audit.png").stat().st_size > 0,
+    }
+    assert evidence.record(
+        "`kernel-audit audit`: every record labelled with its mode, all within bound",
+        "tiny preset, ragged shapes, float32",
+        observed,
+        {"max_bound_used": 1.0},
+        observed["all_labelled"]
+        and observed["all_passed"]
+        and observed["png_written"]
+        and observed["unmasked_edges_all_nan"],
+    )
+    # A record edited after writing is detected.
+    path = tmp_path / "report.json"
+    path.write_text(path.read_text().replace('"passed": false', '"passed": true') + " ")
+    with pytest.raises(checkpoint.RecordError, match="does not match its sha256"):
+        checkpoint.load_record(path)

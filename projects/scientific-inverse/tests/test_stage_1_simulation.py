@@ -155,14 +155,17 @@ def test_bad_input_is_refused_with_a_clear_error(theta, y0, t_end, dt, match):
         simulate(OSCILLATOR, np.array(theta), np.array(y0), t_end, dt)
 
 
-def test_cli_simulate_and_its_errors(evidence):
+def test_cli_simulate_and_its_errors(evidence, tmp_path):
     runner = CliRunner()
+    plot = tmp_path / "trajectories.png"
     ok = runner.invoke(
         main,
-        ["simulate", "--param", "1,0.3,4", "--param", "2,0.1,3", "--dt", "0.01", "--t-end", "1"],
+        ["simulate", "--param", "1,0.3,4", "--param", "2,0.1,3", "--dt", "0.01", "--t-end", "1"]
+        + ["--plot", str(plot)],
     )
     assert ok.exit_code == 0, ok.output
     assert "(batch, time, state) = (2, 101, 2)" in ok.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "the trajectories are plotted"
     bad = runner.invoke(main, ["simulate", "--param", "-1,0.3,4"])
     assert bad.exit_code == 2
     assert "mass `m` must be positive" in bad.output and "Traceback" not in bad.output
@@ -175,9 +178,10 @@ def test_cli_simulate_and_its_errors(evidence):
             "ok_exit": ok.exit_code,
             "negative_mass_exit": bad.exit_code,
             "bad_step_exit": step.exit_code,
+            "plot_bytes": plot.stat().st_size,
         },
-        None,
-        True,
+        {"exits": [0, 2, 2]},
+        [ok.exit_code, bad.exit_code, step.exit_code] == [0, 2, 2],
     )
 
 

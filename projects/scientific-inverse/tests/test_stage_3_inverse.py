@@ -22,8 +22,9 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from scipy import stats
 
-from scientific_inverse import checkpoint, identifiability, train
+from scientific_inverse import checkpoint, identifiability, report, train
 from scientific_inverse.cli import main
 from scientific_inverse.config import Config, ConfigError, load_config
 from scientific_inverse.data import DataError, observation_times, stack, synthesize
@@ -216,6 +217,70 @@ def test_interval_coverage_near_nominal(study, evidence):
         {"at_least": floor},
         bool(np.all(rate >= floor)),
     ), cover
+
+
+@pytest.mark.parametrize("confidence", [0.8, 0.95])
+def test_laplace_interval_holds_its_nominal_probability(evidence, confidence):
+    """The interval `theta +- q se` on a linear model, where it is exact: its
+    probability content under Student's t (cdf, not the ppf the code uses) equals
+    the level, and over 4000 simulated data sets it covers the truth at the level
+    (within three binomial standard errors). A one-sided quantile fails both."""
+    rng = np.random.default_rng(int(confidence * 100))
+    s, n = 4000, 12
+    t_grid = np.linspace(0.0, 1.0, n)
+    design = np.stack([np.ones(n), t_grid], axis=1)  # (n, 2)
+    truth = np.array([0.3, 4.0])
+    y = design @ truth + 0.5 * rng.standard_normal((s, n))
+    theta = np.linalg.lstsq(design, y.T, rcond=None)[0].T  # (s, 2)
+    rss = np.sum((y - theta @ design.T) ** 2, axis=1)
+    fits = train.FitBatch(
+        theta=theta,
+        rss=rss,
+        n=np.full(s, n),
+        jac=np.broadcast_to(design, (s, n, 2)),
+        steps=np.zeros(s, np.int32),
+    )
+    lap = train.laplace(fits, confidence)
+    q = (lap.upper - theta) / lap.se
+    content = stats.t.cdf(q, n - 2) - stats.t.cdf(-q, n - 2)
+    covered = (lap.lower <= truth) & (truth <= lap.upper)
+    rate = covered.mean(axis=0)
+    se = math.sqrt(confidence * (1 - confidence) / s)
+    assert evidence.record(
+        "Laplace interval on a linear model: t probability content and simulated coverage",
+        f"level {confidence}, {s} data sets of {n} points, 2 parameters",
+        {
+            "content_min": float(content.min()),
+            "content_max": float(content.max()),
+            "coverage": rate.tolist(),
+            "binomial_se": se,
+        },
+        {"content_abs": 1e-9, "coverage_within_se": 3},
+        bool(np.all(np.abs(content - confidence) <= 1e-9))
+        and bool(np.all(np.abs(rate - confidence) <= 3 * se)),
+    )
+
+
+def test_report_verdicts_follow_their_figures(study):
+    """Each verdict of the report is computed from its figures: on the study's own
+    figures it reads as the report says, and it flips when the figures do."""
+    out, workdir = study
+    conv, se, cov = out["convergence"], out["fit"]["refined"]["se"], out["coverage"]
+    text = (workdir / "report.md").read_text()
+    good = report.convergence_verdict(conv, se)
+    assert good.startswith("Yes, at the order of the integrator") and good in text
+    assert report.coverage_verdict(cov) in text
+    low_order = dict(conv, observed_order=[2.0, 2.1])
+    assert report.convergence_verdict(low_order, se).startswith("Yes, but at observed order 2")
+    growing = dict(conv, abs_gap=[list(g) for g in reversed(conv["abs_gap"])])
+    assert report.convergence_verdict(growing, se).startswith("No:")
+    huge_gaps = dict(conv, abs_gap=[[10 * s for s in se] for _ in conv["abs_gap"]])
+    assert "solver limits the inference" in report.convergence_verdict(huge_gaps, se)
+    assert report.coverage_verdict(dict(cov, rate=[0.5, 0.95])).startswith("**No**")
+    assert report.scaling_verdict(0.0, [1e-14, 1.0, 2.0]).startswith("**Yes, exactly")
+    assert report.scaling_verdict(0.1, [1.0, 2.0, 3.0]).startswith("**Not exactly**")
+    assert report.short_window_verdict(500.0, 5.0).startswith("**Nearly")
+    assert report.short_window_verdict(6.0, 5.0).startswith("**Not even")
 
 
 def test_missing_observations_are_masked_not_propagated(study, evidence):

@@ -100,9 +100,20 @@ def fit(config_path: str | None, workdir: str | None, overwrite: bool) -> None:
 @click.option("--y0", default="1.0,0.0", show_default=True, help="Initial state, shared.")
 @click.option("--dt", default=0.01, show_default=True, type=float, help="RK4 step.")
 @click.option("--t-end", default=10.0, show_default=True, type=float, help="End time.")
-def simulate(system_name: str, params: tuple[str, ...], y0: str, dt: float, t_end: float) -> None:
-    """Integrate a batch of trajectories with RK4 in `lax.scan` and print the final states."""
-    from scientific_inverse import solver
+@click.option(
+    "--plot",
+    "plot_path",
+    default="runs/simulate.png",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="PNG of the trajectories and their phase portraits.",
+)
+def simulate(
+    system_name: str, params: tuple[str, ...], y0: str, dt: float, t_end: float, plot_path: str
+) -> None:
+    """Integrate a batch of trajectories with RK4 in `lax.scan`; print the final states
+    and plot every trajectory (state against time and the phase portrait)."""
+    from scientific_inverse import plots, solver
 
     system = SYSTEMS[system_name]
     defaults = {"oscillator": "1.0,0.3,4.0", "pendulum": "1.0,0.2"}
@@ -122,6 +133,14 @@ def simulate(system_name: str, params: tuple[str, ...], y0: str, dt: float, t_en
     click.echo(f"ys shape (batch, time, state) = {run.ys.shape}")
     for row, final in zip(theta, run.ys[:, -1], strict=True):
         click.echo(f"{system.param_names} = {row.tolist()}: y({t_end:g}) = {final.tolist()}")
+    labels = [
+        ", ".join(f"{n}={v:g}" for n, v in zip(system.param_names, row, strict=True))
+        for row in theta
+    ]
+    path = plots.trajectories(
+        Path(plot_path), run.ts, np.asarray(run.ys), labels, system.state_names
+    )
+    click.echo(f"trajectories plotted to {path}")
 
 
 main.add_command(bench)

@@ -97,3 +97,24 @@ def convergence(path: Path, series: list[dict[str, Any]]) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def trajectories(
+    path: Path, ts: np.ndarray, ys: np.ndarray, labels: list[str], state_names: tuple[str, str]
+) -> Path:
+    """Each simulated trajectory (`ys`: `(batch, time, 2)` at times `ts`): both state
+    components against time, and the phase portrait."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for row, label in zip(ys, labels, strict=True):
+        axes[0].plot(ts, row[:, 0], label=label)
+        axes[1].plot(ts, row[:, 1], label=label)
+        axes[2].plot(row[:, 0], row[:, 1], label=label)
+    axes[0].set(xlabel="t", ylabel=state_names[0], title=f"{state_names[0]}(t)")
+    axes[1].set(xlabel="t", ylabel=state_names[1], title=f"{state_names[1]}(t)")
+    axes[2].set(xlabel=state_names[0], ylabel=state_names[1], title="phase portrait")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -97,6 +97,77 @@ def write(
     return path
 
 
+# --- VERDICTS: each computed from the figures it summarizes ----------------------------
+
+
+def convergence_verdict(conv: dict[str, Any], se: list[float]) -> str:
+    """Does the estimate converge as the grid refines, at what order, and does the
+    solver limit the inference? From the observed order and the gaps."""
+    order = min(conv["observed_order"])
+    gaps = np.asarray(conv["abs_gap"], dtype=float)  # shape=(levels, 2), dt descending
+    order_by_dt = np.argsort(conv["dt"])[::-1]
+    shrinking = bool(np.all(np.diff(gaps[order_by_dt], axis=0) < 0))
+    if shrinking and 3.5 <= order <= 4.5:
+        first = f"Yes, at the order of the integrator (observed {order:.3g}; RK4: 4)."
+    elif shrinking:
+        first = f"Yes, but at observed order {order:.3g}, not the integrator's 4."
+    else:
+        first = "No: the gap to the exact-model fit does not shrink with every step refinement."
+    in_se = float(np.max(gaps / np.asarray(se, dtype=float)[None, :]))
+    if in_se < 0.1:
+        second = (
+            f"Every gap is far below the standard error (at most {in_se:.2g} se), so at "
+            "these steps the solver does not limit the inference."
+        )
+    else:
+        second = (
+            f"The largest gap is {in_se:.2g} standard errors: at the coarsest step the "
+            "solver limits the inference."
+        )
+    return f"{first} {second}"
+
+
+def scaling_verdict(scaling_gap: float, free_eigenvalues: list[float]) -> str:
+    """Can (m, c, k) and (2m, 2c, 2k) explain the same observations? From the
+    trajectory gap and the smallest Fisher eigenvalue relative to the largest."""
+    relative = abs(free_eigenvalues[0]) / max(abs(free_eigenvalues[-1]), 1e-300)
+    if scaling_gap <= 1e-9 and relative <= 1e-10:
+        return "**Yes, exactly, if the mass is not known.**"
+    return (
+        f"**Not exactly**: scaled parameters differ by {scaling_gap:.2g} in the trajectory and "
+        f"the Fisher information's smallest eigenvalue is {relative:.2g} of its largest."
+    )
+
+
+def short_window_verdict(short_condition: float, long_condition: float) -> str:
+    """Do damping and stiffness trade off in a short window? From the condition numbers."""
+    ratio = short_condition / long_condition
+    if ratio >= 10:
+        return (
+            f"**Nearly, in a short window** (condition number {ratio:.3g} times the long window's)."
+        )
+    return (
+        f"**Not even in a short window**: its condition number is only {ratio:.3g} times "
+        "the long window's."
+    )
+
+
+def coverage_verdict(cov: dict[str, Any]) -> str:
+    """Are the intervals honest? Coverage within three binomial standard errors."""
+    low = cov["nominal"] - 3 * cov["binomial_se"]
+    high = min(1.0, cov["nominal"] + 3 * cov["binomial_se"])
+    rates = [float(x) for x in cov["rate"]]
+    if all(low <= x <= high for x in rates):
+        return (
+            f"**Yes**: coverage {_pair(rates, 3)} lies within three binomial standard errors "
+            f"of the nominal {cov['nominal']:g}."
+        )
+    return (
+        f"**No**: coverage {_pair(rates, 3)} lies outside [{low:.3f}, {high:.3f}], three "
+        f"binomial standard errors around the nominal {cov['nominal']:g}."
+    )
+
+
 def _markdown(config: Config, r: dict[str, Any], scaling_gap: float) -> str:
     fit, ref, coarse = r["fit"], r["fit"]["refined"], r["fit"]["coarse"]
     pe, bias, conv, cov = r["parameter_error"], r["solver_bias"], r["convergence"], r["coverage"]
@@ -140,8 +211,9 @@ def _markdown(config: Config, r: dict[str, Any], scaling_gap: float) -> str:
         "",
         "## Does the inferred parameter converge as the time grid refines?",
         "",
-        "Yes, at the order of the integrator. The same data fitted with RK4 at each step, "
-        "against the fit with the exact solution:",
+        convergence_verdict(conv, ref["se"]),
+        "",
+        "The same data fitted with RK4 at each step, against the fit with the exact solution:",
         "",
         "| dt | c estimate | k estimate | abs gap c | abs gap k |",
         "|---|---|---|---|---|",
@@ -151,8 +223,7 @@ def _markdown(config: Config, r: dict[str, Any], scaling_gap: float) -> str:
     lines += [
         "",
         f"Observed order (slope of log gap against log dt): c {_f(conv['observed_order'][0], 3)}"
-        f", k {_f(conv['observed_order'][1], 3)} (RK4: 4). Every gap is far below the "
-        "standard error, so at these steps the solver does not limit the inference.",
+        f", k {_f(conv['observed_order'][1], 3)} (RK4: 4).",
         "",
         "![convergence](convergence.png)",
         "",
@@ -208,7 +279,8 @@ def _markdown(config: Config, r: dict[str, Any], scaling_gap: float) -> str:
     lines += [
         "## Can different parameters explain the same observations?",
         "",
-        "**Yes, exactly, if the mass is not known.** The free response depends on `c/m` and "
+        scaling_verdict(scaling_gap, free_f["eigenvalues"])
+        + " The free response depends on `c/m` and "
         "`k/m` only: `(m, c, k)` and `(2m, 2c, 2k)` give the same trajectory (max difference "
         f"{scaling_gap:.2g}). The Fisher information of `(m, c, k)` is singular (smallest "
         f"eigenvalue {free_f['eigenvalues'][0]:.2g}, direction "
@@ -218,8 +290,8 @@ def _markdown(config: Config, r: dict[str, Any], scaling_gap: float) -> str:
         f"condition number becomes {_f(load_f['condition_number'], 3)} and the relative "
         f"standard errors {_pair(load_f['relative_se'], 3)}. This is why `m` is known here.",
         "",
-        f"**Nearly, in a short window.** Observed only up to t = {config.short_window:g} "
-        "(less than a period), damping and stiffness trade off against each other:",
+        short_window_verdict(short_f["condition_number"], long_f["condition_number"])
+        + f" Observed only up to t = {config.short_window:g} (less than a period):",
         "",
         "| Design (expected Fisher information, log units) | condition number | "
         "relative se c | relative se k |",
@@ -268,6 +340,8 @@ def _markdown(config: Config, r: dict[str, Any], scaling_gap: float) -> str:
         "![profiles](profiles.png)",
         "",
         "## Are the intervals honest?",
+        "",
+        coverage_verdict(cov),
         "",
         f"Laplace intervals (Student t, level {cov['nominal']:g}) over {cov['seeds']} "
         f"independent data sets: they hold the true c in {cov['covered'][0]} "

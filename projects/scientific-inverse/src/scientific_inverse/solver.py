@@ -53,12 +53,14 @@ def rk4_step(
     system: System, t: jax.Array, y: jax.Array, theta: jax.Array, dt: jax.Array, load: float
 ) -> jax.Array:
     """One classical Runge-Kutta step (order 4) of `system` from `(t, y)`; `y`: `(2,)`."""
+    # --- exercise stage 1: The four stages of classical RK4 and their 1-2-2-1 weighted sum. ---
     f = system.rhs
     k1 = f(t, y, theta, load)
     k2 = f(t + dt / 2, y + dt / 2 * k1, theta, load)
     k3 = f(t + dt / 2, y + dt / 2 * k2, theta, load)
     k4 = f(t + dt, y + dt * k3, theta, load)
     return y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    # --- end exercise ---
 
 
 def integrate(
@@ -165,14 +167,18 @@ def make_adjoint(
     """`recursive` (discretise-then-optimise, checkpointed reverse mode through the
     solver's own steps; `checkpoints=None` keeps O(sqrt(max_steps)) of them and
     recomputes the rest) or `backsolve` (optimise-then-discretise: the adjoint ODE
-    solved backwards in time, with its own Tsit5 and PID controller)."""
+    solved backwards in time, with its own Tsit5 and PID controller), or `forward`
+    (forward-mode differentiation of the solver's own steps: `jax.jvp`/`jacfwd`
+    only; the discrete derivative that `recursive` must reproduce)."""
+    if name == "forward":
+        return diffrax.ForwardMode()
     if name == "recursive":
         return diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
     if name == "backsolve":
         return diffrax.BacksolveAdjoint(
             solver=diffrax.Tsit5(), stepsize_controller=pid_controller(rtol, atol)
         )
-    raise ValueError(f"Unknown adjoint `{name}`; use `recursive` or `backsolve`.")
+    raise ValueError(f"Unknown adjoint `{name}`; use `recursive`, `backsolve` or `forward`.")
 
 
 def diffrax_solve(

@@ -216,12 +216,14 @@ def laplace(fits: FitBatch, confidence: float) -> Laplace:
     """Gaussian (Laplace) approximation at the estimate: `cov = s^2 (J^T J)^-1` with
     `s^2 = RSS / (n - 2)`; intervals `theta +- t_{n-2} se` (Student t, because s
     is estimated from the same residuals)."""
+    # --- exercise stage 3: Covariance s^2 (J^T J)^-1 and two-sided Student-t intervals. ---
     sigma2 = fits.rss / (fits.n - 2)
     jtj = np.einsum("smi,smj->sij", fits.jac, fits.jac)
     cov = sigma2[:, None, None] * np.linalg.inv(jtj)
     se = np.sqrt(np.diagonal(cov, axis1=1, axis2=2))
     q = stats.t.ppf(0.5 + confidence / 2, fits.n - 2)[:, None]
     return Laplace(se, cov, fits.theta - q * se, fits.theta + q * se, np.sqrt(sigma2))
+    # --- end exercise ---
 
 
 _predict = jax.jit(predict, static_argnums=0)

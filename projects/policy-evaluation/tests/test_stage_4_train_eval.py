@@ -3,12 +3,15 @@ then evaluated on held-out keys.
 
 - Grid world (5 seeds, small budget): the exact evaluator (linear solve) puts
   every trained policy between the uniform-random and the optimal (value
-  iteration) baselines; the sampled held-out return of each seed agrees with
-  its exact value within a z = 4.5 interval; repeated for the greedy policy.
+  iteration) baselines; the per-seed held-out summary (what the report
+  prints) agrees with each seed's exact value within a z = 4.5 interval;
+  repeated for the greedy policy.
 - Keys: evaluation keys are disjoint from training keys; training does not
   depend on evaluation settings; same key -> same bits; vmapped = one by one.
-- CartPole (2 seeds, small budget): held-out return well above a uniformly
-  random policy's on the same held-out keys.
+- CartPole (2 seeds, 20,480 steps each): held-out return at least twice a
+  uniformly random policy's on the same held-out keys. This is what the test
+  budget can show; the >= 475 target belongs to the default run (8 seeds x
+  500,000 steps), reproduced by `policy-evaluation train`, not by this suite.
 - CLI: a tiny run writes the report with `train/` and `eval/` kept apart; bad
   configs give clear errors naming the values.
 - Initialization: every layer equals `jax.nn.initializers.orthogonal` on its
@@ -75,17 +78,26 @@ def test_gridworld_trained_between_baselines_and_matches_exact(evidence, grid_re
         ),
     )
     assert ok
+    # The per-seed summary the report and CLI print: each seed's held-out
+    # discounted return, judged against that seed's exact value (an answer
+    # computed without sampling), with the standard error of its eval episodes.
+    summary = grid_result["summary"]
+    assert summary["metric"] == "eval/discounted_return"
+    per_seed = np.asarray(summary["per_seed"])
     disc = grid_result["eval"]["eval/discounted_return"]  # [seeds, episodes]
     se = disc.std(axis=1, ddof=1) / np.sqrt(disc.shape[1])
-    z = np.abs(disc.mean(axis=1) - trained) / se
+    z = np.abs(per_seed - trained) / se
     ok = evidence.record(
-        "held-out sampled return vs exact evaluator",
+        "held-out per-seed summary vs exact evaluator",
         "stochastic policy",
-        {"sampled_mean": disc.mean(axis=1), "exact": trained, "z": z},
+        {"summary_per_seed": per_seed, "exact": trained, "z": z},
         {"z": 4.5},
         bool(np.all(z <= 4.5)),
     )
     assert ok
+    mean, half = float(per_seed.mean()), 1.96 * per_seed.std(ddof=1) / np.sqrt(len(per_seed))
+    assert abs(summary["mean"] - mean) <= 1e-9 and abs(summary["ci95_half_width"] - half) <= 1e-9
+    assert summary["worst_seed"] == int(per_seed.argmin())
 
 
 def test_gridworld_greedy_policy_matches_exact(evidence, grid_result):
@@ -162,6 +174,17 @@ def test_eval_keys_disjoint_and_training_deterministic(evidence, grid_result):
 
 
 def test_cartpole_learns_above_random_on_held_out_keys(evidence):
+    """What the test budget can show, and what it cannot.
+
+    The specification's CartPole target, a held-out return >= 475 (of 500),
+    belongs to the default run (8 seeds x 500,000 steps each, about 4 M
+    environment steps), which `policy-evaluation train` reproduces in about
+    17 s on a quiet 2-core machine: too long for this suite. The suite trains
+    the tiny config instead (2 seeds x 20,480 steps, 4% of one default seed),
+    far from 475. What it checks is that learning happened: every seed's
+    held-out greedy return is at least twice a uniformly random policy's on
+    the same held-out keys.
+    """
     config = Config.tiny("cartpole")
     result = run_experiment(config)
     per_seed = np.asarray(result["summary"]["per_seed"])
@@ -175,12 +198,13 @@ def test_cartpole_learns_above_random_on_held_out_keys(evidence):
     _, tr = rollout(env, random_policy, reset_all(env, k_reset, 64), k_roll, 500, False)
     random_return = float(np.asarray(tr.reward).sum(axis=0).mean())
     ok = evidence.record(
-        "CartPole held-out return vs uniform random",
-        "tiny budget, 2 seeds",
+        "CartPole held-out return vs uniform random (the tiny budget, not the >= 475 target)",
+        f"{config.num_seeds} seeds x {config.total_timesteps} steps",
         {
             "per_seed": per_seed,
             "random_policy": random_return,
             "train_final": result["train"]["train/episode_return"][:, -1],
+            "specification_target_of_the_default_run": 475.0,
         },
         {"at_least_times_random": 2.0},
         bool(np.all(per_seed >= 2.0 * random_return)),

@@ -86,6 +86,7 @@ class GridWorld:
         return row * self.size + col
 
     def step(self, state: EnvState, action: jax.Array, key: jax.Array) -> StepOut:
+        # --- exercise stage 1: Slip to a uniform action w.p. slip; +1 goal, -1 pit, step cost. ---
         slip_key, action_key = jax.random.split(key)
         slipped = jax.random.bernoulli(slip_key, self.slip)
         random_action = jax.random.randint(action_key, (), 0, self.num_actions, jnp.int32)
@@ -100,10 +101,12 @@ class GridWorld:
         return StepOut(
             EnvState(cell, t), self.obs(cell), reward.astype(jnp.float32), terminated, truncated
         )
+        # --- end exercise ---
 
     def transition_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The enumerated MDP in float64, written without JAX: `P[s, a, s']`,
         `R[s, a, s']` and the boolean `terminal[s]` (absorbing, no further reward)."""
+        # --- exercise stage 1: Enumerate P[s, a, s'] (slip over all 4 moves) and R[s, a, s']. ---
         n, size = self.num_states, self.size
         P = np.zeros((n, self.num_actions, n))
         R = np.zeros((n, self.num_actions, n))
@@ -121,6 +124,7 @@ class GridWorld:
                     bonus = 1.0 if s2 == self.goal else (-1.0 if s2 == self.pit else 0.0)
                     R[s, a, s2] = bonus + self.step_reward
         return P, R, terminal
+        # --- end exercise ---
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +153,7 @@ class CartPole:
         return EnvState(physics, jnp.asarray(0, jnp.int32)), physics
 
     def step(self, state: EnvState, action: jax.Array, key: jax.Array) -> StepOut:
+        # --- exercise stage 1: CartPole-v1's Euler step; end at |x| > 2.4 or |theta| > 12 deg. ---
         del key  # the dynamics are deterministic
         x, x_dot, theta, theta_dot = state.physics
         total_mass = self.masspole + self.masscart
@@ -174,6 +179,7 @@ class CartPole:
         t = state.t + 1
         truncated = (t >= self.max_steps) & ~terminated
         return StepOut(EnvState(physics, t), physics, jnp.float32(1.0), terminated, truncated)
+        # --- end exercise ---
 
 
 def make_env(name: str, **overrides) -> GridWorld | CartPole:

@@ -10,16 +10,20 @@ import numpy as np
 
 
 def policy_matrices(P, R, terminal, pi):
+    # --- exercise stage 3: Average P and R over pi(a|s); terminal rows stay zero. ---
     live = (~terminal).astype(np.float64)[:, None]
     P_pi = np.einsum("sa,sat->st", pi, P) * live
     r_pi = np.einsum("sa,sat,sat->s", pi, P, R) * live[:, 0]
     return P_pi, r_pi
+    # --- end exercise ---
 
 
 def evaluate_policy(P, R, terminal, pi, gamma: float) -> np.ndarray:
     """V^pi for every state (0 at terminal states)."""
+    # --- exercise stage 3: Solve (I - gamma P_pi) V = r_pi. ---
     P_pi, r_pi = policy_matrices(P, R, terminal, pi)
     return np.linalg.solve(np.eye(len(r_pi)) - gamma * P_pi, r_pi)
+    # --- end exercise ---
 
 
 def q_values(P, R, terminal, V, gamma: float) -> np.ndarray:
@@ -29,6 +33,7 @@ def q_values(P, R, terminal, V, gamma: float) -> np.ndarray:
 
 def value_iteration(P, R, terminal, gamma: float, tol: float = 1e-12, max_iter: int = 100_000):
     """Optimal values and a greedy optimal policy (one-hot table)."""
+    # --- exercise stage 4: Iterate V(s) <- max_a Q(s, a) to tol; return V and greedy pi. ---
     V = np.zeros(P.shape[0])
     for _ in range(max_iter):
         V_new = q_values(P, R, terminal, V, gamma).max(axis=1) * (~terminal)
@@ -38,6 +43,7 @@ def value_iteration(P, R, terminal, gamma: float, tol: float = 1e-12, max_iter: 
         V = V_new
     pi = np.eye(P.shape[1])[q_values(P, R, terminal, V, gamma).argmax(axis=1)]
     return V, pi
+    # --- end exercise ---
 
 
 def softmax(theta: np.ndarray) -> np.ndarray:
@@ -47,6 +53,7 @@ def softmax(theta: np.ndarray) -> np.ndarray:
 
 def exact_policy_gradient(P, R, terminal, theta, gamma: float, start: int) -> np.ndarray:
     """Gradient of J = V^pi(start) with respect to softmax logits `theta[s, a]`."""
+    # --- exercise stage 3: d(s) pi(a|s) (Q - V); occupancy d: (I - gamma P_pi)^T d = e_start. ---
     pi = softmax(theta)
     P_pi, r_pi = policy_matrices(P, R, terminal, pi)
     n = len(r_pi)
@@ -54,3 +61,4 @@ def exact_policy_gradient(P, R, terminal, theta, gamma: float, start: int) -> np
     Q = q_values(P, R, terminal, V, gamma)
     d = np.linalg.solve((np.eye(n) - gamma * P_pi).T, np.eye(n)[start])
     return d[:, None] * pi * (Q - V[:, None])
+    # --- end exercise ---

@@ -64,6 +64,7 @@ def rollout(
     def one_step(scan_carry, _):
         carry, key = scan_carry
         key, act_key, env_key, reset_key = jax.random.split(key, 4)
+        # --- exercise stage 2: Step all envs; reset the done ones, or freeze them (mask 0). ---
         action, log_prob, value = jax.vmap(policy_fn)(carry.obs, per_env_keys(act_key, num_envs))
         out = jax.vmap(env.step)(carry.state, action, per_env_keys(env_key, num_envs))
         done = out.terminated | out.truncated
@@ -95,6 +96,7 @@ def rollout(
             log_prob=log_prob,
             finished_return=jnp.where(finished, ep_return, 0.0),
         )
+        # --- end exercise ---
         return (Carry(state, obs, next_active, next_return), key), transition
 
     (carry, _), traj = jax.lax.scan(one_step, (carry, key), None, length=num_steps)
@@ -107,6 +109,7 @@ def discounted_returns(
     """G_t = r_t + gamma (1 - done_t) G_{t+1}, G_T = last_value; 0 on padding.
     Inputs `[T, N]`, `last_value` `[N]`."""
 
+    # --- exercise stage 2: Reverse scan: G_t = mask_t (r_t + gamma (1 - done_t) G_{t+1}). ---
     def back(g_next, xs):
         r, d, m = xs
         g = m * (r + gamma * (1.0 - d.astype(jnp.float32)) * g_next)
@@ -114,6 +117,7 @@ def discounted_returns(
 
     _, returns = jax.lax.scan(back, last_value, (rewards, dones, masks), reverse=True)
     return returns
+    # --- end exercise ---
 
 
 def gae(
@@ -131,6 +135,7 @@ def gae(
     A_t = mask_t (delta_t + gamma lam (1 - done_t) A_{t+1}); a done step
     (terminated or truncated) does not bootstrap, padded steps give 0."""
 
+    # --- exercise stage 2: Reverse scan of delta_t + gamma lam (1 - done_t) A_{t+1}, masked. ---
     def back(carry, xs):
         a_next, v_next = carry
         r, v, d, m = xs
@@ -142,3 +147,4 @@ def gae(
     init = (jnp.zeros_like(last_value), last_value)
     _, adv = jax.lax.scan(back, init, (rewards, values, dones, masks), reverse=True)
     return adv, adv + values * masks
+    # --- end exercise ---

@@ -24,9 +24,11 @@ from policy_evaluation.rollout import Carry, gae, reset_all, rollout
 
 def clipped_surrogate(ratio: jax.Array, advantage: jax.Array, clip_eps: float) -> jax.Array:
     """PPO's per-sample objective min(r A, clip(r, 1 - eps, 1 + eps) A) (to maximize)."""
+    # --- exercise stage 3: The pessimistic min of r A and clip(r, 1 - eps, 1 + eps) A. ---
     return jnp.minimum(
         ratio * advantage, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage
     )
+    # --- end exercise ---
 
 
 def sample_policy(params: dict):
@@ -50,6 +52,7 @@ def greedy_policy(params: dict):
 
 
 def ppo_loss(params: dict, batch: dict, config: Config) -> tuple[jax.Array, dict]:
+    # --- exercise stage 3: Surrogate on normalized A, clipped value loss, minus entropy. ---
     logits, value = apply(params, batch["obs"])
     log_probs = jax.nn.log_softmax(logits)
     log_prob = jnp.take_along_axis(log_probs, batch["action"][:, None], axis=1)[:, 0]
@@ -71,6 +74,7 @@ def ppo_loss(params: dict, batch: dict, config: Config) -> tuple[jax.Array, dict
         "value_loss": value_loss,
         "entropy": entropy,
     }
+    # --- end exercise ---
 
 
 def make_optimizer(config: Config) -> optax.GradientTransformation:
@@ -133,11 +137,13 @@ def make_train(config: Config):
 
                 def minibatch(state, batch):
                     params, opt_state = state
+                    # --- exercise stage 4: Descend ppo_loss's gradient with the optax chain. ---
                     grads, aux = jax.grad(ppo_loss, has_aux=True)(params, batch, config)
                     # optax mixes its int step count with float schedules: exempt from strict mode.
                     with jax.numpy_dtype_promotion("standard"):
                         updates, opt_state = tx.update(grads, opt_state, params)
                     return (optax.apply_updates(params, updates), opt_state), aux
+                    # --- end exercise ---
 
                 (params, opt_state), aux = jax.lax.scan(minibatch, (params, opt_state), shuffled)
                 return (params, opt_state, key), aux
@@ -166,10 +172,12 @@ def make_train(config: Config):
 
 def seed_keys(config: Config) -> tuple[jax.Array, jax.Array]:
     """(training keys, evaluation keys), one per seed, from disjoint roots."""
+    # --- exercise stage 4: Split the root into training and evaluation roots, then per seed. ---
     train_root, eval_root = jax.random.split(jax.random.key(config.seed))
     return jax.random.split(train_root, config.num_seeds), jax.random.split(
         eval_root, config.num_seeds
     )
+    # --- end exercise ---
 
 
 def make_evaluate(config: Config):
@@ -178,6 +186,7 @@ def make_evaluate(config: Config):
     env = make_env(config.env, max_steps=config.eval_horizon)
 
     def evaluate(params: dict, key: jax.Array) -> dict[str, jax.Array]:
+        # --- exercise stage 4: Held-out episodes, no auto-reset; plain and discounted returns. ---
         reset_key, roll_key = jax.random.split(key)
         carry: Carry = reset_all(env, reset_key, config.eval_episodes)
         policy = greedy_policy(params) if config.eval_greedy else sample_policy(params)
@@ -188,6 +197,7 @@ def make_evaluate(config: Config):
             "eval/discounted_return": (discounts[:, None] * traj.reward).sum(axis=0),
             "eval/episode_length": traj.mask.sum(axis=0),
         }
+        # --- end exercise ---
 
     return evaluate
 
@@ -232,6 +242,7 @@ def run_experiment(config: Config, progress=None) -> dict[str, Any]:
         "params": out["params"],
         "devices": devices,
     }
+    # --- exercise stage 4: Per seed: the mean held-out eval/ return; mean +- 95% CI. ---
     per_seed_key = "eval/discounted_return" if config.env == "gridworld" else "eval/episode_return"
     per_seed = result["eval"][per_seed_key].mean(axis=1)
     mean, half = mean_ci(per_seed)
@@ -242,6 +253,7 @@ def run_experiment(config: Config, progress=None) -> dict[str, Any]:
         "ci95_half_width": half,
         "worst_seed": int(per_seed.argmin()),
     }
+    # --- end exercise ---
     if config.env == "gridworld":
         env = GridWorld()
         P, R, terminal = env.transition_table()

@@ -1,0 +1,239 @@
+"""Stage 2: hand-built HMC and VI, judged against the exact posterior.
+
+Independent checks:
+  - leapfrog: reversibility, and second-order global error against the exact
+    flow of a harmonic oscillator (slope of log error vs log step);
+  - dual averaging: the step size it settles on against the closed-form one
+    for an acceptance curve `exp(-eps)`;
+  - HMC: sample means and covariances against the exact NIG moments, as
+    z-scores with batch-means Monte-Carlo standard errors (fixed keys, so
+    every z-score is a deterministic number);
+  - ELBO: the Monte-Carlo estimator against the closed-form `-KL` of two
+    Gaussians; VI fits against the exact posterior and the exact evidence.
+Changed conditions: a second data set (uncorrelated design, other seed); a
+non-unit mass matrix; a deliberately too-large step size (divergences).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bayesian_regression import hmc, model, train, vi
+from bayesian_regression.config import Config
+
+Z_LIMIT = 4.0
+CORRELATED = Config.tiny()
+UNCORRELATED = Config.tiny().replace(feature_correlation=0.0, data_seed=1)
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return {"correlated": train.make_problem(CORRELATED), "uncorrelated": train.make_problem(UNCORRELATED)}
+
+
+@pytest.fixture(scope="module")
+def hmc_runs(problems):
+    return {
+        name: train.sample_hmc(CORRELATED, p, jax.random.key(CORRELATED.seed))
+        for name, p in problems.items()
+    }
+
+
+def _oscillator(a_diag):
+    return lambda q, data=None: -0.5 * jnp.sum(a_diag * q**2)
+
+
+@pytest.mark.parametrize("inv_mass", [(1.0, 1.0, 1.0), (0.5, 2.0, 1.5)])
+def test_leapfrog_is_reversible_and_second_order(inv_mass, evidence):
+    a_diag = jnp.array([1.0, 4.0, 0.25])
+    inv_m = jnp.array(inv_mass)
+    target = _oscillator(a_diag)
+    q0, p0 = jnp.array([1.0, -0.5, 2.0]), jnp.array([0.3, 1.0, -0.7])
+    g0 = jax.grad(target)(q0)
+    # Exact flow of H = q^T A q / 2 + p^T M^-1 p / 2: omega = sqrt(A M^-1).
+    omega = np.sqrt(np.asarray(a_diag) * np.asarray(inv_m))
+    horizon = 1.0
+    exact_q = np.asarray(q0) * np.cos(omega * horizon) + np.asarray(inv_m) * np.asarray(p0) / omega * np.sin(omega * horizon)
+    errors = []
+    steps_list = [10, 20, 40]
+    for steps in steps_list:
+        q, p, _, g = hmc.leapfrog(target, q0, p0, g0, jnp.float32(horizon / steps), inv_m, steps)
+        errors.append(float(np.max(np.abs(np.asarray(q, np.float64) - exact_q))))
+    slope = float(np.polyfit(np.log([horizon / s for s in steps_list]), np.log(errors), 1)[0])
+    q1, p1, _, g1 = hmc.leapfrog(target, q0, p0, g0, jnp.float32(0.1), inv_m, 10)
+    q2, p2, _, _ = hmc.leapfrog(target, q1, -p1, g1, jnp.float32(0.1), inv_m, 10)
+    cond = f"oscillator A=diag(1,4,1/4), inv_mass={inv_mass}"
+    ok = [
+        evidence.record("leapfrog global error order", cond, {"errors": errors, "slope": slope},
+                        {"slope": [1.8, 2.2]}, 1.8 <= slope <= 2.2),
+        evidence.allclose("reversibility: position", cond, q2, q0, rtol=0.0, atol=1e-5),
+        evidence.allclose("reversibility: momentum", cond, -p2, p0, rtol=0.0, atol=1e-5),
+    ]
+    assert all(ok)
+
+
+@pytest.mark.parametrize("target", [0.8, 0.6])
+def test_dual_averaging_finds_the_step_for_the_target(target, evidence):
+    """With acceptance `exp(-eps)`, the step giving `target` is `-log(target)`."""
+    da = hmc.dual_averaging_init(jnp.float32(1.0))
+
+    def body(da, _):
+        accept = jnp.exp(-jnp.exp(da.log_step))
+        return hmc.dual_averaging_update(da, accept, target), None
+
+    da, _ = jax.lax.scan(body, da, None, length=3000)
+    assert evidence.allclose(
+        "dual-averaging step size", f"acceptance exp(-eps), target {target}",
+        jnp.exp(da.log_step_avg), -np.log(target), rtol=0.02, atol=0.0,
+    )
+
+
+@pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
+def test_hmc_moments_match_the_exact_posterior(name, problems, hmc_runs, evidence):
+    samples = hmc_runs[name]
+    z = train.moment_zscores(samples.positions, problems[name].moments)
+    cond = f"{name} design, {CORRELATED.num_chains} chains x {CORRELATED.num_samples} draws, 4 batches/chain"
+    ok = evidence.record(
+        "HMC means and covariances vs exact (z-scores)", cond,
+        {"mean_z": z["mean_z"], "cov_z": z["cov_z"], "max_abs_z": z["max_abs_z"],
+         "divergent": int(jnp.sum(samples.is_divergent)),
+         "mean_accept": float(jnp.mean(samples.accept_prob))},
+        {"max_abs_z": Z_LIMIT}, z["max_abs_z"] < Z_LIMIT,
+    )
+    assert ok, z
+    assert int(jnp.sum(samples.is_divergent)) == 0
+
+
+@pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
+def test_adapted_mass_matrix_is_the_posterior_variance(name, problems, hmc_runs, evidence):
+    """The windowed estimate (75 draws) of every chain within a factor 3 of the exact variance."""
+    ratio = np.asarray(hmc_runs[name].inv_mass) / np.diag(np.asarray(problems[name].moments.theta_cov))[None, :]
+    assert evidence.record(
+        "adapted inverse mass / exact variance", f"{name} design, every chain",
+        {"min": float(ratio.min()), "max": float(ratio.max())}, {"range": [1 / 3, 3.0]},
+        bool(np.all((ratio > 1 / 3) & (ratio < 3.0))),
+    ), ratio
+
+
+def test_too_large_step_size_diverges(problems, hmc_runs, evidence):
+    """Three times the adapted step leaves the leapfrog stability region of the
+    stiffest direction: transitions diverge and are counted."""
+    key = jax.random.key(CORRELATED.seed)
+    big = train.sample_hmc(CORRELATED, problems["correlated"], key, step_size_factor=3.0)
+    base = hmc_runs["correlated"]
+    total = big.is_divergent.size
+    observed = {
+        "divergent_at_1x": int(jnp.sum(base.is_divergent)),
+        "divergent_at_3x": int(jnp.sum(big.is_divergent)),
+        "transitions": total,
+        "accept_at_1x": float(jnp.mean(base.accept_prob)),
+        "accept_at_3x": float(jnp.mean(big.accept_prob)),
+    }
+    ok = evidence.record(
+        "divergences at 3x the adapted step size", "correlated design", observed,
+        {"divergent_at_1x": 0, "divergent_fraction_at_3x_min": 0.1},
+        observed["divergent_at_1x"] == 0 and observed["divergent_at_3x"] >= 0.1 * total,
+    )
+    assert ok, observed
+
+
+def test_same_key_same_bits(problems, hmc_runs):
+    key = jax.random.key(CORRELATED.seed)
+    again = train.sample_hmc(CORRELATED, problems["correlated"], key)
+    other = train.sample_hmc(CORRELATED, problems["correlated"], jax.random.key(CORRELATED.seed + 1))
+    np.testing.assert_array_equal(np.asarray(again.positions), np.asarray(hmc_runs["correlated"].positions))
+    assert not np.array_equal(np.asarray(other.positions), np.asarray(again.positions))
+
+
+def _gaussian_kl(m_q, c_q, m_p, c_p):
+    d = m_q.shape[0]
+    inv = np.linalg.inv(c_p)
+    diff = m_p - m_q
+    return 0.5 * (np.trace(inv @ c_q) + diff @ inv @ diff - d
+                  + np.linalg.slogdet(c_p)[1] - np.linalg.slogdet(c_q)[1])
+
+
+@pytest.mark.parametrize("family", ["meanfield", "fullrank"])
+def test_elbo_estimator_matches_closed_form_on_a_gaussian(family, evidence):
+    """Target: normalized `N(mu, Sigma)`, so `ELBO = -KL(q || p)` exactly."""
+    mu = np.array([0.5, -1.0, 2.0])
+    sigma = np.array([[1.0, 0.6, 0.2], [0.6, 2.0, -0.3], [0.2, -0.3, 0.5]])
+    log_norm = -0.5 * (3 * np.log(2 * np.pi) + np.linalg.slogdet(sigma)[1])
+    inv = jnp.asarray(np.linalg.inv(sigma), jnp.float32)
+
+    def target(theta, data):
+        del data
+        diff = theta - jnp.asarray(mu, jnp.float32)
+        return jnp.float32(log_norm) - 0.5 * diff @ inv @ diff
+
+    key_init, key_mc = jax.random.split(jax.random.key(7))
+    params = vi.init_params(3, family)
+    noise = 0.3 * jax.random.normal(key_init, params.raw_scale.shape)
+    params = params._replace(loc=jnp.array([0.2, -0.5, 1.5]), raw_scale=params.raw_scale + noise)
+    num_mc = 40_000
+    estimate = float(
+        jax.jit(vi.elbo, static_argnums=(2, 4))(params, jax.random.clone(key_mc), target, None, num_mc)
+    )
+    m_q, c_q = (np.asarray(a, np.float64) for a in vi.mean_and_cov(params))
+    exact = -_gaussian_kl(m_q, c_q, mu, sigma)
+    # Standard error of the Monte-Carlo average, from the same draws, computed here.
+    eps = jax.random.normal(jax.random.clone(key_mc), (num_mc, 3))
+    draws = np.asarray(m_q[None, :] + np.asarray(eps) @ np.linalg.cholesky(c_q).T)
+    diff = draws - mu
+    log_p = log_norm - 0.5 * np.einsum("md,de,me->m", diff, np.linalg.inv(sigma), diff)
+    se = float(np.std(log_p) / np.sqrt(num_mc))
+    z = (estimate - exact) / se
+    assert evidence.record(
+        "Monte-Carlo ELBO vs closed-form -KL", f"{family}, Gaussian target, {num_mc} draws",
+        {"estimate": estimate, "exact": exact, "se": se, "z": z}, {"abs_z": Z_LIMIT}, abs(z) < Z_LIMIT,
+    ), (estimate, exact, se)
+
+
+@pytest.fixture(scope="module")
+def vi_fits(problems):
+    out = {}
+    for name, problem in problems.items():
+        for family in ("meanfield", "fullrank"):
+            key_fit, key_eval = jax.random.split(jax.random.key(11))
+            result = train.fit_vi(CORRELATED, problem, key_fit, family)
+            out[name, family] = train.vi_summary(result, problem, key_eval)
+    return out
+
+
+@pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
+def test_fullrank_vi_recovers_the_exact_posterior(name, vi_fits, problems, evidence):
+    s = vi_fits[name, "fullrank"]
+    observed = {"mean_error_in_sd": s["mean_error_in_sd"], "var_ratio": s["var_ratio"],
+                "kl": s["kl"], "elbo": s["elbo"], "log_evidence": problems[name].log_evidence}
+    ok = evidence.record(
+        "full-rank VI vs exact", f"{name} design", observed,
+        {"abs_mean_error_in_sd": 0.1, "var_ratio": [0.85, 1.15], "kl": [-0.01, 0.05]},
+        bool(np.all(np.abs(s["mean_error_in_sd"]) < 0.1)
+             and np.all((s["var_ratio"] > 0.85) & (s["var_ratio"] < 1.15))
+             and -0.01 < s["kl"] < 0.05),
+    )
+    assert ok, observed
+
+
+@pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
+def test_meanfield_vi_loses_the_predicted_variance(name, vi_fits, problems, evidence):
+    """Mean-field variances are the conditional ones, `1 / (Sigma^-1)_ii`; the KL it
+    pays is `(sum log Lambda_ii - log det Lambda) / 2` for a Gaussian target."""
+    s = vi_fits[name, "meanfield"]
+    moments = problems[name].moments
+    exact_var = np.diag(np.asarray(moments.theta_cov, np.float64))
+    predicted = train.mean_field_variance_prediction(moments) / exact_var
+    prec = np.linalg.inv(np.asarray(moments.theta_cov, np.float64))
+    kl_gap_predicted = 0.5 * (np.sum(np.log(np.diag(prec))) - np.linalg.slogdet(prec)[1])
+    kl_gap = s["kl"] - vi_fits[name, "fullrank"]["kl"]
+    observed = {"var_ratio": s["var_ratio"], "predicted_var_ratio": predicted,
+                "kl_meanfield": s["kl"], "kl_gap_vs_fullrank": kl_gap,
+                "kl_gap_predicted": kl_gap_predicted}
+    ok = evidence.record(
+        "mean-field variance loss vs prediction", f"{name} design", observed,
+        {"var_ratio_over_predicted": [0.85, 1.15], "kl_gap_abs": 0.05, "kl_gap_rel": 0.15},
+        bool(np.all(np.abs(s["var_ratio"] / predicted - 1.0) < 0.15)
+             and abs(kl_gap - kl_gap_predicted) < 0.05 + 0.15 * kl_gap_predicted),
+    )
+    assert ok, observed

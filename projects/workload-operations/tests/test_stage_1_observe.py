@@ -67,7 +67,7 @@ def _supervised(config: Config, workdir: Path, cache: Path, results: dict, key: 
 
 def test_scraped_counters_agree_with_the_jobs_own_count(tmp_path, jax_cache, evidence):
     configs = {
-        "batch16-h0.5": Config.tiny(),
+        "batch16-h1": Config.tiny(),
         "batch8-h0.25": Config.tiny().replace(
             batch_size=8, heartbeat_interval_s=0.25, num_steps=30, min_examples_per_s=40.0
         ),
@@ -192,13 +192,13 @@ def test_observation_cost_bench_runs_on_a_tiny_size(tmp_path, evidence):
 
 
 def test_heartbeat_interval_not_shorter_than_timeout_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="`heartbeat_interval_s` = `5.0` is not shorter"):
-        Config.tiny().replace(heartbeat_interval_s=5.0)
+    with pytest.raises(ConfigError, match="`heartbeat_interval_s` = `7.0` is not shorter"):
+        Config.tiny().replace(heartbeat_interval_s=7.0)
     bad = tmp_path / "bad.json"
     bad.write_text(
         Config.tiny()
         .to_json()
-        .replace('"heartbeat_interval_s": 0.5', '"heartbeat_interval_s": 9.0')
+        .replace('"heartbeat_interval_s": 1.0', '"heartbeat_interval_s": 9.0')
     )
     result = CliRunner().invoke(main, ["supervise", "--config", str(bad)])
     assert result.exit_code == 2

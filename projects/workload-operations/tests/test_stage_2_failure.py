@@ -65,6 +65,8 @@ CASES = [
     ({"last_heartbeat_t": 99.5, "last_step_t": 91.0}, "stall"),  # 8.5 intervals
     # Progress stopped, heartbeats stopped too: a hang, not a stall.
     ({"last_heartbeat_t": 90.0, "last_step_t": 85.0}, "hang"),
+    # Silent for 5 intervals, no step for 9: neither a hang yet nor a proven stall.
+    ({"last_heartbeat_t": 95.0, "last_step_t": 91.0}, None),
     ({"rate": 79.0}, "slow"),
     ({"rate": 81.0}, None),
     ({"rate": None}, None),

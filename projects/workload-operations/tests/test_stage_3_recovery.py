@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from workload_operations import checkpoint, data, faults, train, verifier
 from workload_operations.cli import main
 from workload_operations.config import Config
-from workload_operations.supervisor import run_verifier, supervise
+from workload_operations.supervisor import Supervisor, run_verifier, supervise
 
 
 def _ledger(workdir: Path, requested, verdicts, committed) -> None:
@@ -176,12 +176,25 @@ def test_only_completed_steps_are_accepted(recovery, evidence):
         ), (name, sorted(job_completed), sorted(orbax_steps), verdicts, cut)
 
 
-@pytest.fixture
-def finished_copy(recovery, tmp_path):
-    config, root, _ = recovery
-    workdir = tmp_path / "copy"
-    shutil.copytree(root / "kill-after-step", workdir)
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory, jax_cache):
+    """A job run to the end with its checkpoints (Orbax's background saves run in the
+    job's process, not here), every step judged in this process."""
+    config = Config.tiny_recovery().replace(steps_per_second=0.0)
+    workdir = tmp_path_factory.mktemp("saved") / "run"
+    outcome = Supervisor(config, workdir, detect=False, compilation_cache=jax_cache).run()
+    assert outcome.status == "completed", outcome.status
+    verdicts = verifier.verify(workdir, config)
+    assert [v["accepted"] for v in verdicts] == [True] * 5, verdicts
     return config, workdir
+
+
+@pytest.fixture
+def finished_copy(saved_run, tmp_path):
+    config, workdir = saved_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    return config, copy
 
 
 @pytest.mark.parametrize("step", [15, 12])

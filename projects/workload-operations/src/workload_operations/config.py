@@ -27,7 +27,7 @@ class Config(BaseModel):
 
     Presets:
       - `Config.tiny()`: the tests' job: 40 paced steps of a 16-32-4 MLP,
-        heartbeats every 0.5 s; about 3 s after JAX starts.
+        heartbeats every second; about 3 s after JAX starts.
         `workload-operations supervise --config configs/tiny.json` runs it.
       - `Config.default()`: `workload-operations supervise`: 600 steps at 50
         steps/s with a checkpoint every 100 steps; the loss falls from about
@@ -126,7 +126,7 @@ class Config(BaseModel):
 
     @classmethod
     def tiny(cls) -> "Config":
-        """Test preset: 40 steps at 20 steps/s, heartbeats every 0.5 s, hang after 6
+        """Test preset: 40 steps at 20 steps/s, heartbeats every 1 s, hang after 6
         silent intervals, stall after 8 intervals without a step, slow below 80
         examples/s (a quarter of the paced 320), 384 MB for the job's group (a job
         forked from the fork server needs about 200 MB), checkpoints off."""
@@ -138,9 +138,9 @@ class Config(BaseModel):
             num_classes=4,
             num_steps=40,
             steps_per_second=20.0,
-            heartbeat_interval_s=0.5,
-            hang_timeout_s=3.0,
-            stall_timeout_s=4.0,
+            heartbeat_interval_s=1.0,
+            hang_timeout_s=6.0,
+            stall_timeout_s=8.0,
             startup_timeout_s=300.0,
             min_examples_per_s=80.0,
             rate_window_steps=3,

@@ -160,7 +160,7 @@ def verify_approval(approval: dict, keyring: dict) -> None:
             f"{entry['not_after']}; the approval was signed at {approval['signed_at']} "
             f"(expired or not yet valid)."
         )
-    if Policy.model_validate(approval["policy"]).sha256() != approval["policy_sha256"]:
+    if hashlib.sha256(canonical_json(approval["policy"])).hexdigest() != approval["policy_sha256"]:
         raise SignatureRefused("The approval's `policy_sha256` does not match its policy.")
     public = Ed25519PublicKey.from_public_bytes(base64.b64decode(entry["public_key"]))
     try:

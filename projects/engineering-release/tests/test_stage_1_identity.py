@@ -1,0 +1,170 @@
+"""Stage 1: immutable identities.
+
+A model's id is the digest of its artifact directory. Independent check: the
+digest recomputed by coreutils (`find | sha256sum | sort | sha256sum`), not
+by our code. Changed conditions: another training seed, renamed, re-timed
+and re-ordered files, a flipped bit at seeded random places, a tampered
+stored object.
+"""
+
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from engineering_release import checkpoint, data, model, store, train
+from engineering_release.config import TrainConfig
+
+
+def coreutils_digest(root: Path) -> str:
+    """The tree digest by shell tools only: the independent reference."""
+    script = (
+        "( printf 'engineering-release/tree-v1\\n'; "
+        "find . -type f -exec sha256sum {} + | cut -c1-64 | LC_ALL=C sort ) | sha256sum"
+    )
+    out = subprocess.run(["sh", "-c", script], cwd=root, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.split()[0]
+
+
+def test_same_seed_same_model_id_other_seed_other_id(trained, artifacts, tmp_path, evidence):
+    again = train.train(TrainConfig.tiny(seed=0))
+    train.write_model(again, tmp_path / "again")
+    ids = {
+        "seed0": store.tree_digest(artifacts[0]),
+        "seed0_again": store.tree_digest(tmp_path / "again"),
+        "seed1": store.tree_digest(artifacts[1]),
+    }
+    reference = {
+        "seed0": coreutils_digest(artifacts[0]),
+        "seed0_again": coreutils_digest(tmp_path / "again"),
+        "seed1": coreutils_digest(artifacts[1]),
+    }
+    assert evidence.record("model id = coreutils tree digest", "seeds 0, 0 again, 1",
+                           {"ids": ids, "reference": reference}, None, ids == reference)
+    assert evidence.record("same seed, same model id", "two trainings of seed 0",
+                           {"first": ids["seed0"], "second": ids["seed0_again"]}, None,
+                           ids["seed0"] == ids["seed0_again"])
+    assert evidence.record("other seed, other model id", "seed 1",
+                           {"seed0": ids["seed0"], "seed1": ids["seed1"]}, None,
+                           ids["seed0"] != ids["seed1"])
+    for name, value in again.params.items():  # Same bits, leaf by leaf.
+        assert np.array_equal(value, trained[0].params[name]), name
+
+
+def test_one_flipped_bit_gives_another_id(artifacts, tmp_path, evidence):
+    rng = random.Random(1)
+    original = store.tree_digest(artifacts[0])
+    work = tmp_path / "flip"
+    shutil.copytree(artifacts[0], work)
+    files = sorted(p for p in work.iterdir() if p.is_file())
+    seen = set()
+    for trial in range(8):
+        path = rng.choice(files)
+        raw = bytearray(path.read_bytes())
+        offset, bit = rng.randrange(len(raw)), rng.randrange(8)
+        raw[offset] ^= 1 << bit
+        path.write_bytes(bytes(raw))
+        flipped, reference = store.tree_digest(work), coreutils_digest(work)
+        raw[offset] ^= 1 << bit
+        path.write_bytes(bytes(raw))
+        restored = store.tree_digest(work)
+        seen.add(flipped)
+        ok = flipped != original and flipped == reference and restored == original
+        assert evidence.record("one flipped bit changes the id", f"trial {trial}: {path.name} "
+                               f"byte {offset} bit {bit}", {"flipped": flipped,
+                               "coreutils": reference, "restored": restored}, None, ok)
+    assert len(seen) == 8, "every distinct flip gives a distinct id"
+
+
+def test_renaming_retiming_reordering_keep_the_id(artifacts, tmp_path, evidence):
+    original = store.tree_digest(artifacts[0])
+    files = sorted(p for p in artifacts[0].iterdir() if p.is_file())
+    # Files renamed, nested one level down, written in reverse order, with odd times.
+    moved = tmp_path / "another-name" / "nested"
+    moved.mkdir(parents=True)
+    for i, path in enumerate(reversed(files)):
+        target = moved / f"file-{i:02d}.bin"
+        target.write_bytes(path.read_bytes())
+        os.utime(target, (1_000_000 + i, 4_000_000_000 - i))
+    os.utime(moved, (0, 0))
+    digest = store.tree_digest(tmp_path / "another-name")
+    reference = coreutils_digest(tmp_path / "another-name")
+    assert evidence.record("renamed, nested, re-timed, re-ordered: same id",
+                           f"{len(files)} files", {"original": original, "moved": digest,
+                           "coreutils": reference}, None, digest == original == reference)
+    # Names carry no meaning: the renamed artifact reads back to the same model.
+    renamed = checkpoint.read_artifact(tmp_path / "another-name")
+    source = checkpoint.read_artifact(artifacts[0])
+    assert renamed.manifest == source.manifest
+    for name in source.params:
+        assert np.array_equal(renamed.params[name], source.params[name]), name
+
+
+def test_store_is_write_once_and_refuses_tampered_objects(artifacts, tmp_path, evidence):
+    objects = store.Store(tmp_path / "store")
+    first = objects.put(artifacts[0])
+    assert first == coreutils_digest(artifacts[0])
+    stored = objects.objects / first
+    before = {p.name: p.stat().st_mtime_ns for p in stored.iterdir()}
+    again = objects.put(artifacts[0])
+    after = {p.name: p.stat().st_mtime_ns for p in stored.iterdir()}
+    second = objects.put(artifacts[1])
+    assert evidence.record("put is idempotent and write-once", "same content twice, then another",
+                           {"ids": [first, again, second], "objects": objects.ids(),
+                            "rewritten": before != after}, None,
+                           first == again and before == after and len(objects.ids()) == 2)
+    assert objects.get(first[:10]) == stored  # A unique prefix resolves.
+    # Tamper with one byte of the stored copy: reads and re-puts are refused.
+    leaf = sorted(stored.glob("*.leaf"))[0]
+    leaf.chmod(0o644)
+    raw = bytearray(leaf.read_bytes())
+    raw[-1] ^= 0x01
+    leaf.write_bytes(bytes(raw))
+    with pytest.raises(store.TamperedObject, match=f"Object `{first[:12]}` is tampered"):
+        objects.get(first)
+    with pytest.raises(store.TamperedObject, match="tampered"):
+        objects.put(artifacts[0])
+    assert leaf.read_bytes() == bytes(raw), "the tampered copy is kept as evidence"
+    objects.get(second)  # Other objects are unaffected.
+    with pytest.raises(store.StoreError, match="Unknown object id `deadbeef00`"):
+        objects.get("deadbeef00")
+    evidence.record("tampered object refused on read and on put", "last byte of a leaf",
+                    {"object": first}, None, True)
+
+
+def test_put_crash_leaves_no_partial_object(artifacts, tmp_path, evidence):
+    """A put that dies after copying into scratch leaves no object: it appears
+    only through the final rename."""
+    objects = store.Store(tmp_path / "store")
+    partial = objects.scratch / "interrupted"
+    shutil.copytree(artifacts[1], partial)
+    (sorted(partial.iterdir())[0]).unlink()  # Died half-way through the copy.
+    assert objects.ids() == []
+    swept = objects.sweep_scratch()
+    object_id = objects.put(artifacts[1])
+    ok = swept == 1 and objects.ids() == [object_id] and not any(objects.scratch.iterdir())
+    assert evidence.record("scratch is never an object", "interrupted copy, then a put",
+                           {"swept": swept, "ids": objects.ids()}, None, ok)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_stored_model_computes_what_numpy_computes(artifacts, tmp_path, seed, evidence):
+    objects = store.Store(tmp_path / "store")
+    loaded = checkpoint.load_model(objects.get(objects.put(artifacts[seed])))
+    heldout = data.heldout_set(0, 0.2)
+    logits = np.asarray(train.predict(loaded.graphdef, loaded.params, jnp.asarray(heldout.images)))
+    reference = model.forward_numpy(loaded.artifact.params, heldout.images)
+    assert evidence.allclose("stored model logits vs NumPy float64", f"seed {seed}, "
+                             f"{len(heldout.ids)} held-out rows", logits, reference,
+                             rtol=1e-4, atol=1e-4)
+    golden = loaded.artifact
+    assert np.array_equal(
+        np.asarray(train.predict(loaded.graphdef, loaded.params, jnp.asarray(golden.golden_inputs))),
+        golden.golden_logits,
+    ), "the golden logits shipped with the model are its own, bit for bit"

@@ -1,0 +1,157 @@
+"""Stage 2: evaluation evidence.
+
+A report is bound to the model id it judged and to the held-out data's
+digest; verification recomputes every metric from the stored predictions.
+Independent checks: scikit-learn's metrics on the stored predictions, and
+predictions recomputed by the NumPy float64 forward pass. Changed
+conditions: the other model, another held-out split, and one edited field at
+a time.
+"""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+from sklearn.metrics import accuracy_score, confusion_matrix, recall_score
+
+from engineering_release import checkpoint, data, evaluation, model, store
+from engineering_release.config import Policy
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_report_metrics_agree_with_sklearn_and_numpy(evaluated_store, seed, evidence):
+    objects, models, reports = evaluated_store
+    evaluation_id, report = reports[seed]
+    heldout = data.heldout_set(0, 0.2)
+    predictions = np.asarray(report["predictions"])
+    artifact = checkpoint.read_artifact(objects.get(models[seed]))
+    numpy_predictions = model.forward_numpy(artifact.params, heldout.images).argmax(axis=1)
+    assert evidence.record("stored predictions = NumPy float64 forward pass", f"seed {seed}",
+                           {"differing": int(np.sum(numpy_predictions != predictions)),
+                            "count": int(predictions.size)}, {"differing": 0},
+                           np.array_equal(numpy_predictions, predictions))
+    m = report["metrics"]
+    reference = {
+        "accuracy": accuracy_score(heldout.labels, predictions),
+        "class_recall": recall_score(heldout.labels, predictions, average=None).tolist(),
+        "confusion": confusion_matrix(heldout.labels, predictions).tolist(),
+    }
+    assert evidence.allclose("accuracy vs sklearn", f"seed {seed}", m["accuracy"],
+                             reference["accuracy"], rtol=0, atol=1e-12)
+    assert evidence.allclose("class recall vs sklearn", f"seed {seed}", m["class_recall"],
+                             reference["class_recall"], rtol=0, atol=1e-12)
+    assert m["confusion"] == reference["confusion"]
+    assert m["accuracy"] > 0.85, "a tiny model still learns the digits"
+    assert report["model_id"] == models[seed]
+    assert evaluation_id == store.tree_digest(objects.get(evaluation_id))
+
+
+def test_report_binds_data_code_and_runtime(evaluated_store, evidence):
+    objects, models, reports = evaluated_store
+    _, report = reports[0]
+    heldout = data.heldout_set(0, 0.2)
+    other = data.heldout_set(1, 0.2)
+    assert report["data"]["digest"] == heldout.digest() != other.digest()
+    assert report["data"]["count"] == len(heldout.ids) == len(report["predictions"])
+    assert report["ids"] == heldout.ids.tolist()
+    assert report["code"]["source_sha256"] == evaluation.source_sha256()
+    assert report["code"]["commit"]
+    import jax
+
+    assert report["runtime"]["jax"] == jax.__version__
+    # No wall-clock time anywhere: the same inputs give the same bytes.
+    assert set(report) == {"format", "model_id", "data", "code", "runtime", "metrics", "ids",
+                           "predictions"}
+    assert "signed_at" not in json.dumps(report) and "_ms" not in json.dumps(report)
+    evidence.record("report identity fields", "seed 0", {"data": report["data"],
+                    "code": report["code"], "runtime": report["runtime"]}, None, True)
+
+
+def test_same_model_same_evaluation_id(evaluated_store, evidence):
+    objects, models, reports = evaluated_store
+    again, _ = evaluation.evaluate(objects, models[0], Policy())
+    ok = again == reports[0][0] and again != reports[1][0]
+    assert evidence.record("evaluation id is reproducible", "model A evaluated twice, then B",
+                           {"first": reports[0][0], "again": again, "other": reports[1][0]},
+                           None, ok)
+
+
+def _edited(report: dict, how: str) -> dict:
+    out = copy.deepcopy(report)
+    if how == "accuracy":
+        out["metrics"]["accuracy"] += 0.01
+    elif how == "prediction":
+        out["predictions"][0] = (out["predictions"][0] + 1) % data.NUM_CLASSES
+    elif how == "recall":
+        out["metrics"]["class_recall"][3] = 1.0
+    elif how == "count":
+        out["metrics"]["correct"] += 1
+    elif how == "extra-metric":
+        out["metrics"]["f1"] = 0.99
+    return out
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("accuracy", "`accuracy`"),
+        ("prediction", "`correct`"),
+        ("recall", "`class_recall`"),
+        ("count", "`correct`"),
+        ("extra-metric", "metrics are"),
+    ],
+)
+def test_verify_refuses_an_edited_report(evaluated_store, how, message, evidence):
+    _, models, reports = evaluated_store
+    report = reports[0][1]
+    evaluation.verify_report(report, model_id=models[0], policy=Policy())  # The original passes.
+    with pytest.raises(evaluation.EvaluationMismatch, match=message) as info:
+        evaluation.verify_report(_edited(report, how), model_id=models[0], policy=Policy())
+    evidence.record("edited report refused", how, {"message": str(info.value)}, None, True)
+
+
+def test_verify_refuses_another_model_or_data_set(evaluated_store, evidence):
+    objects, models, reports = evaluated_store
+    with pytest.raises(evaluation.EvaluationMismatch, match="judged model") as other_model:
+        evaluation.verify_report(reports[0][1], model_id=models[1], policy=Policy())
+    # A sound report, but on another held-out split: refused under the policy's split.
+    shifted = Policy(split_seed=1)
+    _, elsewhere = evaluation.evaluate(objects, models[0], shifted)
+    evaluation.verify_report(elsewhere, model_id=models[0], policy=shifted)
+    with pytest.raises(evaluation.EvaluationMismatch, match="data set") as other_data:
+        evaluation.verify_report(elsewhere, model_id=models[0], policy=Policy())
+    evidence.record("binding refusals", "model B for A's report; split_seed 1 report",
+                    {"other_model": str(other_model.value), "other_data": str(other_data.value)},
+                    None, True)
+
+
+def test_rerun_catches_predictions_of_another_model(evaluated_store, evidence):
+    """A forged report: B's predictions with metrics recomputed to match, claimed
+    for A. The metric check passes; re-running model A catches it."""
+    objects, models, reports = evaluated_store
+    forged = copy.deepcopy(reports[1][1])
+    forged["model_id"] = models[0]
+    evaluation.verify_report(forged, model_id=models[0], policy=Policy())
+    with pytest.raises(evaluation.EvaluationMismatch, match="Re-running model") as info:
+        evaluation.verify_report(forged, model_id=models[0], policy=Policy(),
+                                 model_dir=objects.get(models[0]))
+    verified = evaluation.verify_report(reports[0][1], model_id=models[0], policy=Policy(),
+                                        model_dir=objects.get(models[0]))
+    assert evidence.record("re-run verification", "forged vs genuine report of A",
+                           {"forged": str(info.value), "genuine_reran": verified.reran}, None,
+                           verified.reran)
+
+
+def test_tampered_report_object_is_refused(evaluated_store, tmp_path, evidence):
+    objects, models, reports = evaluated_store
+    copy_store = store.Store(tmp_path / "store")
+    src = objects.get(reports[0][0])
+    evaluation_id = copy_store.put(src)
+    path = copy_store.objects / evaluation_id / evaluation.REPORT_FILE
+    path.chmod(0o644)
+    path.write_text(path.read_text().replace('"correct":', '"correct": ', 1))  # Same JSON value.
+    with pytest.raises(store.TamperedObject):
+        evaluation.load_report(copy_store, evaluation_id)
+    evidence.record("report bytes are its identity", "whitespace added", {"id": evaluation_id},
+                    None, True)

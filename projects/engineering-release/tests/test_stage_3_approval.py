@@ -1,0 +1,232 @@
+"""Stage 3: approval and rollback.
+
+Approvals are Ed25519 signatures over (model id, evaluation id, policy); the
+release log is hash-chained; a rollback is a new entry; the registry's
+aliases follow the log. Independent checks: OpenSSL verifies our signatures
+from the public key alone, and the chain is recomputed here with hashlib.
+Changed conditions: two keys and two models; an edited, reordered, deleted
+and truncated log; an alias moved behind the log's back.
+"""
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import shutil
+import subprocess
+
+import pytest
+from conftest import fresh_state
+from cryptography.hazmat.primitives import serialization
+
+from engineering_release import evaluation, ledger, registry, release, signing
+from engineering_release.config import Policy
+
+
+def approval_for(state, model_id: str, pem, **kw) -> dict:
+    evaluation_id, _ = evaluation.evaluate(state.store, model_id, state.policy())
+    return signing.sign_approval(signing.load_private(pem), model_id=model_id,
+                                 evaluation_id=evaluation_id, policy=state.policy(),
+                                 signer=pem.stem, **kw)
+
+
+@pytest.fixture
+def state(registry_template, tmp_path):
+    template, models = registry_template
+    return fresh_state(template, tmp_path), models
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the `openssl` command line")
+def test_openssl_verifies_our_signatures(state, tmp_path, evidence):
+    state, models = state
+    for name, seed in (("alice", 0), ("bob", 1)):
+        _, pem = signing.generate_key(state.keys, name)
+        approval = approval_for(state, models[seed], pem)
+        public = signing.load_private(pem).public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        (tmp_path / "pub.pem").write_bytes(public)
+        (tmp_path / "sig").write_bytes(base64.b64decode(approval["signature"]))
+        results = {}
+        for label, payload in (("as signed", signing.approval_payload(approval)),
+                               ("model id changed", signing.approval_payload(
+                                   {**approval, "model_id": models[1 - seed]}))):
+            (tmp_path / "payload").write_bytes(payload)
+            out = subprocess.run(
+                ["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", "pub.pem", "-rawin",
+                 "-in", "payload", "-sigfile", "sig"], cwd=tmp_path, capture_output=True,
+                text=True, check=False)
+            results[label] = out.returncode
+        signing.verify_approval(approval, signing.read_keyring(state.keys))
+        ok = results == {"as signed": 0, "model id changed": 1}
+        assert evidence.record("openssl verifies the Ed25519 approval", f"key {name}, seed {seed}",
+                               {"openssl_exit": results}, {"as signed": 0, "changed": 1}, ok)
+
+
+def test_refused_approvals(state, evidence):
+    state, models = state
+    _, pem = signing.generate_key(state.keys, "alice")
+    _, foreign = signing.generate_key(state.keys, "mallory", trust=False)
+    long_ago = signing.now_utc() - dt.timedelta(days=400)
+    _, expired = signing.generate_key(state.keys, "retired", valid_days=30, not_before=long_ago)
+    ring = signing.read_keyring(state.keys)
+    good = approval_for(state, models[0], pem)
+    signing.verify_approval(good, ring)
+    cases = {
+        "foreign key": (approval_for(state, models[0], foreign), "not in the trusted keyring"),
+        "expired key": (approval_for(state, models[0], expired), "expired"),
+        "model id edited": ({**good, "model_id": models[1]}, "does not verify"),
+        "evaluation id edited": ({**good, "evaluation_id": "0" * 64}, "does not verify"),
+        "policy edited": ({**good, "policy": {**good["policy"], "min_accuracy": 0.1}},
+                          "policy_sha256"),
+    }
+    for label, (approval, message) in cases.items():
+        with pytest.raises(signing.SignatureRefused, match=message) as info:
+            signing.verify_approval(approval, ring)
+        evidence.record("approval refused", label, {"message": str(info.value)}, None, True)
+    # Through the command path: nothing is appended when refused.
+    eval_a, _ = evaluation.evaluate(state.store, models[0], state.policy())
+    before = state.ledger_path.read_bytes() if state.ledger_path.exists() else b""
+    with pytest.raises(release.ReleaseRefused, match="judged model"):
+        release.approve(state, models[1], eval_a, pem, "alice")  # A's evaluation for B.
+    with pytest.raises(release.ReleaseRefused, match="not in the trusted keyring"):
+        release.approve(state, models[0], eval_a, foreign, "mallory")
+    after = state.ledger_path.read_bytes() if state.ledger_path.exists() else b""
+    assert evidence.record("refused approvals change nothing", "other model; foreign key",
+                           {"log_bytes_before": len(before), "after": len(after)}, None,
+                           before == after)
+
+
+def _chain_reference(lines: list[str]) -> list[str]:
+    """Recomputes each entry's hash the plain way, for comparison with the module."""
+    out, prev = [], "0" * 64
+    for line in lines:
+        entry = json.loads(line)
+        body = {k: entry[k] for k in ("seq", "kind", "prev", "body")}
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
+                                .encode()).hexdigest()
+        out.append("ok" if entry["prev"] == prev and entry["hash"] == digest else "broken")
+        prev = entry["hash"]
+    return out
+
+
+def _build_log(state, models, pem) -> list[dict]:
+    """approve A, approve B, release A, release B, rollback to A, release B."""
+    entries_of = state.entries
+    a = release.approve(state, models[0], evaluation.evaluate(state.store, models[0],
+                                                              state.policy())[0], pem, "alice")
+    b = release.approve(state, models[1], evaluation.evaluate(state.store, models[1],
+                                                              state.policy())[0], pem, "alice")
+    rel_a = ledger.append(state.ledger_path, "release", ledger.release_body(entries_of(), a))
+    ledger.append(state.ledger_path, "release", ledger.release_body(entries_of(), b))
+    ledger.append(state.ledger_path, "rollback", ledger.rollback_body(entries_of(), rel_a))
+    ledger.append(state.ledger_path, "release", ledger.release_body(entries_of(), b))
+    registry.sync(state.client, entries_of())
+    return entries_of()
+
+
+def test_chain_detects_edits_reorders_and_deletions(state, evidence):
+    state, models = state
+    _, pem = signing.generate_key(state.keys, "alice")
+    entries = _build_log(state, models, pem)
+    lines = state.ledger_path.read_text().splitlines()
+    assert ledger.verify_chain(entries) == [] and ledger.verify_references(entries) == []
+    assert _chain_reference(lines) == ["ok"] * 6
+    assert registry.check(state.client, entries) == []
+
+    def damaged(how: str) -> list[str]:
+        out = list(lines)
+        if how == "edit":
+            entry = json.loads(out[3])
+            entry["body"]["model_id"] = models[0]
+            out[3] = json.dumps(entry, sort_keys=True)
+        elif how == "edit-and-rehash":  # Only the next entry's `prev` can tell.
+            entry = json.loads(out[3])
+            entry["body"]["model_id"] = models[0]
+            entry["hash"] = ledger.entry_hash(entry)
+            out[3] = json.dumps(entry, sort_keys=True)
+        elif how == "reorder":
+            out[3], out[4] = out[4], out[3]
+        elif how == "delete-middle":
+            del out[2]
+        elif how == "delete-last":
+            del out[-1]
+        return out
+
+    for how in ("edit", "edit-and-rehash", "reorder", "delete-middle", "delete-last"):
+        out = damaged(how)
+        state.ledger_path.write_text("\n".join(out) + "\n")
+        found = ledger.verify_chain(state.entries()) + registry.check(state.client, state.entries())
+        reference = _chain_reference(out)
+        detected_by_reference = "broken" in reference or len(out) < 6
+        assert evidence.record("damaged log detected", how,
+                               {"problems": found, "reference": reference}, None,
+                               bool(found) and detected_by_reference)
+    state.ledger_path.write_text("\n".join(lines) + "\n")
+    assert ledger.verify_chain(state.entries()) == []
+
+
+def test_rollback_is_a_new_entry_pointing_at_an_approved_release(state, evidence):
+    state, models = state
+    _, pem = signing.generate_key(state.keys, "alice")
+    entries = _build_log(state, models, pem)  # ... ends with B serving, A before it.
+    before = state.ledger_path.read_bytes()
+    target = ledger.rollback_target(entries)
+    entry = ledger.append(state.ledger_path, "rollback", ledger.rollback_body(entries, target))
+    registry.sync(state.client, state.entries())
+    after = state.entries()
+    ok = (
+        state.ledger_path.read_bytes().startswith(before)
+        and len(after) == len(entries) + 1
+        and entry["body"]["to"] == target["hash"]
+        and target["body"]["model_id"] == models[0]
+        and ledger.serving_model(after) == models[0]
+        and ledger.previous_model(after) == models[1]
+    )
+    assert evidence.record("rollback appends, never deletes", "after release B",
+                           {"to": entry["body"]["to"], "entries": len(after)}, None, ok)
+    approve_hash = entries[0]["hash"]
+    with pytest.raises(ledger.LedgerError, match="earlier release"):
+        ledger.append(state.ledger_path, "rollback",
+                      {**ledger.rollback_body(after, target), "to": approve_hash})
+    with pytest.raises(ledger.LedgerError, match="approve entry"):
+        ledger.append(state.ledger_path, "release", {"model_id": models[1], "approval": "0" * 64,
+                                                     "previous_model_id": models[0]})
+    assert state.entries() == after, "refused entries are not appended"
+
+
+def test_registry_aliases_follow_the_log(state, evidence):
+    state, models = state
+    _, pem = signing.generate_key(state.keys, "alice")
+    entries = _build_log(state, models, pem)
+    from mlflow import MlflowClient
+
+    independent = MlflowClient(tracking_uri=f"sqlite:///{state.root / 'registry.db'}",
+                               registry_uri=f"sqlite:///{state.root / 'registry.db'}")
+    champion = independent.get_model_version_by_alias(registry.MODEL_NAME, "champion")
+    previous = independent.get_model_version_by_alias(registry.MODEL_NAME, "previous")
+    ok = (champion.tags["model_id"] == entries[-1]["body"]["model_id"]
+          and previous.tags["model_id"] == entries[-1]["body"]["previous_model_id"])
+    assert evidence.record("aliases equal the log's serving and previous models",
+                           "after 4 releases and a rollback",
+                           {"champion": champion.version, "previous": previous.version}, None, ok)
+    # An alias moved behind the log's back is reported, and sync moves it back.
+    independent.set_registered_model_alias(registry.MODEL_NAME, "champion", previous.version)
+    problems = registry.check(state.client, entries)
+    assert problems and "champion" in problems[0]
+    registry.sync(state.client, entries)
+    assert registry.check(state.client, entries) == []
+    # A truncated log is lost history: refused, never "synced" backwards.
+    with pytest.raises(registry.RegistryError, match="lost entries"):
+        registry.sync(state.client, entries[:-1])
+    evidence.record("moved alias reported and restored; truncation refused", "champion moved",
+                    {"problems": problems}, None, True)
+
+
+def test_policy_is_part_of_what_is_signed(state, evidence):
+    state, models = state
+    _, pem = signing.generate_key(state.keys, "alice")
+    approval = approval_for(state, models[0], pem)
+    assert approval["policy"] == Policy().to_dict()
+    assert approval["policy_sha256"] == Policy().sha256() != Policy(min_accuracy=0.95).sha256()
+    evidence.record("policy bound by its digest", "default vs min_accuracy 0.95",
+                    {"policy_sha256": approval["policy_sha256"]}, None, True)

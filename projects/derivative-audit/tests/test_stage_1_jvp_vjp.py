@@ -25,9 +25,17 @@ NAMES = list(functions.SUITE)
 EPS = {"float64": float(jnp.finfo(jnp.float64).eps), "float32": float(jnp.finfo(jnp.float32).eps)}
 
 
+class _Problems(dict):
+    """(name, dtype) -> Problem, each built on first use and kept for the module."""
+
+    def __missing__(self, key):
+        self[key] = data.make_problem(key[0], CONFIG, key[1])
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def problems():
-    return {(n, d): data.make_problem(n, CONFIG, d) for n in NAMES for d in ("float64", "float32")}
+    return _Problems()
 
 
 def _directions(problem, seed: int):

@@ -158,7 +158,8 @@ def _call_line(fn) -> int:
 # (function, rule, policy that rejects it, the complementary policy that accepts it)
 REJECTIONS = [
     (with_callback, "host-callback", F32, None),
-    (with_while, "mode-unsupported", F32, jaxpr_audit.Policy(modes=("jvp",), float_dtype="float32")),
+    (with_while, "mode-unsupported", F32,
+     jaxpr_audit.Policy(modes=("jvp",), float_dtype="float32")),
     (with_float64, "dtype-policy", F32, jaxpr_audit.Policy(float_dtype=None)),
     (with_random, "random-in-deterministic", F32,
      jaxpr_audit.Policy(float_dtype="float32", deterministic=False)),
@@ -229,7 +230,8 @@ def test_an_untraceable_function_is_a_clear_error():
     def needs_a_number(x):
         return x * float(x[0])
 
-    with pytest.raises(jaxpr_audit.AuditInputError, match="`.*needs_a_number` is not JAX-traceable"):
+    with pytest.raises(jaxpr_audit.AuditInputError,
+                       match="`.*needs_a_number` is not JAX-traceable"):
         jaxpr_audit.audit(needs_a_number, (X4,))
 
 

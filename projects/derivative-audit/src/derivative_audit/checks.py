@@ -52,13 +52,14 @@ def _rel(diff: float, scale: float) -> float:
 def jvp_linearity(f: Fn, x: jax.Array, u: jax.Array, v: jax.Array, a: float, b: float) -> dict:
     """Relative error of J(a u + b v) against a J u + b J v."""
     require_float(x)
-    # --- exercise stage 1: Push a*u + b*v through jax.jvp and compare with a*(J u) + b*(J v), relative to |a||Ju| + |b||Jv|. ---
+    # --- exercise stage 1: Compare J(a u + b v) with a J u + b J v, using jax.jvp. ---
     a_ = jnp.asarray(a, x.dtype)
     b_ = jnp.asarray(b, x.dtype)
     _, ju = jax.jvp(f, (x,), (u,))
     _, jv = jax.jvp(f, (x,), (v,))
     _, jw = jax.jvp(f, (x,), (a_ * u + b_ * v,))
-    diff = _norm(np.asarray(jw, np.float64) - (a * np.asarray(ju, np.float64) + b * np.asarray(jv, np.float64)))
+    ju64, jv64 = np.asarray(ju, np.float64), np.asarray(jv, np.float64)
+    diff = _norm(np.asarray(jw, np.float64) - (a * ju64 + b * jv64))
     scale = abs(a) * _norm(ju) + abs(b) * _norm(jv)
     # --- end exercise ---
     return {"rel_error": _rel(diff, scale), "scale": scale}
@@ -67,7 +68,7 @@ def jvp_linearity(f: Fn, x: jax.Array, u: jax.Array, v: jax.Array, a: float, b: 
 def dot_product_test(f: Fn, x: jax.Array, u: jax.Array, w: jax.Array) -> dict:
     """Relative mismatch of <w, J u> (forward mode) and <J^T w, u> (reverse mode)."""
     require_float(x)
-    # --- exercise stage 1: Take J u from jax.jvp and J^T w from jax.vjp; the two inner products must agree, relative to |w||Ju| + |J^T w||u|. ---
+    # --- exercise stage 1: Compare <w, J u> (jax.jvp) with <J^T w, u> (jax.vjp). ---
     _, ju = jax.jvp(f, (x,), (u,))
     _, pullback = jax.vjp(f, x)
     (jtw,) = pullback(w)
@@ -82,7 +83,7 @@ def jacobian_agreement(f: Fn, x: jax.Array) -> dict:
     """Largest difference of the forward- and reverse-mode Jacobians, relative
     to the largest Jacobian entry."""
     require_float(x)
-    # --- exercise stage 1: Build the Jacobian column by column (jax.jacfwd) and row by row (jax.jacrev) and compare. ---
+    # --- exercise stage 1: Build the Jacobian with jax.jacfwd and with jax.jacrev. ---
     fwd = np.asarray(jax.jacfwd(f)(x), np.float64)
     rev = np.asarray(jax.jacrev(f)(x), np.float64)
     # --- end exercise ---
@@ -93,7 +94,7 @@ def jacobian_agreement(f: Fn, x: jax.Array) -> dict:
 def theory_step(dtype, x: jax.Array) -> float:
     """The central-difference step that balances truncation and round-off:
     (3 eps)^(1/3) times the scale of x (at least 1)."""
-    # --- exercise stage 1: Balance truncation h^2/6 against round-off eps/h: h* = (3 eps)^(1/3), scaled by max(1, max|x|). ---
+    # --- exercise stage 1: Balance h^2/6 against eps/h: h* = (3 eps)^(1/3) * max(1, |x|). ---
     eps = float(jnp.finfo(dtype).eps)
     scale = max(1.0, float(np.max(np.abs(np.asarray(x, np.float64)))))
     return (3.0 * eps) ** (1.0 / 3.0) * scale
@@ -103,7 +104,7 @@ def theory_step(dtype, x: jax.Array) -> float:
 def central_difference(f: Fn, x: jax.Array, u: jax.Array, h: float) -> np.ndarray:
     """(f(x + h u) - f(x - h u)) / (2 h), evaluated in x's dtype."""
     require_float(x)
-    # --- exercise stage 1: Step h along u both ways in x's own dtype and divide the difference by 2h. ---
+    # --- exercise stage 1: Step h along u both ways in x's dtype; divide by 2h. ---
     h_ = jnp.asarray(h, x.dtype)
     forward = np.asarray(f(x + h_ * u), np.float64)
     backward = np.asarray(f(x - h_ * u), np.float64)
@@ -129,7 +130,9 @@ def sweep_steps(min_exponent: int, max_exponent: int, per_decade: int) -> np.nda
     return np.logspace(min_exponent, max_exponent, count)
 
 
-def fd_sweep(f: Fn, x: jax.Array, u: jax.Array, steps: np.ndarray, reference: np.ndarray) -> np.ndarray:
+def fd_sweep(
+    f: Fn, x: jax.Array, u: jax.Array, steps: np.ndarray, reference: np.ndarray
+) -> np.ndarray:
     """Relative error of the central difference at every step against `reference`."""
     require_float(x)
     scale = _norm(reference)
@@ -145,7 +148,7 @@ def analyse_sweep(steps: np.ndarray, errors: np.ndarray, dtype, x: jax.Array) ->
     """
     h_star = theory_step(dtype, x)
     eps = float(jnp.finfo(dtype).eps)
-    # --- exercise stage 1: Find the step of least error and fit log-log slopes right of 3 h* (truncation) and left of h*/3 (round-off). ---
+    # --- exercise stage 1: Find the least error; pick steps >= 3h* and <= h*/3 to fit slopes. ---
     positive = errors > 0
     best = int(np.argmin(np.where(positive, errors, np.inf)))
     right = (steps >= 3 * h_star) & (errors < 1e-2) & positive

@@ -127,7 +127,8 @@ def audit(function: str, dtype: str, config_path: str | None, shape: str,
             reference = data.make_problem(function, config, "float64").fn
     except (functions.UnknownFunction, data.NotTraceable) as err:
         raise BadInput(str(err)) from None
-    out = Path(workdir or Path("runs") / f"audit-{problem.name.replace(':', '.')}-{dtype}-{_stamp()}")
+    label = problem.name.replace(":", ".")
+    out = Path(workdir or Path("runs") / f"audit-{label}-{dtype}-{_stamp()}")
     report = audit_mod.audit_problem(problem, config, reference, progress=_progress)
     checkpoint.save_record(out / "report.json", report)
     plots.sweep_plot([report], out / "sweep.png", f"{problem.name} ({dtype})")

@@ -89,7 +89,9 @@ def problem_from_callable(label: str, fn: Callable, shape: tuple[int, ...], dtyp
             f"abstract one ({first}). Write it with `jax.numpy` and `lax` control flow."
         ) from None
     except TypeError as err:
-        raise NotTraceable(f"`{label}` cannot be called on a `{dtype}{list(shape)}` array: {err}") from None
+        raise NotTraceable(
+            f"`{label}` cannot be called on a `{dtype}{list(shape)}` array: {err}"
+        ) from None
     if not hasattr(out, "shape") or len(out.shape) > 1:
         raise NotTraceable(
             f"`{label}` must return one array of shape `()` or `(m,)`, but returns `{out}`."

@@ -119,13 +119,14 @@ def describe_aval(aval: Any) -> str:
     dtype = getattr(aval, "dtype", None)
     if shape is None or dtype is None:
         return str(aval)
-    return f"{np.dtype(dtype).name if not str(dtype).startswith('key') else dtype}[{','.join(map(str, shape))}]"
+    name = str(dtype) if str(dtype).startswith("key") else np.dtype(dtype).name
+    return f"{name}[{','.join(map(str, shape))}]"
 
 
 def sub_jaxprs(params: dict[str, Any]) -> list[tuple[str, jex_core.Jaxpr]]:
     """The sub-programs held in an equation's params, named by param (and index)."""
     found: list[tuple[str, jex_core.Jaxpr]] = []
-    # --- exercise stage 3: Look through every param value (and inside tuples/lists): a ClosedJaxpr contributes its .jaxpr, a Jaxpr itself; name each by its param key, with [i] for tuple entries. ---
+    # --- exercise stage 3: Collect (param name, Jaxpr) for every jaxpr held in params. ---
     for key, value in params.items():
         items = list(enumerate(value)) if isinstance(value, tuple | list) else [(None, value)]
         for index, item in items:
@@ -146,7 +147,7 @@ def walk(
     An equation emitted inside a library (no user frame in its traceback) takes
     the source of the user-code equation that encloses it."""
     equations: list[Equation] = []
-    # --- exercise stage 3: Record each equation (primitive name, path, output avals via describe_aval, source via source_info_util.summarize or outer_source), then recurse into sub_jaxprs with path "parent/prim.param"; inside custom_jvp_call/custom_vjp_call set differentiated=False. ---
+    # --- exercise stage 3: Record each equation, then recurse into its sub-jaxprs. ---
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         source = source_info_util.summarize(eqn.source_info) or outer_source
@@ -175,7 +176,7 @@ def check(equation: Equation, policy: Policy) -> list[Finding]:
     name = equation.primitive
     doc = primitives.TABLE.get(name)
     found: list[Finding] = []
-    # --- exercise stage 3: Reject unknown primitives, host callbacks, modes the table lacks (only where differentiated), float64/complex128 outputs under a float32 policy, and random primitives when deterministic. ---
+    # --- exercise stage 3: Reject by the table, callbacks, modes, float64 and randomness. ---
     if doc is None:
         found.append(finding("unknown-primitive", f"`{name}` is not in the documented table; "
                              "its derivative rules are unaudited."))

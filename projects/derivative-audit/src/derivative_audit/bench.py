@@ -1,0 +1,222 @@
+"""`derivative-audit bench`: two derivative strategies against their naive forms.
+
+- `implicit_vs_unrolled`: the gradient of a loss through the implicit layer's
+  fixed point (batch of inputs), by implicit differentiation (solve forward to
+  tolerance, then one adjoint solve; nothing stored) against reverse mode
+  through 200 unrolled iterations (all 200 states stored and walked back).
+- `hvp_vs_full_hessian`: H v of a GLM loss at n = 1000 by forward-over-reverse
+  against materializing H (n forward passes over the gradient) and then H @ v.
+- `hvp_vs_hvp_aa`: an A/A control, two separately compiled copies of the
+  same HVP program; its distance from 1 is the noise of this machine.
+
+Every path is compiled apart (`lower` + `compile`, timed), called once, then
+timed warm with `block_until_ready`, the paths interleaved for `rounds`
+rounds (the order rotated every round). Ratios are medians, above 1 when the first path is faster.
+"""
+
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from derivative_audit import checkpoint, model, plots, rules
+
+SIZES = {
+    # batch x width of the implicit layer; n of the Hessian problem and its rows m.
+    "default": {"batch": 256, "width": 64, "unrolled": 200, "hessian_n": 1000, "rows": 500,
+                "rounds": 20},
+    "tiny": {"batch": 8, "width": 8, "unrolled": 200, "hessian_n": 50, "rows": 20, "rounds": 3},
+}
+DTYPE = jnp.float32
+
+
+def _implicit_problem(size: dict, key: jax.Array):
+    kp, kx = jax.random.split(key)
+    params = model.init(kp, size["width"], size["width"], contraction=0.6, dtype=DTYPE)
+    x = jax.random.normal(kx, (size["batch"], size["width"]), jnp.float64).astype(DTYPE)
+
+    def loss_implicit(p, xs):
+        return jnp.mean(jnp.square(rules.fixed_point_implicit(p, xs, 1000)))
+
+    def loss_unrolled(p, xs):
+        return jnp.mean(jnp.square(model.solve_unrolled(p, xs, size["unrolled"])))
+
+    return params, x, jax.grad(loss_implicit), jax.grad(loss_unrolled)
+
+
+def _hessian_problem(size: dict, key: jax.Array):
+    ka, kx, kv = jax.random.split(key, 3)
+    n, m = size["hessian_n"], size["rows"]
+    a = (jax.random.normal(ka, (m, n), jnp.float64) / np.sqrt(n)).astype(DTYPE)
+    x = jax.random.normal(kx, (n,), jnp.float64).astype(DTYPE)
+    v = jax.random.normal(kv, (n,), jnp.float64).astype(DTYPE)
+
+    def loss(y):
+        return jnp.mean(rules.softplus(a @ y)) + 0.05 * jnp.sum(jnp.square(y))
+
+    def hvp(y, t):
+        return rules.hvp(loss, y, t)
+
+    def full(y, t):
+        return rules.hessian_fwd_rev(loss, y) @ t
+
+    return x, v, hvp, full
+
+
+def _compile(fn: Callable, args: tuple) -> tuple[Any, dict[str, float]]:
+    start = time.perf_counter()
+    lowered = jax.jit(fn).lower(*args)
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    out = jax.block_until_ready(compiled(*args))
+    first_s = time.perf_counter() - start
+    return (compiled, out), {"compile_s": compile_s, "first_call_s": first_s}
+
+
+def run(size_name: str = "default", rounds: int | None = None,
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measures every path; returns the report (identity, measurements, ratios)."""
+    say = progress or (lambda _: None)
+    size = SIZES[size_name]
+    rounds = rounds or size["rounds"]
+    key_impl, key_hess = jax.random.split(jax.random.key(0))
+    params, x, grad_implicit, grad_unrolled = _implicit_problem(size, key_impl)
+    hx, hv, hvp, full = _hessian_problem(size, key_hess)
+    paths = {
+        "implicit": (grad_implicit, (params, x)),
+        "unrolled": (grad_unrolled, (params, x)),
+        "hvp": (hvp, (hx, hv)),
+        "hvp_aa": (lambda y, t: hvp(y, t), (hx, hv)),
+        "full_hessian": (full, (hx, hv)),
+    }
+    compiled: dict[str, Any] = {}
+    measurements: dict[str, dict[str, Any]] = {}
+    for name, (fn, args) in paths.items():
+        say(f"compiling {name}")
+        (exe, out), figures = _compile(fn, args)
+        compiled[name] = (exe, args, out)
+        measurements[name] = figures
+    # Agreement first: a fast wrong answer is not a speed-up.
+    gi, gu = compiled["implicit"][2], compiled["unrolled"][2]
+    agreement = {
+        "implicit_vs_unrolled_max_rel": max(
+            float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+            for a, b in zip(gi, gu, strict=True)
+        ),
+        "hvp_vs_full_max_rel": float(
+            jnp.max(jnp.abs(compiled["hvp"][2] - compiled["full_hessian"][2]))
+            / jnp.max(jnp.abs(compiled["full_hessian"][2]))),
+    }
+    z0 = jnp.zeros((size["batch"], size["width"]), DTYPE)
+    _, iterations = rules._iterate(lambda z: model.step(params, z, x), z0,
+                                   rules.solver_tolerance(DTYPE), 1000)
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    say(f"timing {len(paths)} paths, {rounds} interleaved rounds")
+    names = list(compiled)
+    for r in range(rounds):
+        # Rotate the order every round so that no path always follows the same one.
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            exe, args, _ = compiled[name]
+            start = time.perf_counter()
+            jax.block_until_ready(exe(*args))
+            times[name].append(time.perf_counter() - start)
+    for name, samples in times.items():
+        measurements[name].update({
+            "median_s": statistics.median(samples),
+            "p90_s": float(np.percentile(samples, 90)),
+            "min_s": min(samples),
+            "n": len(samples),
+        })
+    med = {name: m["median_s"] for name, m in measurements.items()}
+    best = {name: m["min_s"] for name, m in measurements.items()}
+    ratios = {
+        "implicit_vs_unrolled": med["unrolled"] / med["implicit"],
+        "hvp_vs_full_hessian": med["full_hessian"] / med["hvp"],
+        "hvp_vs_hvp_aa": med["hvp_aa"] / med["hvp"],
+    }
+    # The same ratios from the fastest call of each path: on a shared machine the
+    # median of a sub-millisecond call measures the other jobs as much as the call.
+    ratios_of_minimums = {
+        "implicit_vs_unrolled": best["unrolled"] / best["implicit"],
+        "hvp_vs_full_hessian": best["full_hessian"] / best["hvp"],
+        "hvp_vs_hvp_aa": best["hvp_aa"] / best["hvp"],
+    }
+    return {
+        "identity": _identity(size_name, size),
+        "size": size_name,
+        "settings": {**size, "rounds": rounds, "dtype": "float32",
+                     "implicit_forward_iterations": int(iterations)},
+        "agreement": agreement,
+        "measurements": measurements,
+        "ratios": ratios,
+        "ratios_of_minimums": ratios_of_minimums,
+        "targets": {"implicit_vs_unrolled": 5.0, "hvp_vs_full_hessian": 10.0},
+        "verdicts": _verdicts(ratios, size_name),
+    }
+
+
+def _verdicts(ratios: dict[str, float], size_name: str) -> list[str]:
+    if size_name != "default":
+        return [f"size `{size_name}`: a smoke run; no speed claim is made at this size."]
+    lines = []
+    for name, target in (("implicit_vs_unrolled", 5.0), ("hvp_vs_full_hessian", 10.0)):
+        met = "meets" if ratios[name] >= target else "MISSES"
+        lines.append(f"{name} = {ratios[name]:.1f} {met} the target >= {target:g}.")
+    noise = max(ratios["hvp_vs_hvp_aa"], 1 / ratios["hvp_vs_hvp_aa"])
+    lines.append(f"A/A control hvp_vs_hvp_aa = {ratios['hvp_vs_hvp_aa']:.2f}: ratios within "
+                 f"{noise:.2f}x of 1 are noise.")
+    return lines
+
+
+def _identity(size_name: str, size: dict) -> dict[str, Any]:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    import jaxlib
+
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+        "device_kind": jax.devices()[0].device_kind,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "commit": commit,
+        "config_sha256": hashlib.sha256(
+            json.dumps({"size": size_name, **size}, sort_keys=True).encode()
+        ).hexdigest(),
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"{'path':<14}{'compile s':>11}{'first s':>10}{'median s':>11}{'p90 s':>10}"]
+    for name, m in result["measurements"].items():
+        lines.append(f"{name:<14}{m['compile_s']:>11.3f}{m['first_call_s']:>10.4f}"
+                     f"{m['median_s']:>11.5f}{m['p90_s']:>10.5f}")
+    lines += [f"agreement: {json.dumps(result['agreement'])}",
+              f"ratios of minimums: {json.dumps(result['ratios_of_minimums'])}"]
+    lines += result["verdicts"]
+    return "\n".join(lines)
+
+
+def write(result: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    checkpoint.save_record(path, result)
+    plots.bars_plot({k: v["median_s"] for k, v in result["measurements"].items()},
+                    path.with_suffix(".png"),
+                    f"derivative-audit bench ({result['size']}): median warm call, "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in result["ratios"].items()),
+                    "seconds (log)")
+    return path

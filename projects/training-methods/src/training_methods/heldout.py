@@ -26,9 +26,10 @@ def prompts(corpus: Corpus) -> list[tuple[int, ...]]:
     return [tuple(row[1 : n + 1].tolist()) for row, n in zip(corpus.tokens, corpus.prompt_len, strict=True)]
 
 
-def ngrams(seq: tuple[int, ...], n: int) -> set[tuple[int, ...]]:
-    # --- exercise stage 7: Return the set of contiguous n-token windows of seq. ---
-    return {seq[i : i + n] for i in range(len(seq) - n + 1)}
+def ngrams(seq: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
+    """Every contiguous window of `n` tokens of `seq`, in order (repeats kept)."""
+    # --- exercise stage 7: Return every contiguous n-token window of seq, in order. ---
+    return [seq[i : i + n] for i in range(len(seq) - n + 1)]
     # --- end exercise ---
 
 
@@ -40,7 +41,7 @@ def audit(ledger: Ledger, train: Corpus, heldout: Corpus, n: int = 3) -> dict:
     train_prompts = set(prompts(train))
     held = prompts(heldout)
     duplicates = [int(i) for i, p in zip(heldout.ids, held, strict=True) if p in train_prompts]
-    train_grams = set().union(*(ngrams(p, n) for p in train_prompts))
+    train_grams = {g for p in train_prompts for g in ngrams(p, n)}
     held_grams = [g for p in held for g in ngrams(p, n)]
     seen = sum(g in train_grams for g in held_grams)
     # --- end exercise ---

@@ -12,6 +12,8 @@ nothing, to the loss or to the gradient.
 
 from typing import NamedTuple
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -69,3 +71,16 @@ def masked_accuracy(logits: jax.Array, labels: jax.Array, loss_mask: jax.Array) 
     """Fraction of selected positions whose argmax is the original token."""
     hit = (jnp.argmax(logits, -1) == labels) & loss_mask
     return jnp.sum(hit) / jnp.maximum(jnp.sum(loss_mask), 1)
+
+
+@functools.lru_cache(maxsize=16)
+def make_loss_fn(mask_rate: float, num_symbols: int):
+    """The masked-LM objective of one batch: corrupt with `key`, encode
+    bidirectionally, score the selected positions."""
+
+    def loss_fn(model, batch, key):
+        c = corrupt(key, batch["tokens"], mask_rate, num_symbols)
+        logits = model(c.inputs, causal=False)
+        return mlm_loss(logits, c.labels, c.loss_mask), masked_accuracy(logits, c.labels, c.loss_mask)
+
+    return loss_fn

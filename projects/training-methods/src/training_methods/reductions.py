@@ -93,6 +93,10 @@ def sharded_grad(token_loss_fn: Callable, params, batch, mesh: Mesh):
     each device sums its shard; the gradient sum and the count are `psum`med."""
 
     def local(p, b):
+        # Mark the replicated parameters as device-varying, so that `grad` gives
+        # this device's own gradient; left invariant, JAX's transpose would
+        # already sum the gradient over devices and the psum below would double it.
+        p = jax.tree.map(lambda x: jax.lax.pcast(x, "data", to="varying"), p)
         g, n = sum_and_count(token_loss_fn, p, b)
         # --- exercise stage 6: Combine the per-device gradient sums and token counts with psum and normalize by the global count. ---
         g = jax.lax.psum(g, "data")

@@ -1,0 +1,128 @@
+"""Stage 7: held-out checks.
+
+Independent checks: no held-out id in the ledger of any objective that ran
+(SFT and masked LM), and the data pipeline refuses held-out ids; exact
+duplicates and n-gram overlap between the splits against a brute-force
+NumPy comparison; the held-out answer accuracy, reported under its own
+namespace, equals the accuracy of real greedy decoding. Changed conditions:
+n-grams of 3 and 4; a ledger with a planted held-out id is flagged.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from training_methods import heldout, mlm
+from training_methods.data import HeldoutLeak, batches
+from training_methods.train import Ledger, fit
+
+
+@pytest.fixture(scope="module")
+def ledger(config, splits, corpus, sft_run):
+    _, _, _, sft_ledger = sft_run
+    both = Ledger()
+    both.read = {k: set(v) for k, v in sft_ledger.read.items()}
+    model = sft_run[0]
+    fit(model, mlm.make_loss_fn(config.mask_rate, config.num_symbols), config, corpus, splits["train"],
+        splits["heldout"], steps=4, key=jax.random.key(70), objective="mlm", ledger=both)
+    return both
+
+
+def _split_corpora(corpus, splits):
+    from training_methods.data import Corpus
+
+    def sub(ids):
+        r = corpus.rows(ids)
+        return Corpus(corpus.ids[r], corpus.tokens[r], corpus.prompt_len[r])
+
+    return sub(splits["train"]), sub(splits["heldout"])
+
+
+def test_no_heldout_id_enters_any_objective(splits, corpus, ledger, evidence):
+    train, held = _split_corpora(corpus, splits)
+    report = heldout.audit(ledger, train, held)
+    planted = Ledger()
+    planted.read = {k: set(v) for k, v in ledger.read.items()}
+    planted.read["sft"].add(int(splits["heldout"][3]))
+    flagged = heldout.audit(planted, train, held)
+    with pytest.raises(HeldoutLeak, match=str(int(splits["heldout"][0]))):
+        batches(corpus, splits["heldout"][:10], splits["heldout"], 4, jax.random.key(0), 1)
+    assert evidence.record(
+        "objective ledgers vs held-out ids", "sft + mlm; then one planted held-out id",
+        {"objectives": report["objectives"], "ids_read": {k: len(v) for k, v in ledger.read.items()},
+         "separated": report["separated"], "planted_flagged": flagged["leaked_ids"]["sft"]},
+        {"exact": True},
+        report["separated"] and set(report["objectives"]) == {"sft", "mlm"}
+        and flagged["leaked_ids"]["sft"] == [int(splits["heldout"][3])] and not flagged["separated"],
+    )
+
+
+def _prompt_matrix(c):
+    m = np.full((len(c.ids), c.tokens.shape[1]), -1, np.int64)
+    for i, (row, n) in enumerate(zip(c.tokens, c.prompt_len, strict=True)):
+        m[i, :n] = row[1 : n + 1]
+    return m
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_duplicates_and_ngram_overlap_vs_brute_force(splits, corpus, ledger, evidence, n):
+    train, held = _split_corpora(corpus, splits)
+    report = heldout.audit(ledger, train, held, n=n)
+    tm, hm = _prompt_matrix(train), _prompt_matrix(held)
+    # Exact duplicates: a held-out row equal to some training row (incl. the -1 padding).
+    dup = [int(held.ids[i]) for i in range(len(hm)) if np.any(np.all(tm == hm[i], axis=1))]
+    # n-grams as windows of the padded matrix that contain no padding.
+    def windows(m):
+        w = np.lib.stride_tricks.sliding_window_view(m, n, axis=1).reshape(-1, n)
+        return w[np.all(w >= 0, axis=1)]
+
+    tw, hw = windows(tm), windows(hm)
+    seen = np.array([np.any(np.all(tw == g, axis=1)) for g in hw])
+    overlap = float(seen.mean())
+    assert evidence.record(
+        "exact duplicates and n-gram overlap vs brute force", f"n={n}",
+        {"duplicates": len(dup), "audit_duplicates": report["exact_duplicates"], "ngram_overlap": overlap,
+         "audit_ngram_overlap": report["ngram_overlap"], "heldout_ngrams": len(hw)},
+        {"exact": True},
+        dup == report["duplicate_ids"] and abs(overlap - report["ngram_overlap"]) < 1e-12
+        and report["heldout_ngrams"] == len(hw),
+    )
+
+
+@nnx.jit
+def _next_logits(model, tokens):
+    return model(tokens)
+
+
+def _greedy_accuracy(model, c) -> float:
+    """Real greedy decoding: write the answer token by token from the prompt."""
+    tokens = np.zeros_like(c.tokens)
+    for i, n in enumerate(c.prompt_len):
+        tokens[i, : n + 2] = c.tokens[i, : n + 2]
+    done = np.zeros(len(tokens), bool)
+    for t in range(tokens.shape[1] - 1):
+        logits = np.asarray(_next_logits(model, jnp.asarray(tokens)))
+        writing = (t >= c.prompt_len + 1) & (t <= 2 * c.prompt_len + 1)
+        nxt = logits[:, t].argmax(-1)
+        tokens[writing, t + 1] = nxt[writing]
+        done |= writing
+    return float(np.mean([np.array_equal(tokens[i], c.tokens[i]) for i in range(len(tokens))]))
+
+
+def test_heldout_metrics_live_in_their_own_namespace(splits, corpus, ledger, sft_run, evidence):
+    _, trained, _, _ = sft_run
+    train, held = _split_corpora(corpus, splits)
+    report = heldout.audit(ledger, train, held)
+    metrics = heldout.heldout_metrics(trained, held, report["duplicate_ids"])
+    greedy = _greedy_accuracy(trained, held)
+    names_ok = all(k.startswith(heldout.NAMESPACE) for k in metrics) and {
+        "heldout/answer_accuracy", "heldout/loss", "heldout/dedup/answer_accuracy"} <= set(metrics)
+    counts_ok = metrics["heldout/dedup/examples"] == len(held.ids) - report["exact_duplicates"]
+    assert evidence.record(
+        "held-out answer accuracy vs real greedy decoding; namespaced metrics", "the session's SFT model",
+        {"metrics": metrics, "greedy_accuracy": greedy, "duplicates": report["exact_duplicates"]},
+        {"exact": True},
+        names_ok and counts_ok and metrics["heldout/answer_accuracy"] == greedy,
+    )

@@ -132,7 +132,7 @@ def supervise(config_path, workdir, fault, restarts) -> None:
 @click.option("--faults", "kinds", default=",".join(faults.DRILL_FAULTS), show_default=True)
 @click.option("--repeats", type=click.IntRange(1, 100), default=5, show_default=True)
 @click.option("--parallel", type=click.IntRange(1, 64), default=6, show_default=True)
-@click.option("--at-step", type=click.IntRange(1), default=10, show_default=True)
+@click.option("--at-step", type=click.IntRange(1), default=24, show_default=True)
 def drill(config_path, out, kinds, repeats, parallel, at_step) -> None:
     """Inject every fault REPEATS times and check each diagnosis."""
     from workload_operations.drill import run_drills

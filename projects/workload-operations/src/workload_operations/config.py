@@ -26,8 +26,8 @@ class Config(BaseModel):
     """Everything the job and its supervisor depend on.
 
     Presets:
-      - `Config.tiny()`: the tests' job: 40 paced steps of a 16-32-4 MLP,
-        heartbeats every second; about 3 s after JAX starts.
+      - `Config.tiny()`: the tests' job: 60 paced steps of a 16-32-4 MLP,
+        heartbeats every second; about 4 s after JAX starts.
         `workload-operations supervise --config configs/tiny.json` runs it.
       - `Config.default()`: `workload-operations supervise`: 600 steps at 50
         steps/s with a checkpoint every 100 steps; the loss falls from about
@@ -126,9 +126,9 @@ class Config(BaseModel):
 
     @classmethod
     def tiny(cls) -> "Config":
-        """Test preset: 40 steps at 20 steps/s, heartbeats every 1 s, hang after 6
+        """Test preset: 60 steps at 20 steps/s, heartbeats every 1 s, hang after 6
         silent intervals, stall after 8 intervals without a step, slow below 80
-        examples/s (a quarter of the paced 320), 384 MB for the job's group (a job
+        examples/s (a quarter of the paced 320), 512 MB for the job's group (a job
         forked from the fork server needs about 200 MB), checkpoints off."""
         return cls(
             num_examples=256,
@@ -136,7 +136,7 @@ class Config(BaseModel):
             num_features=16,
             hidden_size=32,
             num_classes=4,
-            num_steps=40,
+            num_steps=60,
             steps_per_second=20.0,
             heartbeat_interval_s=1.0,
             hang_timeout_s=6.0,
@@ -144,7 +144,7 @@ class Config(BaseModel):
             startup_timeout_s=300.0,
             min_examples_per_s=80.0,
             rate_window_steps=3,
-            memory_limit_mb=384.0,
+            memory_limit_mb=512.0,
             checkpoint_every=0,
         )
 

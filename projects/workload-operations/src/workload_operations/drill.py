@@ -83,7 +83,7 @@ def run_drills(
     kinds: list[str] | None = None,
     repeats: int = 5,
     parallel: int = 6,
-    at_step: int = 10,
+    at_step: int = 24,
     compilation_cache: str | Path | None = None,
     say=None,
 ) -> dict:

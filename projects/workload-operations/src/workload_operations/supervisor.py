@@ -523,8 +523,9 @@ def build_incident(sup: Supervisor, outcome: Outcome, watch: _Watch, out_path, e
     rc = outcome.returncode
     injected = outcome.injected
     detection = diagnose.detection(sup.config, outcome.status, watch.detected_t, injected, symptoms)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
     return {
-        "id": f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{sup.attempt}-{outcome.status}",
+        "id": f"{stamp}-job{watch.proc.pid}-{sup.attempt}-{outcome.status}",
         "workdir": str(sup.workdir),
         "attempt": sup.attempt,
         "classification": outcome.status,

@@ -14,8 +14,7 @@ def test_bench_tiny_writes_a_complete_report(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert set(report) >= {"identity", "measurements", "ratios", "agreement"}
-    assert set(report["ratios"]) == {"implicit_vs_unrolled", "hvp_vs_full_hessian",
-                                     "hvp_vs_hvp_aa"}
+    assert set(report["ratios"]) == {"implicit_vs_unrolled", "hvp_vs_full_hessian", "hvp_vs_hvp_aa"}
     for name, m in report["measurements"].items():
         assert m["n"] == 3 and m["compile_s"] > 0 and m["median_s"] > 0, name
     # The paths compute the same derivatives (float32): agreement before any timing.

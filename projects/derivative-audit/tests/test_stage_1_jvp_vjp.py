@@ -41,8 +41,10 @@ def problems():
 def _directions(problem, seed: int):
     ku, kw = jax.random.split(jax.random.key(seed))
     m = problem.fn(problem.x).shape[0]
-    return (data.unit_directions(ku, 2, problem.x.shape[0], problem.x.dtype),
-            data.unit_directions(kw, 1, m, problem.x.dtype)[0])
+    return (
+        data.unit_directions(ku, 2, problem.x.shape[0], problem.x.dtype),
+        data.unit_directions(kw, 1, m, problem.x.dtype)[0],
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -57,15 +59,37 @@ def test_jacobians_match_numpy_formulas(problems, evidence, dtype):
     expected = w["w3"] @ np.diag(1 - t2**2) @ w["w2"] @ np.diag(1 - t1**2) @ w["w1"]
     e = problems[("elementwise", dtype)]
     xe = np.asarray(e.x, np.float64)
-    d = (np.cos(xe) * np.exp(-xe**2 / 4) - np.sin(xe) * xe / 2 * np.exp(-xe**2 / 4)
-         + 1 - np.tanh(xe) ** 2)
+    d = (
+        np.cos(xe) * np.exp(-(xe**2) / 4)
+        - np.sin(xe) * xe / 2 * np.exp(-(xe**2) / 4)
+        + 1
+        - np.tanh(xe) ** 2
+    )
     ok = [
-        evidence.allclose("jacfwd vs NumPy", f"matmul_chain {dtype}", jax.jacfwd(p.fn)(p.x),
-                          expected, rtol=tol, atol=tol),
-        evidence.allclose("jacrev vs NumPy", f"matmul_chain {dtype}", jax.jacrev(p.fn)(p.x),
-                          expected, rtol=tol, atol=tol),
-        evidence.allclose("jacrev vs NumPy", f"elementwise {dtype}", jax.jacrev(e.fn)(e.x),
-                          np.diag(d), rtol=tol, atol=tol),
+        evidence.allclose(
+            "jacfwd vs NumPy",
+            f"matmul_chain {dtype}",
+            jax.jacfwd(p.fn)(p.x),
+            expected,
+            rtol=tol,
+            atol=tol,
+        ),
+        evidence.allclose(
+            "jacrev vs NumPy",
+            f"matmul_chain {dtype}",
+            jax.jacrev(p.fn)(p.x),
+            expected,
+            rtol=tol,
+            atol=tol,
+        ),
+        evidence.allclose(
+            "jacrev vs NumPy",
+            f"elementwise {dtype}",
+            jax.jacrev(e.fn)(e.x),
+            np.diag(d),
+            rtol=tol,
+            atol=tol,
+        ),
     ]
     assert all(ok)
 
@@ -78,8 +102,11 @@ def test_jvp_is_linear_in_the_tangent(problems, evidence, name):
         (u, v), _ = _directions(p, seed)
         r = checks.jvp_linearity(p.fn, p.x, u, v, 0.7, -1.3)
         tol = 50 * EPS[dtype]
-        ok.append(evidence.record("J(au+bv) = aJu+bJv", f"{name} {dtype}", r, {"rel": tol},
-                                  r["rel_error"] <= tol))
+        ok.append(
+            evidence.record(
+                "J(au+bv) = aJu+bJv", f"{name} {dtype}", r, {"rel": tol}, r["rel_error"] <= tol
+            )
+        )
     assert all(ok)
 
 
@@ -98,8 +125,13 @@ def test_linearity_check_catches_a_nonlinear_tangent_rule(evidence):
     x = jnp.linspace(0.1, 1.0, 4, dtype=jnp.float64)
     u, v = data.unit_directions(jax.random.key(3), 2, 4, jnp.float64)
     r = checks.jvp_linearity(f, x, u, v, 0.7, -1.3)
-    assert evidence.record("broken rule detected", "t*t tangent rule", r, {"rel_at_least": 0.01},
-                           r["rel_error"] >= 0.01)
+    assert evidence.record(
+        "broken rule detected",
+        "t*t tangent rule",
+        r,
+        {"rel_at_least": 0.01},
+        r["rel_error"] >= 0.01,
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -111,8 +143,11 @@ def test_dot_product_test_transposes(problems, evidence, name):
         (u, _), w = _directions(p, seed)
         r = checks.dot_product_test(p.fn, p.x, u, w)
         tol = 50 * EPS[dtype]
-        ok.append(evidence.record("<w,Ju> = <J^T w,u>", f"{name} {dtype}", r, {"rel": tol},
-                                  r["rel_error"] <= tol))
+        ok.append(
+            evidence.record(
+                "<w,Ju> = <J^T w,u>", f"{name} {dtype}", r, {"rel": tol}, r["rel_error"] <= tol
+            )
+        )
     assert all(ok)
 
 
@@ -141,9 +176,13 @@ def test_dot_product_test_catches_an_untransposed_vjp(evidence):
     right = float(jnp.vdot(jtw(w)[0], u))
     gap = abs(left - right) / (abs(left) + abs(right))
     good = checks.dot_product_test(g, x, u, w)
-    ok = evidence.record("wrong VJP detected", "A instead of A^T",
-                         {"gap": gap, "correct_rel_error": good["rel_error"]},
-                         {"gap_at_least": 1e-3}, gap >= 1e-3 and good["rel_error"] <= 1e-13)
+    ok = evidence.record(
+        "wrong VJP detected",
+        "A instead of A^T",
+        {"gap": gap, "correct_rel_error": good["rel_error"]},
+        {"gap_at_least": 1e-3},
+        gap >= 1e-3 and good["rel_error"] <= 1e-13,
+    )
     assert ok
 
 
@@ -153,8 +192,11 @@ def test_forward_and_reverse_jacobians_agree(problems, evidence, name):
     for dtype in ("float64", "float32"):
         r = checks.jacobian_agreement(problems[(name, dtype)].fn, problems[(name, dtype)].x)
         tol = 50 * EPS[dtype]
-        ok.append(evidence.record("jacfwd = jacrev", f"{name} {dtype}", r, {"rel": tol},
-                                  r["rel_error"] <= tol))
+        ok.append(
+            evidence.record(
+                "jacfwd = jacrev", f"{name} {dtype}", r, {"rel": tol}, r["rel_error"] <= tol
+            )
+        )
     assert all(ok)
 
 
@@ -170,8 +212,15 @@ def test_central_difference_at_the_theory_step(problems, evidence, name):
         p = problems[(name, dtype)]
         r = checks.fd_check(p.fn, p.x, u.astype(p.x.dtype), reference)
         tol = 100 * EPS[dtype] ** (2 / 3)
-        ok.append(evidence.record("central difference = JVP", f"{name} {dtype}", r,
-                                  {"rel": tol}, r["rel_error"] <= tol))
+        ok.append(
+            evidence.record(
+                "central difference = JVP",
+                f"{name} {dtype}",
+                r,
+                {"rel": tol},
+                r["rel_error"] <= tol,
+            )
+        )
     assert all(ok)
 
 
@@ -191,15 +240,23 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(problems, evidence, n
         tight = (
             abs(np.log10(a["best_step"] / a["theory_step"])) <= 1.0
             and a["best_rel_error"] <= 100 * a["expected_best_rel_error"]
-            and a["roundoff_slope"] is not None and -1.4 <= a["roundoff_slope"] <= -0.6
+            and a["roundoff_slope"] is not None
+            and -1.4 <= a["roundoff_slope"] <= -0.6
         )
         if dtype == "float64":
             tight = tight and a["truncation_slope"] is not None
             tight = tight and 1.7 <= a["truncation_slope"] <= 2.3
         else:
             tight = tight and 3.0 <= a["trusted_digits"] <= 6.5
-        ok.append(evidence.record("error-vs-step sweep", f"{name} {dtype}", a,
-                                  {"best_step_within_decades": 1, "slopes": [2, -1]}, tight))
+        ok.append(
+            evidence.record(
+                "error-vs-step sweep",
+                f"{name} {dtype}",
+                a,
+                {"best_step_within_decades": 1, "slopes": [2, -1]},
+                tight,
+            )
+        )
     assert all(ok)
 
 
@@ -231,9 +288,13 @@ def test_both_opinions_catch_a_wrong_derivative(evidence):
     u = data.unit_directions(jax.random.key(10), 1, 5, jnp.float64)[0]
     fd = checks.fd_check(f, x, u)
     opinion = checks.second_opinion(f, x, order=1)
-    ok = evidence.record("wrong rule detected", "derivative doubled",
-                         {"fd_rel_error": fd["rel_error"], "check_grads": opinion["passed"]},
-                         {"fd_rel_at_least": 0.1}, fd["rel_error"] >= 0.1 and not opinion["passed"])
+    ok = evidence.record(
+        "wrong rule detected",
+        "derivative doubled",
+        {"fd_rel_error": fd["rel_error"], "check_grads": opinion["passed"]},
+        {"fd_rel_at_least": 0.1},
+        fd["rel_error"] >= 0.1 and not opinion["passed"],
+    )
     assert ok
 
 
@@ -246,8 +307,13 @@ def test_same_seed_same_bits(evidence):
     same = np.array_equal(np.asarray(a.x), np.asarray(b.x)) and ra == rb
     other = data.make_problem("scan_recurrence", CONFIG.model_copy(update={"seed": 1}), "float32")
     differs = not np.array_equal(np.asarray(a.x), np.asarray(other.x))
-    assert evidence.record("determinism", "seed 0 twice; seed 1", {"same": same, "seed_1_differs":
-                           differs}, None, same and differs)
+    assert evidence.record(
+        "determinism",
+        "seed 0 twice; seed 1",
+        {"same": same, "seed_1_differs": differs},
+        None,
+        same and differs,
+    )
 
 
 def test_non_float_input_is_refused():
@@ -259,15 +325,20 @@ def test_audit_command_writes_report_and_sweep_plot(tmp_path, evidence):
     config = tmp_path / "tiny.json"
     config.write_text(CONFIG.model_copy(update={"directions": 1}).to_json())
     workdir = tmp_path / "audit"
-    result = CliRunner().invoke(main, ["audit", "elementwise", "--config", str(config),
-                                       "--workdir", str(workdir)])
+    result = CliRunner().invoke(
+        main, ["audit", "elementwise", "--config", str(config), "--workdir", str(workdir)]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((workdir / "report.json").read_text())
     png = (workdir / "sweep.png").read_bytes()
     passed = all(c["passed"] for c in report["checks"])
-    assert evidence.record("audit command", "elementwise tiny",
-                           {"checks": len(report["checks"]), "all_passed": passed,
-                            "png_bytes": len(png)}, None, passed and png[:4] == b"\x89PNG")
+    assert evidence.record(
+        "audit command",
+        "elementwise tiny",
+        {"checks": len(report["checks"]), "all_passed": passed, "png_bytes": len(png)},
+        None,
+        passed and png[:4] == b"\x89PNG",
+    )
 
 
 @pytest.mark.parametrize(

@@ -34,14 +34,25 @@ def test_softplus_rule_is_finite_where_autodiff_is_nan(evidence, dtype):
     tol = 10 * float(jnp.finfo(dtype).eps)
     s = _sigmoid(POINTS)
     ok = [
-        evidence.allclose("softplus value", str(dtype.__name__), rules.softplus(x), value,
-                          rtol=tol, atol=tol),
+        evidence.allclose(
+            "softplus value", str(dtype.__name__), rules.softplus(x), value, rtol=tol, atol=tol
+        ),
         evidence.allclose("softplus' = sigmoid", str(dtype.__name__), grad, s, rtol=tol, atol=tol),
-        evidence.allclose("softplus'' = s(1-s) (rule differentiated)", str(dtype.__name__),
-                          second, s * (1 - s), rtol=10 * tol, atol=tol),
-        evidence.record("plain autodiff at 1000", str(dtype.__name__),
-                        {"naive_grad": float(naive[-1]), "where_grad": float(where[-1])},
-                        None, bool(np.isnan(naive[-1]) and np.isnan(where[-1]))),
+        evidence.allclose(
+            "softplus'' = s(1-s) (rule differentiated)",
+            str(dtype.__name__),
+            second,
+            s * (1 - s),
+            rtol=10 * tol,
+            atol=tol,
+        ),
+        evidence.record(
+            "plain autodiff at 1000",
+            str(dtype.__name__),
+            {"naive_grad": float(naive[-1]), "where_grad": float(where[-1])},
+            None,
+            bool(np.isnan(naive[-1]) and np.isnan(where[-1])),
+        ),
     ]
     assert all(ok)
 
@@ -54,21 +65,44 @@ def test_safe_norm_has_a_subgradient_at_zero_and_the_right_hessian(evidence, see
     zero = jnp.zeros(4, jnp.float64)
     hessian = (np.eye(4) - np.outer(xn, xn) / r**2) / r
     u = jnp.asarray(np.eye(4)[seed], jnp.float64)
-    fd = checks.central_difference(jax.jit(lambda y: jnp.reshape(rules.safe_norm(y), (1,))),
-                                   x, u, 1e-5)
+    fd = checks.central_difference(
+        jax.jit(lambda y: jnp.reshape(rules.safe_norm(y), (1,))), x, u, 1e-5
+    )
     ok = [
-        evidence.allclose("grad |x| = x/|x|", f"seed {seed}", jax.grad(rules.safe_norm)(x),
-                          xn / r, rtol=1e-14, atol=1e-15),
-        evidence.allclose("grad |x| vs central difference", f"seed {seed}",
-                          jax.grad(rules.safe_norm)(x)[seed], fd[0], rtol=1e-8, atol=1e-9),
-        evidence.allclose("grad at 0 = 0", "x = 0", jax.grad(rules.safe_norm)(zero),
-                          np.zeros(4), rtol=0, atol=0),
-        evidence.allclose("Hessian fwd-over-rev", f"seed {seed}",
-                          jax.jit(lambda y: rules.hessian_fwd_rev(rules.safe_norm, y))(x), hessian,
-                          rtol=1e-12, atol=1e-13),
-        evidence.record("plain autodiff at 0", "x = 0",
-                        {"grad": np.asarray(jax.grad(rules.norm_naive)(zero))}, None,
-                        bool(np.all(np.isnan(jax.grad(rules.norm_naive)(zero))))),
+        evidence.allclose(
+            "grad |x| = x/|x|",
+            f"seed {seed}",
+            jax.grad(rules.safe_norm)(x),
+            xn / r,
+            rtol=1e-14,
+            atol=1e-15,
+        ),
+        evidence.allclose(
+            "grad |x| vs central difference",
+            f"seed {seed}",
+            jax.grad(rules.safe_norm)(x)[seed],
+            fd[0],
+            rtol=1e-8,
+            atol=1e-9,
+        ),
+        evidence.allclose(
+            "grad at 0 = 0", "x = 0", jax.grad(rules.safe_norm)(zero), np.zeros(4), rtol=0, atol=0
+        ),
+        evidence.allclose(
+            "Hessian fwd-over-rev",
+            f"seed {seed}",
+            jax.jit(lambda y: rules.hessian_fwd_rev(rules.safe_norm, y))(x),
+            hessian,
+            rtol=1e-12,
+            atol=1e-13,
+        ),
+        evidence.record(
+            "plain autodiff at 0",
+            "x = 0",
+            {"grad": np.asarray(jax.grad(rules.norm_naive)(zero))},
+            None,
+            bool(np.all(np.isnan(jax.grad(rules.norm_naive)(zero)))),
+        ),
     ]
     assert all(ok)
 
@@ -83,10 +117,22 @@ def test_clip_gradient_clips_only_the_cotangent(evidence, lo, hi):
         return jnp.sum(w * rules.clip_gradient(y, lo, hi))
 
     ok = [
-        evidence.allclose("forward is identity", f"[{lo}, {hi}]",
-                          rules.clip_gradient(x, lo, hi), x, rtol=0, atol=0),
-        evidence.allclose("grad = clip(upstream)", f"[{lo}, {hi}]", jax.grad(loss)(x),
-                          np.clip(np.asarray(w), lo, hi), rtol=0, atol=0),
+        evidence.allclose(
+            "forward is identity",
+            f"[{lo}, {hi}]",
+            rules.clip_gradient(x, lo, hi),
+            x,
+            rtol=0,
+            atol=0,
+        ),
+        evidence.allclose(
+            "grad = clip(upstream)",
+            f"[{lo}, {hi}]",
+            jax.grad(loss)(x),
+            np.clip(np.asarray(w), lo, hi),
+            rtol=0,
+            atol=0,
+        ),
     ]
     assert all(ok)
 
@@ -100,11 +146,22 @@ def test_straight_through_round_passes_the_gradient(evidence, dtype):
 
     rounded = np.round(np.asarray(x, np.float64))
     ok = [
-        evidence.allclose("STE grad = f'(round(x))", dtype.__name__,
-                          jax.grad(loss(rules.straight_through_round))(x), np.cos(rounded),
-                          rtol=1e-6, atol=1e-6),
-        evidence.allclose("plain round grad = 0", dtype.__name__, jax.grad(loss(jnp.round))(x),
-                          np.zeros(5), rtol=0, atol=0),
+        evidence.allclose(
+            "STE grad = f'(round(x))",
+            dtype.__name__,
+            jax.grad(loss(rules.straight_through_round))(x),
+            np.cos(rounded),
+            rtol=1e-6,
+            atol=1e-6,
+        ),
+        evidence.allclose(
+            "plain round grad = 0",
+            dtype.__name__,
+            jax.grad(loss(jnp.round))(x),
+            np.zeros(5),
+            rtol=0,
+            atol=0,
+        ),
     ]
     assert all(ok)
 
@@ -112,14 +169,22 @@ def test_straight_through_round_passes_the_gradient(evidence, dtype):
 def test_custom_vjp_refuses_forward_mode_and_says_why(evidence):
     r = rules.forward_mode_refusal()
     refused = r["refused"]
-    expected = {"jvp": True, "jacfwd": True, "jacrev(jacfwd)": True,
-                "jacfwd(grad)": False, "grad": False}
+    expected = {
+        "jvp": True,
+        "jacfwd": True,
+        "jacrev(jacfwd)": True,
+        "jacfwd(grad)": False,
+        "grad": False,
+    }
     observed = {k: refused[k] is not None for k in expected}
     messages_name_it = all("custom_vjp" in refused[k] for k in expected if expected[k])
-    assert evidence.record("forward mode on custom_vjp", "five transformations",
-                           {"refused": refused}, {"expected_refused": expected},
-                           observed == expected and messages_name_it
-                           and "transposed" in r["explanation"])
+    assert evidence.record(
+        "forward mode on custom_vjp",
+        "five transformations",
+        {"refused": refused},
+        {"expected_refused": expected},
+        observed == expected and messages_name_it and "transposed" in r["explanation"],
+    )
 
 
 def _ift_jacobian(params: model.Params, x: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -138,7 +203,8 @@ def test_implicit_gradient_matches_analytic_and_unrolled(evidence, seed, dtype):
     jacobian = jax.jit(jax.jacrev(rules.fixed_point_implicit, argnums=1), static_argnums=2)
     implicit = jacobian(params, x, 500)
     unrolled = jax.jit(jax.jacrev(model.solve_unrolled, argnums=1), static_argnums=2)(
-        params, x, 200)
+        params, x, 200
+    )
     analytic = _ift_jacobian(params, np.asarray(x, np.float64), np.asarray(z, np.float64))
     tol = 1e3 * float(jnp.finfo(dtype).eps)
 
@@ -152,12 +218,15 @@ def test_implicit_gradient_matches_analytic_and_unrolled(evidence, seed, dtype):
     g_unr = jax.jit(jax.grad(loss_unrolled))(params)
     cond = f"seed {seed} {dtype.__name__}"
     ok = [
-        evidence.allclose("fixed point residual", cond, model.step(params, z, x), z,
-                          rtol=tol, atol=tol),
-        evidence.allclose("implicit dz/dx vs IFT formula (NumPy)", cond, implicit, analytic,
-                          rtol=tol, atol=tol),
-        evidence.allclose("unrolled dz/dx vs IFT formula (NumPy)", cond, unrolled, analytic,
-                          rtol=tol, atol=tol),
+        evidence.allclose(
+            "fixed point residual", cond, model.step(params, z, x), z, rtol=tol, atol=tol
+        ),
+        evidence.allclose(
+            "implicit dz/dx vs IFT formula (NumPy)", cond, implicit, analytic, rtol=tol, atol=tol
+        ),
+        evidence.allclose(
+            "unrolled dz/dx vs IFT formula (NumPy)", cond, unrolled, analytic, rtol=tol, atol=tol
+        ),
     ] + [
         evidence.allclose(f"implicit vs unrolled grad {name}", cond, a, b, rtol=tol, atol=tol)
         for name, a, b in zip(params._fields, g_imp, g_unr, strict=True)
@@ -178,9 +247,12 @@ def test_implicit_gradient_batched(evidence):
     batched = grad(params, xs)
     per_row = [grad(params, xs[i]) for i in range(4)]
     summed = [sum(np.asarray(g[k]) for g in per_row) for k in range(3)]
-    ok = [evidence.allclose(f"batched grad {name}", "batch of 4 vs rows", a, b,
-                            rtol=1e-11, atol=1e-12)
-          for name, a, b in zip(params._fields, batched, summed, strict=True)]
+    ok = [
+        evidence.allclose(
+            f"batched grad {name}", "batch of 4 vs rows", a, b, rtol=1e-11, atol=1e-12
+        )
+        for name, a, b in zip(params._fields, batched, summed, strict=True)
+    ]
     assert all(ok)
 
 
@@ -216,19 +288,42 @@ def test_hessians_forward_over_reverse_match_analytic(evidence, n, dtype):
 
     @jax.jit
     def everything(y, t):
-        return (rules.hessian_fwd_rev(lse, y), rules.hessian_fwd_rev(glm, y),
-                rules.hvp(glm, y, t), rules.hvp(lse, y, t))
+        return (
+            rules.hessian_fwd_rev(lse, y),
+            rules.hessian_fwd_rev(glm, y),
+            rules.hvp(glm, y, t),
+            rules.hvp(lse, y, t),
+        )
 
     h1, h2, hv_glm, hv_lse = everything(xc, vc)
     cond = f"n={n} {dtype.__name__}"
     ok = [
-        evidence.allclose("Hessian logsumexp", cond, h1, h_lse,
-                          rtol=tol, atol=tol * np.abs(h_lse).max()),
-        evidence.allclose("Hessian GLM (custom softplus)", cond, h2,
-                          h_glm, rtol=tol, atol=tol * np.abs(h_glm).max()),
-        evidence.allclose("hvp GLM", cond, hv_glm, h_glm @ np.asarray(v),
-                          rtol=tol, atol=tol * np.abs(h_glm @ np.asarray(v)).max()),
-        evidence.allclose("hvp logsumexp", cond, hv_lse, h_lse @ np.asarray(v),
-                          rtol=tol, atol=tol * np.abs(h_lse @ np.asarray(v)).max()),
+        evidence.allclose(
+            "Hessian logsumexp", cond, h1, h_lse, rtol=tol, atol=tol * np.abs(h_lse).max()
+        ),
+        evidence.allclose(
+            "Hessian GLM (custom softplus)",
+            cond,
+            h2,
+            h_glm,
+            rtol=tol,
+            atol=tol * np.abs(h_glm).max(),
+        ),
+        evidence.allclose(
+            "hvp GLM",
+            cond,
+            hv_glm,
+            h_glm @ np.asarray(v),
+            rtol=tol,
+            atol=tol * np.abs(h_glm @ np.asarray(v)).max(),
+        ),
+        evidence.allclose(
+            "hvp logsumexp",
+            cond,
+            hv_lse,
+            h_lse @ np.asarray(v),
+            rtol=tol,
+            atol=tol * np.abs(h_lse @ np.asarray(v)).max(),
+        ),
     ]
     assert all(ok)

@@ -27,9 +27,12 @@ def tolerances(dtype) -> dict[str, float]:
     return {"identity": 50 * eps, "finite_difference": 100 * eps ** (2 / 3)}
 
 
-def audit_problem(problem: data.Problem, config: Config,
-                  reference_fn: Callable[[jax.Array], jax.Array] | None = None,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def audit_problem(
+    problem: data.Problem,
+    config: Config,
+    reference_fn: Callable[[jax.Array], jax.Array] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """All stage-1 checks on `problem`; `reference_fn` is the float64 version of
     `problem.fn` (default: `problem.fn` itself on a float64 copy of x)."""
     say = progress or (lambda _: None)
@@ -47,23 +50,36 @@ def audit_problem(problem: data.Problem, config: Config,
     results: list[dict[str, Any]] = []
 
     def add(name: str, figures: dict, bound: float) -> None:
-        results.append({"check": name, "rel_error": figures["rel_error"], "tolerance": bound,
-                        "passed": bool(figures["rel_error"] <= bound), "figures": figures})
+        results.append(
+            {
+                "check": name,
+                "rel_error": figures["rel_error"],
+                "tolerance": bound,
+                "passed": bool(figures["rel_error"] <= bound),
+                "figures": figures,
+            }
+        )
 
     say(f"{problem.name} {problem.dtype}: linearity, transpose, Jacobians")
     for i in range(config.directions):
-        add(f"linearity[{i}]", checks.jvp_linearity(fn, x, us[i], vs[i], 0.7, -1.3),
-            tol["identity"])
+        add(
+            f"linearity[{i}]", checks.jvp_linearity(fn, x, us[i], vs[i], 0.7, -1.3), tol["identity"]
+        )
         add(f"dot_product[{i}]", checks.dot_product_test(fn, x, us[i], ws[i]), tol["identity"])
     add("jacfwd_vs_jacrev", checks.jacobian_agreement(fn, x), tol["identity"])
     say(f"{problem.name} {problem.dtype}: finite differences")
-    references = [np.asarray(jax.jvp(ref_fn, (x64,), (u.astype(jnp.float64),))[1], np.float64)
-                  for u in us]
+    references = [
+        np.asarray(jax.jvp(ref_fn, (x64,), (u.astype(jnp.float64),))[1], np.float64) for u in us
+    ]
     for i in range(config.directions):
-        add(f"central_difference[{i}]", checks.fd_check(fn, x, us[i], references[i]),
-            tol["finite_difference"])
-    steps = checks.sweep_steps(config.sweep_min_exponent, config.sweep_max_exponent,
-                               config.sweep_points_per_decade)
+        add(
+            f"central_difference[{i}]",
+            checks.fd_check(fn, x, us[i], references[i]),
+            tol["finite_difference"],
+        )
+    steps = checks.sweep_steps(
+        config.sweep_min_exponent, config.sweep_max_exponent, config.sweep_points_per_decade
+    )
     errors = checks.fd_sweep(fn, x, us[0], steps, references[0])
     sweep = checks.analyse_sweep(steps, errors, x.dtype, x)
     say(f"{problem.name} {problem.dtype}: check_grads")
@@ -83,14 +99,20 @@ def audit_problem(problem: data.Problem, config: Config,
 def verdict(results: list[dict], opinion: dict, sweep: dict, dtype: str) -> str:
     """One sentence computed from the figures."""
     failed = [r["check"] for r in results if not r["passed"]]
-    worst_fd = max((r["rel_error"] for r in results if r["check"].startswith("central")),
-                   default=float("nan"))
-    head = (f"all {len(results)} checks passed" if not failed
-            else f"{len(failed)} of {len(results)} checks FAILED ({', '.join(failed[:4])})")
-    return (f"{head}; check_grads {'agrees' if opinion['passed'] else 'DISAGREES'}; "
-            f"{dtype} finite differences agree with the exact JVP to {worst_fd:.1e} at the "
-            f"theory step, best {sweep['best_rel_error']:.1e} at h = {sweep['best_step']:.1e} "
-            f"(about {sweep['trusted_digits']:.1f} digits can be trusted).")
+    worst_fd = max(
+        (r["rel_error"] for r in results if r["check"].startswith("central")), default=float("nan")
+    )
+    head = (
+        f"all {len(results)} checks passed"
+        if not failed
+        else f"{len(failed)} of {len(results)} checks FAILED ({', '.join(failed[:4])})"
+    )
+    return (
+        f"{head}; check_grads {'agrees' if opinion['passed'] else 'DISAGREES'}; "
+        f"{dtype} finite differences agree with the exact JVP to {worst_fd:.1e} at the "
+        f"theory step, best {sweep['best_rel_error']:.1e} at h = {sweep['best_step']:.1e} "
+        f"(about {sweep['trusted_digits']:.1f} digits can be trusted)."
+    )
 
 
 def passed(report: dict) -> bool:

@@ -32,8 +32,14 @@ from derivative_audit import checkpoint, model, plots, rules
 
 SIZES = {
     # batch x width of the implicit layer; n of the Hessian problem and its rows m.
-    "default": {"batch": 256, "width": 64, "unrolled": 200, "hessian_n": 1000, "rows": 500,
-                "rounds": 20},
+    "default": {
+        "batch": 256,
+        "width": 64,
+        "unrolled": 200,
+        "hessian_n": 1000,
+        "rows": 500,
+        "rounds": 20,
+    },
     "tiny": {"batch": 8, "width": 8, "unrolled": 200, "hessian_n": 50, "rows": 20, "rounds": 3},
 }
 DTYPE = jnp.float32
@@ -83,8 +89,11 @@ def _compile(fn: Callable, args: tuple) -> tuple[Any, dict[str, float]]:
     return (compiled, out), {"compile_s": compile_s, "first_call_s": first_s}
 
 
-def run(size_name: str = "default", rounds: int | None = None,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+    size_name: str = "default",
+    rounds: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Measures every path; returns the report (identity, measurements, ratios)."""
     say = progress or (lambda _: None)
     size = SIZES[size_name]
@@ -115,28 +124,32 @@ def run(size_name: str = "default", rounds: int | None = None,
         ),
         "hvp_vs_full_max_rel": float(
             jnp.max(jnp.abs(compiled["hvp"][2] - compiled["full_hessian"][2]))
-            / jnp.max(jnp.abs(compiled["full_hessian"][2]))),
+            / jnp.max(jnp.abs(compiled["full_hessian"][2]))
+        ),
     }
     z0 = jnp.zeros((size["batch"], size["width"]), DTYPE)
-    _, iterations = rules._iterate(lambda z: model.step(params, z, x), z0,
-                                   rules.solver_tolerance(DTYPE), 1000)
+    _, iterations = rules._iterate(
+        lambda z: model.step(params, z, x), z0, rules.solver_tolerance(DTYPE), 1000
+    )
     times: dict[str, list[float]] = {name: [] for name in paths}
     say(f"timing {len(paths)} paths, {rounds} interleaved rounds")
     names = list(compiled)
     for r in range(rounds):
         # Rotate the order every round so that no path always follows the same one.
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             exe, args, _ = compiled[name]
             start = time.perf_counter()
             jax.block_until_ready(exe(*args))
             times[name].append(time.perf_counter() - start)
     for name, samples in times.items():
-        measurements[name].update({
-            "median_s": statistics.median(samples),
-            "p90_s": float(np.percentile(samples, 90)),
-            "min_s": min(samples),
-            "n": len(samples),
-        })
+        measurements[name].update(
+            {
+                "median_s": statistics.median(samples),
+                "p90_s": float(np.percentile(samples, 90)),
+                "min_s": min(samples),
+                "n": len(samples),
+            }
+        )
     med = {name: m["median_s"] for name, m in measurements.items()}
     best = {name: m["min_s"] for name, m in measurements.items()}
     ratios = {
@@ -154,8 +167,12 @@ def run(size_name: str = "default", rounds: int | None = None,
     return {
         "identity": _identity(size_name, size),
         "size": size_name,
-        "settings": {**size, "rounds": rounds, "dtype": "float32",
-                     "implicit_forward_iterations": int(iterations)},
+        "settings": {
+            **size,
+            "rounds": rounds,
+            "dtype": "float32",
+            "implicit_forward_iterations": int(iterations),
+        },
         "agreement": agreement,
         "measurements": measurements,
         "ratios": ratios,
@@ -173,15 +190,18 @@ def _verdicts(ratios: dict[str, float], size_name: str) -> list[str]:
         met = "meets" if ratios[name] >= target else "MISSES"
         lines.append(f"{name} = {ratios[name]:.1f} {met} the target >= {target:g}.")
     noise = max(ratios["hvp_vs_hvp_aa"], 1 / ratios["hvp_vs_hvp_aa"])
-    lines.append(f"A/A control hvp_vs_hvp_aa = {ratios['hvp_vs_hvp_aa']:.2f}: ratios within "
-                 f"{noise:.2f}x of 1 are noise.")
+    lines.append(
+        f"A/A control hvp_vs_hvp_aa = {ratios['hvp_vs_hvp_aa']:.2f}: ratios within "
+        f"{noise:.2f}x of 1 are noise."
+    )
     return lines
 
 
 def _identity(size_name: str, size: dict) -> dict[str, Any]:
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     import jaxlib
@@ -203,10 +223,14 @@ def _identity(size_name: str, size: dict) -> dict[str, Any]:
 def table(result: dict[str, Any]) -> str:
     lines = [f"{'path':<14}{'compile s':>11}{'first s':>10}{'median s':>11}{'p90 s':>10}"]
     for name, m in result["measurements"].items():
-        lines.append(f"{name:<14}{m['compile_s']:>11.3f}{m['first_call_s']:>10.4f}"
-                     f"{m['median_s']:>11.5f}{m['p90_s']:>10.5f}")
-    lines += [f"agreement: {json.dumps(result['agreement'])}",
-              f"ratios of minimums: {json.dumps(result['ratios_of_minimums'])}"]
+        lines.append(
+            f"{name:<14}{m['compile_s']:>11.3f}{m['first_call_s']:>10.4f}"
+            f"{m['median_s']:>11.5f}{m['p90_s']:>10.5f}"
+        )
+    lines += [
+        f"agreement: {json.dumps(result['agreement'])}",
+        f"ratios of minimums: {json.dumps(result['ratios_of_minimums'])}",
+    ]
     lines += result["verdicts"]
     return "\n".join(lines)
 
@@ -214,9 +238,11 @@ def table(result: dict[str, Any]) -> str:
 def write(result: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     checkpoint.save_record(path, result)
-    plots.bars_plot({k: v["median_s"] for k, v in result["measurements"].items()},
-                    path.with_suffix(".png"),
-                    f"derivative-audit bench ({result['size']}): median warm call, "
-                    + ", ".join(f"{k} {v:.1f}" for k, v in result["ratios"].items()),
-                    "seconds (log)")
+    plots.bars_plot(
+        {k: v["median_s"] for k, v in result["measurements"].items()},
+        path.with_suffix(".png"),
+        f"derivative-audit bench ({result['size']}): median warm call, "
+        + ", ".join(f"{k} {v:.1f}" for k, v in result["ratios"].items()),
+        "seconds (log)",
+    )
     return path

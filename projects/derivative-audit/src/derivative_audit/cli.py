@@ -82,8 +82,9 @@ def _load_callable(spec: str):
 
 def _shape(text: str) -> tuple[int, ...]:
     if not re.fullmatch(r"\d+(,\d+)*", text.replace(" ", "")):
-        raise BadInput(f"`--shape` must be comma-separated positive sizes like `8` or `3,4`, "
-                       f"got `{text}`.")
+        raise BadInput(
+            f"`--shape` must be comma-separated positive sizes like `8` or `3,4`, got `{text}`."
+        )
     shape = tuple(int(s) for s in text.replace(" ", "").split(","))
     if any(s < 1 for s in shape):
         raise BadInput(f"`--shape` sizes must be positive, got `{text}`.")
@@ -99,15 +100,27 @@ def main() -> None:
 
 @main.command()
 @click.argument("function")
-@click.option("--dtype", default="float64", show_default=True,
-              help="float64, or float32 (finite differences then judged against float64).")
+@click.option(
+    "--dtype",
+    default="float64",
+    show_default=True,
+    help="float64, or float32 (finite differences then judged against float64).",
+)
 @click.option("--config", "config_path", type=click.Path(), help="JSON config file.")
-@click.option("--shape", default="8", show_default=True,
-              help="Input shape for a `MODULE:FUNCTION` (a vector: one size).")
-@click.option("--workdir", type=click.Path(file_okay=False),
-              help="Output directory (default: runs/audit-<function>-<dtype>-<UTC time>).")
-def audit(function: str, dtype: str, config_path: str | None, shape: str,
-          workdir: str | None) -> None:
+@click.option(
+    "--shape",
+    default="8",
+    show_default=True,
+    help="Input shape for a `MODULE:FUNCTION` (a vector: one size).",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    help="Output directory (default: runs/audit-<function>-<dtype>-<UTC time>).",
+)
+def audit(
+    function: str, dtype: str, config_path: str | None, shape: str, workdir: str | None
+) -> None:
     """Stage-1 checks of one function: linearity, transpose, Jacobians, finite differences."""
     from derivative_audit import audit as audit_mod
     from derivative_audit import checkpoint, data, functions, plots
@@ -119,8 +132,9 @@ def audit(function: str, dtype: str, config_path: str | None, shape: str,
             dims = _shape(shape)
             if len(dims) != 1:
                 raise BadInput(f"`audit` takes a vector input (one size), got `--shape {shape}`.")
-            problem = data.problem_from_callable(function, _load_callable(function), dims,
-                                                 dtype, config.seed)
+            problem = data.problem_from_callable(
+                function, _load_callable(function), dims, dtype, config.seed
+            )
             reference = None
         else:
             problem = data.make_problem(function, config, dtype)
@@ -134,8 +148,10 @@ def audit(function: str, dtype: str, config_path: str | None, shape: str,
     plots.sweep_plot([report], out / "sweep.png", f"{problem.name} ({dtype})")
     for check in report["checks"]:
         mark = "ok  " if check["passed"] else "FAIL"
-        click.echo(f"{mark} {check['check']:<22} rel error {check['rel_error']:.2e} "
-                   f"(tolerance {check['tolerance']:.1e})")
+        click.echo(
+            f"{mark} {check['check']:<22} rel error {check['rel_error']:.2e} "
+            f"(tolerance {check['tolerance']:.1e})"
+        )
     click.echo(report["verdict"])
     click.echo(f"report: {out / 'report.json'}; sweep plot: {out / 'sweep.png'}")
     if not audit_mod.passed(report):
@@ -146,16 +162,35 @@ def audit(function: str, dtype: str, config_path: str | None, shape: str,
 @click.argument("target")
 @click.option("--shape", default="8", show_default=True, help="Input shape, e.g. `8` or `3,4`.")
 @click.option("--dtype", default="float32", show_default=True, help="Input dtype.")
-@click.option("--modes", default="jvp,vjp", show_default=True,
-              help="Differentiation modes the program must support.")
-@click.option("--float-policy", type=click.Choice(["float32", "float64", "none"]),
-              default="float32", show_default=True,
-              help="float32: no float64 value may appear.")
+@click.option(
+    "--modes",
+    default="jvp,vjp",
+    show_default=True,
+    help="Differentiation modes the program must support.",
+)
+@click.option(
+    "--float-policy",
+    type=click.Choice(["float32", "float64", "none"]),
+    default="float32",
+    show_default=True,
+    help="float32: no float64 value may appear.",
+)
 @click.option("--random-ok", is_flag=True, help="Allow random bits (default: deterministic).")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False),
-              help="Write the audit JSON here (default: runs/inspect-<target>.json).")
-def inspect(target: str, shape: str, dtype: str, modes: str, float_policy: str,
-            random_ok: bool, out_path: str | None) -> None:
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    help="Write the audit JSON here (default: runs/inspect-<target>.json).",
+)
+def inspect(
+    target: str,
+    shape: str,
+    dtype: str,
+    modes: str,
+    float_policy: str,
+    random_ok: bool,
+    out_path: str | None,
+) -> None:
     """Audit the jaxpr of MODULE:FUNCTION (one array argument): primitives, shapes,
     dtypes, the documented table, and the reasons for any rejection."""
     import jax
@@ -178,8 +213,11 @@ def inspect(target: str, shape: str, dtype: str, modes: str, float_policy: str,
         )
     except ValueError as err:
         raise BadInput(str(err)) from None
-    x = jnp.zeros(dims, np_dtype) if not jnp.issubdtype(np_dtype, jnp.floating) else (
-        jax.random.normal(jax.random.key(0), dims, jnp.float64).astype(np_dtype))
+    x = (
+        jnp.zeros(dims, np_dtype)
+        if not jnp.issubdtype(np_dtype, jnp.floating)
+        else (jax.random.normal(jax.random.key(0), dims, jnp.float64).astype(np_dtype))
+    )
     try:
         result = jaxpr_audit.audit(fn, (x,), policy)
     except jaxpr_audit.AuditInputError as err:
@@ -191,10 +229,14 @@ def inspect(target: str, shape: str, dtype: str, modes: str, float_policy: str,
         summary = doc.summary if doc else "not in the documented table"
         click.echo(f"  {count:>4} x {name:<20} [{modes_text or 'none'}] {summary}")
     for finding in result.findings:
-        click.echo(f"REJECT {finding.rule}: {finding.reason} at {finding.source or '?'}"
-                   f"{' in ' + finding.path if finding.path else ''}")
-    click.echo(f"verdict: {'accepted' if result.accepted else 'rejected'} "
-               f"({len(result.findings)} findings, {len(result.equations)} equations)")
+        click.echo(
+            f"REJECT {finding.rule}: {finding.reason} at {finding.source or '?'}"
+            f"{' in ' + finding.path if finding.path else ''}"
+        )
+    click.echo(
+        f"verdict: {'accepted' if result.accepted else 'rejected'} "
+        f"({len(result.findings)} findings, {len(result.equations)} equations)"
+    )
     out = Path(out_path or Path("runs") / f"inspect-{target.replace(':', '.')}.json")
     checkpoint.save_record(out, result.to_json())
     click.echo(f"audit: {out}")
@@ -204,8 +246,11 @@ def inspect(target: str, shape: str, dtype: str, modes: str, float_policy: str,
 
 @main.command()
 @click.option("--config", "config_path", type=click.Path(), help="JSON config file.")
-@click.option("--workdir", type=click.Path(file_okay=False),
-              help="Output directory (default: runs/report-<UTC time>).")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    help="Output directory (default: runs/report-<UTC time>).",
+)
 def report(config_path: str | None, workdir: str | None) -> None:
     """All three stages over the suite: report.json, report.md and PNG plots."""
     from derivative_audit import report as report_mod
@@ -221,12 +266,27 @@ def report(config_path: str | None, workdir: str | None) -> None:
 
 
 @main.command()
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default="runs/bench.json",
-              show_default=True, help="Where to write the JSON report (a PNG goes beside it).")
-@click.option("--size", type=click.Choice(["default", "tiny"]), default="default",
-              show_default=True, help="`tiny` runs in seconds (smoke test), no claims.")
-@click.option("--rounds", type=click.IntRange(3, 200), default=None,
-              help="Timed rounds per path (default: 20, tiny: 3).")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default="runs/bench.json",
+    show_default=True,
+    help="Where to write the JSON report (a PNG goes beside it).",
+)
+@click.option(
+    "--size",
+    type=click.Choice(["default", "tiny"]),
+    default="default",
+    show_default=True,
+    help="`tiny` runs in seconds (smoke test), no claims.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(3, 200),
+    default=None,
+    help="Timed rounds per path (default: 20, tiny: 3).",
+)
 def bench(out_path: str, size: str, rounds: int | None) -> None:
     """Implicit vs unrolled gradients of a fixed-point solve; HVP vs the full Hessian."""
     from derivative_audit import bench as bench_mod

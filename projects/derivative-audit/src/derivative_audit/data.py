@@ -72,8 +72,9 @@ class NotTraceable(TypeError):
     """A user function JAX cannot trace; the message says why."""
 
 
-def problem_from_callable(label: str, fn: Callable, shape: tuple[int, ...], dtype: str,
-                          seed: int) -> Problem:
+def problem_from_callable(
+    label: str, fn: Callable, shape: tuple[int, ...], dtype: str, seed: int
+) -> Problem:
     """A user function `fn(x)` at a standard-normal point of `shape` and `dtype`.
 
     Raises `NotTraceable` when `fn` cannot be traced by JAX (it converts a traced
@@ -81,8 +82,12 @@ def problem_from_callable(label: str, fn: Callable, shape: tuple[int, ...], dtyp
     x = jax.random.normal(jax.random.key(seed), shape, jnp.float64).astype(dtype)
     try:
         out = jax.eval_shape(fn, x)
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
-            jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError) as err:
+    except (
+        jax.errors.ConcretizationTypeError,
+        jax.errors.TracerArrayConversionError,
+        jax.errors.TracerBoolConversionError,
+        jax.errors.TracerIntegerConversionError,
+    ) as err:
         first = str(err).strip().splitlines()[0]
         raise NotTraceable(
             f"`{label}` is not JAX-traceable: it needs a concrete value where JAX has only an "

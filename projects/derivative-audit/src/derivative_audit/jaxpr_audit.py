@@ -170,6 +170,7 @@ def walk(
 
 def check(equation: Equation, policy: Policy) -> list[Finding]:
     """The findings one equation raises under `policy`."""
+
     def finding(rule: str, reason: str) -> Finding:
         return Finding(rule, equation.primitive, equation.path, equation.source, reason)
 
@@ -178,24 +179,36 @@ def check(equation: Equation, policy: Policy) -> list[Finding]:
     found: list[Finding] = []
     # --- exercise stage 3: Reject by the table, callbacks, modes, float64 and randomness. ---
     if doc is None:
-        found.append(finding("unknown-primitive", f"`{name}` is not in the documented table; "
-                             "its derivative rules are unaudited."))
+        found.append(
+            finding(
+                "unknown-primitive",
+                f"`{name}` is not in the documented table; its derivative rules are unaudited.",
+            )
+        )
         return found
     if name in primitives.CALLBACK_PRIMITIVES:
         found.append(finding("host-callback", f"`{name}` calls Python on the host. {doc.note}"))
     elif equation.differentiated:
         for mode in policy.modes:
             if mode not in doc.modes:
-                found.append(finding("mode-unsupported",
-                                     f"`{name}` does not support `{mode}` mode. {doc.note}"))
+                found.append(
+                    finding(
+                        "mode-unsupported", f"`{name}` does not support `{mode}` mode. {doc.note}"
+                    )
+                )
     if policy.float_dtype == "float32":
         wide = [o for o in equation.outputs if o.startswith(("float64", "complex128"))]
         if wide:
-            found.append(finding("dtype-policy", f"`{name}` produces `{wide[0]}` under a "
-                                 "float32 policy."))
+            found.append(
+                finding("dtype-policy", f"`{name}` produces `{wide[0]}` under a float32 policy.")
+            )
     if policy.deterministic and name in primitives.RANDOM_PRIMITIVES:
-        found.append(finding("random-in-deterministic", f"`{name}` draws random bits in a "
-                             "function declared deterministic."))
+        found.append(
+            finding(
+                "random-in-deterministic",
+                f"`{name}` draws random bits in a function declared deterministic.",
+            )
+        )
     # --- end exercise ---
     return found
 
@@ -205,8 +218,12 @@ def trace(fn: Callable, args: Sequence[Any]) -> jex_core.ClosedJaxpr:
     label = getattr(fn, "__qualname__", repr(fn))
     try:
         return jax.make_jaxpr(fn)(*args)
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
-            jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError) as err:
+    except (
+        jax.errors.ConcretizationTypeError,
+        jax.errors.TracerArrayConversionError,
+        jax.errors.TracerBoolConversionError,
+        jax.errors.TracerIntegerConversionError,
+    ) as err:
         first = str(err).strip().splitlines()[0]
         raise AuditInputError(
             f"`{label}` is not JAX-traceable: it needs a concrete value where JAX has only "
@@ -262,8 +279,11 @@ def consistency(fn: Callable, x: jax.Array, policy: Policy = Policy(), batch: in
             other = make()
         except Exception as err:  # noqa: BLE001 - a refusal is an outcome, recorded
             refused = str(err).strip().splitlines()[0][:300]
-            result[name] = {"verdict": "refused to trace", "error": refused,
-                            "consistent": not plain.accepted}
+            result[name] = {
+                "verdict": "refused to trace",
+                "error": refused,
+                "consistent": not plain.accepted,
+            }
             continue
         other_key = sorted({(f.rule, f.source) for f in other.findings})
         other_leaves = {k for k in other.counts if k not in WRAPPERS}
@@ -278,7 +298,8 @@ def consistency(fn: Callable, x: jax.Array, policy: Policy = Policy(), batch: in
             "findings": other_key,
             "primitives_added": sorted(other_leaves - leaves),
             "primitives_dropped": sorted(leaves - other_leaves),
-            "consistent": other.accepted == plain.accepted and set(key) <= set(other_key)
+            "consistent": other.accepted == plain.accepted
+            and set(key) <= set(other_key)
             and structure,
         }
     result["consistent"] = all(result[n]["consistent"] for n in variants)

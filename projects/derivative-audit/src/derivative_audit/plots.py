@@ -19,8 +19,13 @@ def sweep_plot(reports: list[dict], path: str | Path, title: str) -> Path:
         steps, errors = np.asarray(sweep["steps"]), np.asarray(sweep["rel_errors"])
         keep = errors > 0
         style = "-" if report["dtype"] == "float64" else "--"
-        (line,) = ax.loglog(steps[keep], errors[keep], style, marker=".",
-                            label=f"{report['function']} {report['dtype']}")
+        (line,) = ax.loglog(
+            steps[keep],
+            errors[keep],
+            style,
+            marker=".",
+            label=f"{report['function']} {report['dtype']}",
+        )
         ax.axvline(sweep["theory_step"], color=line.get_color(), alpha=0.3, linewidth=1)
     for dtype in ("float64", "float32"):
         first = next((r for r in reports if r["dtype"] == dtype), None)

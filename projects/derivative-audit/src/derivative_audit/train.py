@@ -44,8 +44,9 @@ def loss_fn(params: model.Params, x: jax.Array, y: jax.Array, gradient: str) -> 
 
 
 @functools.partial(jax.jit, static_argnames=("gradient", "tx"))
-def train_step(state: TrainState, x: jax.Array, y: jax.Array, gradient: str,
-               tx: optax.GradientTransformation) -> tuple[TrainState, jax.Array]:
+def train_step(
+    state: TrainState, x: jax.Array, y: jax.Array, gradient: str, tx: optax.GradientTransformation
+) -> tuple[TrainState, jax.Array]:
     loss, grads = jax.value_and_grad(loss_fn)(state.params, x, y, gradient)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -171,3 +171,17 @@ def build(config, *, key: jax.Array, **overrides) -> Transformer:
 @nnx.jit(static_argnums=(0, 1))
 def _create(args, overrides, key):
     return Transformer(*args, rngs=nnx.Rngs(params=key), **dict(overrides))
+
+
+def tap_names(num_layers: int) -> list[str]:
+    """The names `__call__(..., taps=...)` records, in order."""
+    block = ("ln1", "attn", "ln2", "mlp", "out")
+    return ["embed", *(f"block{i}.{b}" for i in range(num_layers) for b in block), "ln_f", "logits"]
+
+
+@nnx.jit
+def layer_outputs(model: Transformer, tokens: jax.Array) -> list[jax.Array]:
+    """Every tapped layer output (order of `tap_names`), as one compiled program."""
+    taps: list = []
+    model(tokens, taps=taps)
+    return [value for _, value in taps]

@@ -44,8 +44,12 @@ def test_every_source_consumed_once_every_target_filled(evidence, torch_source, 
     problems = check_names(torch_map(arch), net.state_dict().keys(), spec.keys())
     consumed = sorted(k for r in torch_map(arch) for k in r.sources)
     shapes_ok = all(arrays[p].shape == spec[p][0] and arrays[p].dtype == spec[p][1] for p in spec)
-    ok = (not problems and sorted(arrays) == sorted(spec) and shapes_ok
-          and consumed == sorted(net.state_dict().keys()))
+    ok = (
+        not problems
+        and sorted(arrays) == sorted(spec)
+        and shapes_ok
+        and consumed == sorted(net.state_dict().keys())
+    )
     assert evidence.record(
         "names: each source key consumed once, each target filled once, shapes and dtypes agree",
         which,
@@ -66,7 +70,7 @@ def test_layout_transforms_match_torch_ops(evidence, arch):
     x = rng.standard_normal((2, 1, 8, 8)).astype(np.float32)
     ref = F.conv2d(torch.from_numpy(x), net.conv1.weight, net.conv1.bias, padding=1).detach()
     padded = np.pad(x.transpose(0, 2, 3, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
-    patches = np.stack([padded[:, i:i + 8, j:j + 8, :] for i in range(3) for j in range(3)], 3)
+    patches = np.stack([padded[:, i : i + 8, j : j + 8, :] for i in range(3) for j in range(3)], 3)
     kernel = w["conv1.kernel"].reshape(9, 1, c)
     ours = np.einsum("nhwki,kio->nhwo", patches, kernel) + w["conv1.bias"]
     checks["conv1 (OIHW->HWIO)"] = (ours, ref.numpy().transpose(0, 2, 3, 1))
@@ -75,7 +79,7 @@ def test_layout_transforms_match_torch_ops(evidence, arch):
     packed = F.linear(torch.from_numpy(t), net.attn.in_proj_weight, net.attn.in_proj_bias)
     for i, part in enumerate(("query", "key", "value")):
         ours = np.einsum("nlc,chd->nlhd", t, w[f"attn.{part}.kernel"]) + w[f"attn.{part}.bias"]
-        ref = packed.detach().numpy()[..., i * c:(i + 1) * c].reshape(ours.shape)
+        ref = packed.detach().numpy()[..., i * c : (i + 1) * c].reshape(ours.shape)
         checks[f"attn {part} (packed QKV split)"] = (ours, ref)
     heads = rng.standard_normal((2, 5, arch.heads, c // arch.heads)).astype(np.float32)
     ref = net.attn.out_proj(torch.from_numpy(heads.reshape(2, 5, c))).detach().numpy()
@@ -88,7 +92,8 @@ def test_layout_transforms_match_torch_ops(evidence, arch):
     checks["fc1 (NCHW flatten rows)"] = (ours, ref)
     v = rng.standard_normal((3, arch.hidden)).astype(np.float32)
     checks["fc2 (out, in)->(in, out)"] = (
-        v @ w["fc2.kernel"] + w["fc2.bias"], net.fc2(torch.from_numpy(v)).detach().numpy()
+        v @ w["fc2.kernel"] + w["fc2.bias"],
+        net.fc2(torch.from_numpy(v)).detach().numpy(),
     )
     checks["head (tied class embedding)"] = (
         v @ w["class_embed.embedding"].T + w["head_bias"],
@@ -107,10 +112,16 @@ def test_converted_model_reproduces_torch_logits(evidence, torch_source, split):
     ref = sources.torch_logits(torch_source.model, data.nchw(split.test_images))
     ours = model.logits(target, data.nhwc(split.test_images))
     same = int(np.sum(ref.argmax(1) == ours.argmax(1)))
-    assert evidence.allclose("NNX logits vs PyTorch logits", "held-out split, float32",
-                             ours, ref, rtol=1e-4, atol=1e-4)
-    assert evidence.record("identical predictions", "held-out split", {"same": same,
-                           "of": len(ref)}, None, same == len(ref))
+    assert evidence.allclose(
+        "NNX logits vs PyTorch logits", "held-out split, float32", ours, ref, rtol=1e-4, atol=1e-4
+    )
+    assert evidence.record(
+        "identical predictions",
+        "held-out split",
+        {"same": same, "of": len(ref)},
+        None,
+        same == len(ref),
+    )
 
 
 def test_tied_weights_consumed_once_with_or_without_the_alias(evidence, torch_source, tmp_path):
@@ -128,9 +139,13 @@ def test_tied_weights_consumed_once_with_or_without_the_alias(evidence, torch_so
     both = convert(torch_map(arch), state, arch, spec)["class_embed.embedding"]
     one = convert(torch_map(arch), deduplicated, arch, spec)["class_embed.embedding"]
     ok = np.array_equal(both, one) and np.array_equal(both, state["head.weight"].numpy())
-    assert evidence.record("tied weights -> one class embedding", "alias present / deduplicated",
-                           {"keys_in_file": len(deduplicated), "keys_in_state": len(state)},
-                           None, ok)
+    assert evidence.record(
+        "tied weights -> one class embedding",
+        "alias present / deduplicated",
+        {"keys_in_file": len(deduplicated), "keys_in_state": len(state)},
+        None,
+        ok,
+    )
     differing = dict(state)
     differing["head.weight"] = state["head.weight"] + 1.0
     with pytest.raises(MappingError, match=r"`class_embed.weight`.*`head.weight`.*tied copies"):
@@ -160,8 +175,13 @@ def test_bad_names_are_reported_by_name(evidence, torch_source):
     text = str(info.value)
     assert "`0.weight`" in text and "`2.bias`" in text and "`attn.in_proj_weight`" in text
     found["other-architecture"] = info.value.problems
-    assert evidence.record("bad names reported by name", "renamed/missing/extra/other arch",
-                           {k: len(v) for k, v in found.items()}, None, True)
+    assert evidence.record(
+        "bad names reported by name",
+        "renamed/missing/extra/other arch",
+        {k: len(v) for k, v in found.items()},
+        None,
+        True,
+    )
 
 
 def test_bad_shapes_and_dtypes_name_the_tensor(torch_source):
@@ -183,8 +203,9 @@ def test_conversion_is_deterministic(evidence, torch_source):
     _, _, a = converted(torch_source.model, Arch())
     _, _, b = converted(torch_source.model, Arch())
     same = all(a[k].tobytes() == b[k].tobytes() for k in a)
-    assert evidence.record("same source, same bits", "two conversions", {"tensors": len(a)},
-                           None, same)
+    assert evidence.record(
+        "same source, same bits", "two conversions", {"tensors": len(a)}, None, same
+    )
 
 
 def test_keras_map(evidence, keras_source, split):
@@ -196,8 +217,14 @@ def test_keras_map(evidence, keras_source, split):
     checkpoint.fill(target, convert(keras_map(arch), weights, arch, spec))
     images = data.nhwc(split.test_images)
     ref = sources.keras_taps(keras_source.model, images)["head"]
-    assert evidence.allclose("NNX logits vs Keras logits", "Keras source, epsilons 1e-3",
-                             model.logits(target, images), ref, rtol=1e-4, atol=1e-4)
+    assert evidence.allclose(
+        "NNX logits vs Keras logits",
+        "Keras source, epsilons 1e-3",
+        model.logits(target, images),
+        ref,
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_tensorflow_savedmodel_input():

@@ -31,34 +31,52 @@ def test_tolerance_bounds_float32_rounding(evidence, k):
     scale = float(np.max(np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))))
     bound = tolerance(np.float32, k, scale)
     assert bound == pytest.approx(np.finfo(np.float32).eps * k * scale)
-    assert evidence.record("float32 matmul error vs eps*K*scale", f"K={k}",
-                           {"max_abs_error": error, "ratio": error / bound}, {"bound": bound},
-                           error <= bound)
+    assert evidence.record(
+        "float32 matmul error vs eps*K*scale",
+        f"K={k}",
+        {"max_abs_error": error, "ratio": error / bound},
+        {"bound": bound},
+        error <= bound,
+    )
 
 
 def test_clean_conversion_agrees_at_every_layer(evidence, torch_source, split):
     report = torch_parity(torch_source.model, Arch(), split.test_images[:N_IMAGES], np.float32)
     worst = max(report.layers, key=lambda r: r.ratio)
-    assert evidence.record("clean conversion: no layer beyond tolerance", "float32",
-                           {"worst_layer": worst.name, "worst_ratio": worst.ratio,
-                            "layers": [(r.name, r.max_abs_error, r.tolerance) for r in report.layers]},
-                           None, report.first_disagreement is None)
+    assert evidence.record(
+        "clean conversion: no layer beyond tolerance",
+        "float32",
+        {
+            "worst_layer": worst.name,
+            "worst_ratio": worst.ratio,
+            "layers": [(r.name, r.max_abs_error, r.tolerance) for r in report.layers],
+        },
+        None,
+        report.first_disagreement is None,
+    )
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_fault_is_located_at_its_layer(evidence, torch_source, split, fault):
-    report = torch_parity(torch_source.model, Arch(), split.test_images[:N_IMAGES],
-                          np.float32, fault=fault)
+    report = torch_parity(
+        torch_source.model, Arch(), split.test_images[:N_IMAGES], np.float32, fault=fault
+    )
     names = [r.name for r in report.layers]
     expected = FAULTS[fault].layer
     at = names.index(expected)
     before_ok = all(r.agrees for r in report.layers[:at])
     row = report.layers[at]
-    assert evidence.record(f"fault located: {FAULTS[fault].description}", fault,
-                           {"located": report.first_disagreement, "ratio_at_layer": row.ratio,
-                            "max_abs_error": row.max_abs_error},
-                           {"tolerance": row.tolerance, "expected_layer": expected},
-                           report.first_disagreement == expected and before_ok)
+    assert evidence.record(
+        f"fault located: {FAULTS[fault].description}",
+        fault,
+        {
+            "located": report.first_disagreement,
+            "ratio_at_layer": row.ratio,
+            "max_abs_error": row.max_abs_error,
+        },
+        {"tolerance": row.tolerance, "expected_layer": expected},
+        report.first_disagreement == expected and before_ok,
+    )
 
 
 def test_float64_brings_the_clean_model_to_about_1e_12(evidence, torch_source, split):
@@ -67,13 +85,23 @@ def test_float64_brings_the_clean_model_to_about_1e_12(evidence, torch_source, s
     net = copy.deepcopy(torch_source.model)
     report = torch_parity(net, Arch(), split.test_images[:N_IMAGES], np.float64)
     logits = report.layers[-1]
-    assert evidence.record("float64 both sides: logits error", "float64",
-                           {"max_abs_error": logits.max_abs_error, "ratio": logits.ratio},
-                           {"about": 1e-12, "tolerance": logits.tolerance},
-                           report.first_disagreement is None and logits.max_abs_error < 1e-11)
+    worst = max(report.layers, key=lambda r: r.max_abs_error)
+    assert evidence.record(
+        "float64 both sides: logits error",
+        "float64",
+        {
+            "max_abs_error": logits.max_abs_error,
+            "ratio": logits.ratio,
+            "worst_layer": worst.name,
+            "worst_error": worst.max_abs_error,
+        },
+        {"about": 1e-12, "tolerance": logits.tolerance},
+        report.first_disagreement is None and logits.max_abs_error < 1e-11,
+    )
     # and float64 still locates a fault (the tolerance shrank with eps)
-    located = torch_parity(net, Arch(), split.test_images[:N_IMAGES], np.float64,
-                           fault="bn-epsilon").first_disagreement
+    located = torch_parity(
+        net, Arch(), split.test_images[:N_IMAGES], np.float64, fault="bn-epsilon"
+    ).first_disagreement
     assert located == "bn1"
 
 
@@ -81,19 +109,41 @@ def test_keras_source_agrees_at_every_layer(evidence, keras_source, split):
     arch = sources.keras_arch(Arch())
     target = model.abstract_model(arch)
     spec = checkpoint.target_spec(target)
-    checkpoint.fill(target, convert(keras_map(arch), sources.keras_weights(keras_source.model),
-                                    arch, spec))
+    checkpoint.fill(
+        target, convert(keras_map(arch), sources.keras_weights(keras_source.model), arch, spec)
+    )
     images = data.nhwc(split.test_images[:N_IMAGES])
-    report = compare(sources.keras_taps(keras_source.model, images), model.taps(target, images),
-                     model.layers(arch), np.float32, source_layout="keras")
+    report = compare(
+        sources.keras_taps(keras_source.model, images),
+        model.taps(target, images),
+        model.layers(arch),
+        np.float32,
+        source_layout="keras",
+    )
     worst = max(report.layers, key=lambda r: r.ratio)
-    assert evidence.record("Keras source: no layer beyond tolerance", "Keras, float32",
-                           {"worst_layer": worst.name, "worst_ratio": worst.ratio}, None,
-                           report.first_disagreement is None)
+    assert evidence.record(
+        "Keras source: no layer beyond tolerance",
+        "Keras, float32",
+        {"worst_layer": worst.name, "worst_ratio": worst.ratio},
+        None,
+        report.first_disagreement is None,
+    )
     # the Keras epsilons matter: built with PyTorch's 1e-5 the locator says bn1.
     wrong = model.abstract_model(Arch())
-    checkpoint.fill(wrong, convert(keras_map(arch), sources.keras_weights(keras_source.model),
-                                   arch, checkpoint.target_spec(wrong)))
-    report = compare(sources.keras_taps(keras_source.model, images), model.taps(wrong, images),
-                     model.layers(arch), np.float32, source_layout="keras")
+    checkpoint.fill(
+        wrong,
+        convert(
+            keras_map(arch),
+            sources.keras_weights(keras_source.model),
+            arch,
+            checkpoint.target_spec(wrong),
+        ),
+    )
+    report = compare(
+        sources.keras_taps(keras_source.model, images),
+        model.taps(wrong, images),
+        model.layers(arch),
+        np.float32,
+        source_layout="keras",
+    )
     assert report.first_disagreement == "bn1"

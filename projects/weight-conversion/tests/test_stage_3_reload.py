@@ -37,24 +37,36 @@ def read_all(path: Path) -> dict[str, np.ndarray]:
         return {k: f.get_tensor(k) for k in f.keys()}
 
 
-@pytest.mark.parametrize(("arch", "dtype"), [(Arch(), np.float32), (OTHER, np.float64)],
-                         ids=["default-float32", "other-arch-float64"])
+@pytest.mark.parametrize(
+    ("arch", "dtype"),
+    [(Arch(), np.float32), (OTHER, np.float64)],
+    ids=["default-float32", "other-arch-float64"],
+)
 def test_streamed_file_equals_in_memory_conversion(evidence, tmp_path, arch, dtype):
     torch.manual_seed(3)
     net = sources.TorchDigitNet(arch).eval()
     src = pipeline.save_torch_source(net, tmp_path / "src.safetensors")
-    spec = {k: (s, np.dtype(dtype)) for k, (s, _) in
-            checkpoint.target_spec(model.abstract_model(arch)).items()}
-    out = streaming.convert_file(src, tmp_path / "out.safetensors", torch_map(arch), arch, spec,
-                                 {"note": "test"})
+    spec = {
+        k: (s, np.dtype(dtype))
+        for k, (s, _) in checkpoint.target_spec(model.abstract_model(arch)).items()
+    }
+    out = streaming.convert_file(
+        src, tmp_path / "out.safetensors", torch_map(arch), arch, spec, {"note": "test"}
+    )
     streamed = read_all(out)
     reference = convert(torch_map(arch), net.state_dict(), arch, spec)
     same = sorted(streamed) == sorted(reference) and all(
         streamed[k].dtype == reference[k].dtype and streamed[k].tobytes() == reference[k].tobytes()
-        for k in reference)
+        for k in reference
+    )
     assert checkpoint.read_metadata(out) == {"note": "test"}
-    assert evidence.record("streamed file == in-memory conversion, bitwise", f"{arch}, {dtype}",
-                           {"tensors": len(streamed)}, None, same)
+    assert evidence.record(
+        "streamed file == in-memory conversion, bitwise",
+        f"{arch}, {dtype}",
+        {"tensors": len(streamed)},
+        None,
+        same,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,19 +79,29 @@ def run_dir(tmp_path_factory, torch_source):
 
 
 def test_reload_in_a_fresh_process(evidence, run_dir):
-    cmd = [sys.executable, "-c", "from weight_conversion.cli import main; main()", "reload",
-           str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from weight_conversion.cli import main; main()",
+        "reload",
+        str(run_dir),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((run_dir / "reload.json").read_text())
     for name in ("safetensors", "orbax"):
         r = result[name]
         assert evidence.record(
-            "fresh-process reload: logits within tolerance, identical predictions", name,
-            {"max_abs_logit_error": r["max_abs_logit_error"],
-             "identical_predictions": r["identical_predictions"], "accuracy": r["accuracy"]},
+            "fresh-process reload: logits within tolerance, identical predictions",
+            name,
+            {
+                "max_abs_logit_error": r["max_abs_logit_error"],
+                "identical_predictions": r["identical_predictions"],
+                "accuracy": r["accuracy"],
+            },
             {"tolerance": result["tolerance"], "examples": result["held_out_examples"]},
-            r["passed"] and r["identical_predictions"] == result["held_out_examples"])
+            r["passed"] and r["identical_predictions"] == result["held_out_examples"],
+        )
 
 
 def test_safetensors_and_orbax_reload_the_same_bits(evidence, run_dir):
@@ -87,14 +109,31 @@ def test_safetensors_and_orbax_reload_the_same_bits(evidence, run_dir):
     a = checkpoint.flat_arrays(checkpoint.load_safetensors(run_dir / "converted.safetensors", arch))
     b = checkpoint.flat_arrays(checkpoint.load_orbax(run_dir / "orbax", arch))
     same = sorted(a) == sorted(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
-    assert evidence.record("safetensors reload == Orbax reload, bitwise", "two formats",
-                           {"tensors": len(a)}, None, same)
+    assert evidence.record(
+        "safetensors reload == Orbax reload, bitwise",
+        "two formats",
+        {"tensors": len(a)},
+        None,
+        same,
+    )
 
 
 def _peak(mode: str, src: Path, dst: Path, layers: int, width: int) -> int:
     done = subprocess.run(
-        [sys.executable, "-m", "weight_conversion.bench_child", mode, str(src), str(dst),
-         str(layers), str(width)], capture_output=True, text=True, check=True)
+        [
+            sys.executable,
+            "-m",
+            "weight_conversion.bench_child",
+            mode,
+            str(src),
+            str(dst),
+            str(layers),
+            str(width),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])["added_bytes"]
 
 
@@ -104,13 +143,17 @@ def test_streaming_holds_one_tensor_not_the_whole_source(evidence, tmp_path):
     size = synthetic.write_source(src, layers, width)
     eager = _peak("eager", src, tmp_path / "eager.safetensors", layers, width)
     stream = _peak("streaming", src, tmp_path / "stream.safetensors", layers, width)
-    same = read_all(tmp_path / "eager.safetensors").keys() == read_all(
-        tmp_path / "stream.safetensors").keys()
-    assert evidence.record("peak RSS added: streaming well under eager and under the source size",
-                           f"{layers} x {width}x{width} float32",
-                           {"source_bytes": size, "eager_added": eager, "streaming_added": stream},
-                           {"streaming_below": size / 2},
-                           same and stream < size / 2 and stream * 2 < eager)
+    same = (
+        read_all(tmp_path / "eager.safetensors").keys()
+        == read_all(tmp_path / "stream.safetensors").keys()
+    )
+    assert evidence.record(
+        "peak RSS added: streaming well under eager and under the source size",
+        f"{layers} x {width}x{width} float32",
+        {"source_bytes": size, "eager_added": eager, "streaming_added": stream},
+        {"streaming_below": size / 2},
+        same and stream < size / 2 and stream * 2 < eager,
+    )
 
 
 def _bad_sources(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
@@ -124,6 +167,7 @@ def _bad_sources(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
     state = read_all(good)
     state["fc2.weight"] = state["fc2.weight"].astype(np.int32)
     from safetensors.numpy import save_file
+
     save_file(state, str(ints))
     return {
         "truncated": (truncated, r"tensor `[\w.]+` needs bytes .* \(truncated\)"),
@@ -143,11 +187,21 @@ def test_bad_files_are_refused_by_name_and_nothing_is_written(evidence, tmp_path
         with pytest.raises(MappingError, match=pattern):
             streaming.convert_file(path, dst, torch_map(arch), arch, spec)
         left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(f"out-{label}"))
-        result = runner.invoke(main, ["convert", "--input", str(path), "--run-dir",
-                                      str(tmp_path / f"cli-{label}")])
+        result = runner.invoke(
+            main, ["convert", "--input", str(path), "--run-dir", str(tmp_path / f"cli-{label}")]
+        )
         cli_written = (tmp_path / f"cli-{label}" / "converted.safetensors").exists()
-        assert evidence.record("bad file refused, tensor named, nothing written", label,
-                               {"left_behind": left, "cli_exit": result.exit_code,
-                                "cli_message": result.output.strip()[-300:]}, None,
-                               not left and result.exit_code == 2 and not cli_written
-                               and "Nothing written" in result.output)
+        assert evidence.record(
+            "bad file refused, tensor named, nothing written",
+            label,
+            {
+                "left_behind": left,
+                "cli_exit": result.exit_code,
+                "cli_message": result.output.strip()[-300:],
+            },
+            None,
+            not left
+            and result.exit_code == 2
+            and not cli_written
+            and "Nothing written" in result.output,
+        )

@@ -5,7 +5,7 @@ Run: `weight-conversion bench [--out runs/bench.json] [--layers 48 --width 1024]
 (about 40 s on a 2-core CPU). The source is `synthetic.linear_stack`
 (48 x 1024 x 1024 float32 = 201.5 MB), written once under the report's folder.
 Each measurement is a fresh process (`bench_child`) so that peak resident
-memory (`ru_maxrss`) belongs to that conversion alone; the three modes run
+memory (`VmHWM`) belongs to that conversion alone; the three modes run
 interleaved (eager, streaming, copy, eager, ...) for `--rounds` rounds, all
 reading the same file from the same disk (the page cache warms in round 1,
 for all three alike). Nothing here is jitted, so there is no compile time to
@@ -40,9 +40,20 @@ TARGETS = {"eager_vs_streaming_peak_memory": 2.0}
 def _child(mode: str, src: Path, dst: Path, layers: int, width: int) -> dict:
     env = dict(os.environ)
     out = subprocess.run(
-        [sys.executable, "-m", "weight_conversion.bench_child", mode, str(src), str(dst),
-         str(layers), str(width)],
-        capture_output=True, text=True, check=False, env=env,
+        [
+            sys.executable,
+            "-m",
+            "weight_conversion.bench_child",
+            mode,
+            str(src),
+            str(dst),
+            str(layers),
+            str(width),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     if out.returncode != 0:
         raise RuntimeError(f"bench child `{mode}` failed:\n{out.stderr[-2000:]}")
@@ -55,9 +66,12 @@ def _identity(config: dict) -> dict:
     import safetensors
 
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+            ).stdout.strip()
+            or None
+        )
     except OSError:
         commit = None
     return {
@@ -78,8 +92,14 @@ def _identity(config: dict) -> dict:
 def _summary(values: list[float]) -> dict:
     ordered = sorted(values)
     p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
-    return {"median": statistics.median(values), "p90": p90, "min": ordered[0],
-            "max": ordered[-1], "n": len(values), "values": values}
+    return {
+        "median": statistics.median(values),
+        "p90": p90,
+        "min": ordered[0],
+        "max": ordered[-1],
+        "n": len(values),
+        "values": values,
+    }
 
 
 def bench(
@@ -102,8 +122,10 @@ def bench(
         for mode in MODES:
             result = _child(mode, src, work / f"out-{mode}.safetensors", layers, width)
             runs[mode].append(result)
-            say(f"round {r + 1}/{rounds} {mode:>9}: {result['seconds']:.2f} s, "
-                f"+{result['added_bytes'] / 1e6:.1f} MB peak")
+            say(
+                f"round {r + 1}/{rounds} {mode:>9}: {result['seconds']:.2f} s, "
+                f"+{result['added_bytes'] / 1e6:.1f} MB peak"
+            )
     src.unlink(missing_ok=True)
     measurements = {}
     for mode in MODES:
@@ -111,8 +133,12 @@ def bench(
         peak = [x["added_bytes"] / 1e6 for x in runs[mode]]
         s = _summary(seconds)
         measurements[mode] = {
-            "compile_s": 0.0, "first_call_s": seconds[0], "median_s": s["median"],
-            "p90_s": s["p90"], "n": s["n"], "seconds": seconds,
+            "compile_s": 0.0,
+            "first_call_s": seconds[0],
+            "median_s": s["median"],
+            "p90_s": s["p90"],
+            "n": s["n"],
+            "seconds": seconds,
             "peak_added_mb": _summary(peak),
             "throughput_mb_s": size / 1e6 / s["median"],
         }
@@ -129,8 +155,13 @@ def bench(
         name: {"target": target, "observed": ratios[name], "met": ratios[name] >= target}
         for name, target in TARGETS.items()
     }
-    report = {"identity": _identity(config), "config": config,
-              "measurements": measurements, "ratios": ratios, "targets": verdicts}
+    report = {
+        "identity": _identity(config),
+        "config": config,
+        "measurements": measurements,
+        "ratios": ratios,
+        "targets": verdicts,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     return report
@@ -140,11 +171,15 @@ def table(report: dict) -> str:
     """The short table `bench` prints."""
     lines = [f"{'mode':>10} {'median s':>9} {'MB/s':>8} {'peak +MB':>9}"]
     for mode, m in report["measurements"].items():
-        lines.append(f"{mode:>10} {m['median_s']:>9.3f} {m['throughput_mb_s']:>8.1f} "
-                     f"{m['peak_added_mb']['median']:>9.1f}")
+        lines.append(
+            f"{mode:>10} {m['median_s']:>9.3f} {m['throughput_mb_s']:>8.1f} "
+            f"{m['peak_added_mb']['median']:>9.1f}"
+        )
     for name, value in report["ratios"].items():
         lines.append(f"{name}: {value:.3f}")
     for name, v in report["targets"].items():
-        lines.append(f"target {name} >= {v['target']}: {'met' if v['met'] else 'NOT met'} "
-                     f"({v['observed']:.2f})")
+        lines.append(
+            f"target {name} >= {v['target']}: {'met' if v['met'] else 'NOT met'} "
+            f"({v['observed']:.2f})"
+        )
     return "\n".join(lines)

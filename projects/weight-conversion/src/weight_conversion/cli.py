@@ -50,17 +50,36 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--source", type=click.Choice(["torch", "keras"]), default="torch",
-              show_default=True, help="Framework of the source model to train.")
-@click.option("--epochs", type=click.IntRange(1, 200), default=None,
-              help="Training epochs (default: the default config's 8).")
+@click.option(
+    "--source",
+    type=click.Choice(["torch", "keras"]),
+    default="torch",
+    show_default=True,
+    help="Framework of the source model to train.",
+)
+@click.option(
+    "--epochs",
+    type=click.IntRange(1, 200),
+    default=None,
+    help="Training epochs (default: the default config's 8).",
+)
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
-@click.option("--input", "input_path", type=click.Path(dir_okay=False), default=None,
-              help="Convert this PyTorch safetensors file instead of training a model.")
-@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
-              help="Output folder (default: runs/<source>-seed<S>).")
-def convert(source: str, epochs: int | None, seed: int, input_path: str | None,
-            run_dir: str | None) -> None:
+@click.option(
+    "--input",
+    "input_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Convert this PyTorch safetensors file instead of training a model.",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output folder (default: runs/<source>-seed<S>).",
+)
+def convert(
+    source: str, epochs: int | None, seed: int, input_path: str | None, run_dir: str | None
+) -> None:
     """Train a source model briefly, convert it by streaming, save the artifact."""
     from weight_conversion import checkpoint, model, pipeline, streaming
     from weight_conversion.config import Config
@@ -77,8 +96,14 @@ def convert(source: str, epochs: int | None, seed: int, input_path: str | None,
         arch = config.arch
         spec = checkpoint.target_spec(model.abstract_model(arch))
         try:
-            streaming.convert_file(input_path, out, torch_map(arch), arch, spec,
-                                   {"arch": json.dumps(arch.__dict__), "source": "torch"})
+            streaming.convert_file(
+                input_path,
+                out,
+                torch_map(arch),
+                arch,
+                spec,
+                {"arch": json.dumps(arch.__dict__), "source": "torch"},
+            )
         except MappingError as err:
             raise BadInput(f"Nothing written. {err}") from None
         click.echo(f"converted {input_path} -> {out}")
@@ -94,10 +119,19 @@ def convert(source: str, epochs: int | None, seed: int, input_path: str | None,
 
 @main.command()
 @click.argument("run_dir", type=click.Path())
-@click.option("--fault", type=click.Choice(sorted(FAULTS)), default=None,
-              help="Inject one known conversion mistake and locate it.")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32",
-              show_default=True, help="Precision of both sides.")
+@click.option(
+    "--fault",
+    type=click.Choice(sorted(FAULTS)),
+    default=None,
+    help="Inject one known conversion mistake and locate it.",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float64"]),
+    default="float32",
+    show_default=True,
+    help="Precision of both sides.",
+)
 def compare(run_dir: str, fault: str | None, dtype: str) -> None:
     """Layer-by-layer parity of a PyTorch run: the first layer beyond tolerance."""
     import numpy as np
@@ -116,15 +150,19 @@ def compare(run_dir: str, fault: str | None, dtype: str) -> None:
     click.echo(f"{'layer':>8} {'max |err|':>11} {'tolerance':>11} {'ratio':>9}")
     for row in report.layers:
         mark = "  <-- first disagreement" if row.name == report.first_disagreement else ""
-        click.echo(f"{row.name:>8} {row.max_abs_error:>11.3e} {row.tolerance:>11.3e} "
-                   f"{row.ratio:>9.3g}{mark}")
+        click.echo(
+            f"{row.name:>8} {row.max_abs_error:>11.3e} {row.tolerance:>11.3e} "
+            f"{row.ratio:>9.3g}{mark}"
+        )
     stem = f"parity-{fault or 'clean'}-{dtype}"
     (path / f"{stem}.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     plots.parity_plot(report.to_dict(), path / f"{stem}.png", f"{fault or 'clean'} ({dtype})")
     expected = FAULTS[fault].layer if fault else None
     verdict = "as expected" if report.first_disagreement == expected else "UNEXPECTED"
-    click.echo(f"first disagreement: {report.first_disagreement or 'none'} ({verdict}); "
-               f"report {path / (stem + '.json')}")
+    click.echo(
+        f"first disagreement: {report.first_disagreement or 'none'} ({verdict}); "
+        f"report {path / (stem + '.json')}"
+    )
 
 
 @main.command()
@@ -141,18 +179,21 @@ def reload(run_dir: str) -> None:
         raise BadInput(str(err)) from None
     for name in ("safetensors", "orbax"):
         r = result[name]
-        click.echo(f"{name:>12}: max |logit error| {r['max_abs_logit_error']:.3e} "
-                   f"(tolerance {result['tolerance']:.3e}), identical predictions "
-                   f"{r['identical_predictions']}/{result['held_out_examples']}, "
-                   f"accuracy {r['accuracy']:.4f}")
+        click.echo(
+            f"{name:>12}: max |logit error| {r['max_abs_logit_error']:.3e} "
+            f"(tolerance {result['tolerance']:.3e}), identical predictions "
+            f"{r['identical_predictions']}/{result['held_out_examples']}, "
+            f"accuracy {r['accuracy']:.4f}"
+        )
     click.echo(f"reload: {'PASS' if result['passed'] else 'FAIL'}")
     if not result["passed"]:
         sys.exit(1)
 
 
 @main.command(name="bench")
-@click.option("--out", type=click.Path(dir_okay=False), default="runs/bench.json",
-              show_default=True)
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default="runs/bench.json", show_default=True
+)
 @click.option("--layers", type=click.IntRange(1, 1000), default=48, show_default=True)
 @click.option("--width", type=click.IntRange(1, 8192), default=1024, show_default=True)
 @click.option("--rounds", type=click.IntRange(1, 50), default=3, show_default=True)

@@ -61,7 +61,9 @@ class Arch:
     def __post_init__(self) -> None:
         for name in ("channels", "heads", "conv2_channels", "hidden", "num_classes"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"`{name}` must be a positive integer, got `{getattr(self, name)}`.")
+                raise ConfigError(
+                    f"`{name}` must be a positive integer, got `{getattr(self, name)}`."
+                )
         if self.channels % self.heads:
             raise ConfigError(
                 f"`heads` must divide `channels`, but `channels` = `{self.channels}` and "
@@ -135,7 +137,9 @@ class Config:
                 f"`{self.epochs}`, `{self.batch_size}`, `{self.learning_rate}`."
             )
         if not 0 <= self.seed < 2**32 or not 0 <= self.split_seed < 2**32:
-            raise ConfigError(f"Seeds must lie in [0, 2**32), got `{self.seed}`, `{self.split_seed}`.")
+            raise ConfigError(
+                f"Seeds must lie in [0, 2**32), got `{self.seed}`, `{self.split_seed}`."
+            )
 
     @classmethod
     def tiny(cls, **changes) -> "Config":
@@ -160,7 +164,9 @@ class Config:
         unknown = sorted(set(raw) - known)
         arch_unknown = sorted(set(arch_raw) - {f.name for f in dataclasses.fields(Arch)})
         if unknown or arch_unknown:
-            raise ConfigError(f"Unknown config keys: `{unknown + [f'arch.{k}' for k in arch_unknown]}`.")
+            raise ConfigError(
+                f"Unknown config keys: `{unknown + [f'arch.{k}' for k in arch_unknown]}`."
+            )
         try:
             return cls(arch=Arch(**arch_raw), **raw)
         except TypeError as err:

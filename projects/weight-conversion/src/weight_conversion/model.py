@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.nnx.nn.attention import dot_product_attention_weights
 
 from weight_conversion.config import Arch
 
@@ -68,6 +69,19 @@ def layers(arch: Arch) -> list[Layer]:
     ]
 
 
+def attention_in_input_dtype(query, key, value, bias=None, mask=None, **kwargs):
+    """Scaled dot-product attention computed in the inputs' dtype.
+
+    Flax's default `attention_fn` calls `jax.nn.dot_product_attention`, whose
+    XLA path forms the logits and the softmax in float32 whatever the input
+    dtype: a float64 comparison would then disagree at the attention layer by
+    about 1e-8. This is the unfused form (weights, then a weighted sum of the
+    values), the same as Flax's own path when dropout is on."""
+    del kwargs  # dropout, precision, module: not used (deterministic, no dropout)
+    weights = dot_product_attention_weights(query, key, bias, mask, dtype=query.dtype)
+    return jnp.einsum("...hqk,...khd->...qhd", weights, value)
+
+
 class DigitNet(nnx.Module):
     """Input `(n, 8, 8, 1)` NHWC, output logits `(n, num_classes)`."""
 
@@ -80,9 +94,19 @@ class DigitNet(nnx.Module):
         # Explicit (1, 1) padding: "SAME" at stride 2 would pad (0, 1), not PyTorch's (1, 1).
         self.conv1 = nnx.Conv(1, c, (3, 3), padding=pad, **kw)
         self.bn1 = nnx.BatchNorm(c, epsilon=arch.bn_epsilon, use_running_average=True, **kw)
+        # nnx.BatchNorm keeps its statistics in float32 whatever param_dtype says.
+        self.bn1.mean = nnx.BatchStat(jnp.zeros((c,), dtype))
+        self.bn1.var = nnx.BatchStat(jnp.ones((c,), dtype))
         self.pos = nnx.Embed(arch.tokens, c, **kw)
         self.norm1 = nnx.LayerNorm(c, epsilon=arch.ln_epsilon, **kw)
-        self.attn = nnx.MultiHeadAttention(arch.heads, c, decode=False, deterministic=True, **kw)
+        self.attn = nnx.MultiHeadAttention(
+            arch.heads,
+            c,
+            decode=False,
+            deterministic=True,
+            attention_fn=attention_in_input_dtype,
+            **kw,
+        )
         self.conv2 = nnx.Conv(c, arch.conv2_channels, (3, 3), strides=2, padding=pad, **kw)
         self.fc1 = nnx.Linear(arch.flat_features, arch.hidden, **kw)
         self.fc2 = nnx.Linear(arch.hidden, arch.hidden, **kw)

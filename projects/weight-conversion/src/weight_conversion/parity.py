@@ -100,7 +100,9 @@ def compare(
             )
         error = float(np.max(np.abs(out - ref)))
         scale = float(np.max(np.abs(ref)))
-        result = LayerResult(layer.name, error, scale, cumulative, tolerance(dtype, cumulative, scale))
+        result = LayerResult(
+            layer.name, error, scale, cumulative, tolerance(dtype, cumulative, scale)
+        )
         results.append(result)
         if first is None and not result.agrees:
             first = layer.name
@@ -145,23 +147,28 @@ def _tanh_gelu(model: DigitNet, sd: dict, arch: Arch) -> None:
 
 FAULTS: dict[str, Fault] = {
     "untransposed-square-kernel": Fault(
-        "fc2 (64x64) loaded as (out, in): shapes agree, values do not", "fc2",
+        "fc2 (64x64) loaded as (out, in): shapes agree, values do not",
+        "fc2",
         _untransposed_square_kernel,
     ),
     "nchw-flatten": Fault(
-        "fc1 transposed but its rows left in PyTorch's (c, h, w) flatten order", "fc1",
+        "fc1 transposed but its rows left in PyTorch's (c, h, w) flatten order",
+        "fc1",
         _nchw_flatten,
     ),
     "bn-epsilon": Fault(
-        "BatchNorm epsilon 1e-3 (the Keras default) instead of PyTorch's 1e-5", "bn1",
+        "BatchNorm epsilon 1e-3 (the Keras default) instead of PyTorch's 1e-5",
+        "bn1",
         _bn_epsilon,
     ),
     "train-mode-batchnorm": Fault(
-        "BatchNorm normalises with the batch statistics instead of the running ones", "bn1",
+        "BatchNorm normalises with the batch statistics instead of the running ones",
+        "bn1",
         _train_mode_bn,
     ),
     "tanh-gelu": Fault(
-        "GELU's tanh approximation (jax.nn.gelu's default) instead of the exact form", "act1",
+        "GELU's tanh approximation (jax.nn.gelu's default) instead of the exact form",
+        "act1",
         _tanh_gelu,
     ),
 }

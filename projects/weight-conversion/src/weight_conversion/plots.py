@@ -13,8 +13,9 @@ def parity_plot(report: dict, path: str | Path, title: str) -> Path:
     names = [row["name"] for row in report["layers"]]
     ratios = [max(row["ratio"], 1e-6) for row in report["layers"]]
     first = report["first_disagreement"]
-    colors = ["tab:red" if first and i >= names.index(first) else "tab:blue"
-              for i in range(len(names))]
+    colors = [
+        "tab:red" if first and i >= names.index(first) else "tab:blue" for i in range(len(names))
+    ]
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.bar(names, ratios, color=colors)
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="tolerance")

@@ -105,6 +105,14 @@ def torch_logits(model: TorchDigitNet, images_nchw: np.ndarray) -> np.ndarray:
 # --- KERAS -------------------------------------------------------------------
 
 
+def keras_rank_promotion():
+    """Keras's own layers broadcast ranks implicitly (EinsumDense's bias): allow
+    it while Keras code runs, whatever strict mode the caller has set."""
+    import jax
+
+    return jax.numpy_rank_promotion("allow")
+
+
 def keras_module():
     """Imports Keras 3 on the JAX backend (set before the first import)."""
     os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -140,9 +148,7 @@ def build_keras_model(arch: Arch, seed: int):
             self.conv1 = layers.Conv2D(c, 3, padding="same", name="conv1")
             # momentum 0.9 (PyTorch: 0.1 on the other side of the convention): the
             # running statistics settle within a brief training; the default 0.99 would not.
-            self.bn1 = layers.BatchNormalization(
-                epsilon=arch.bn_epsilon, momentum=0.9, name="bn1"
-            )
+            self.bn1 = layers.BatchNormalization(epsilon=arch.bn_epsilon, momentum=0.9, name="bn1")
             self.pos = layers.Embedding(arch.tokens, c, name="pos")
             self.norm1 = layers.LayerNormalization(epsilon=arch.ln_epsilon, name="norm1")
             self.attn = layers.MultiHeadAttention(arch.heads, c // arch.heads, name="attn")
@@ -184,7 +190,8 @@ def build_keras_model(arch: Arch, seed: int):
             return tap("head", self.head(x))
 
     model = KerasDigitNet()
-    model(np.zeros((1, side, side, 1), np.float32))  # builds every weight
+    with keras_rank_promotion():
+        model(np.zeros((1, side, side, 1), np.float32))  # builds every weight
     return model
 
 
@@ -198,7 +205,7 @@ def keras_weights(model) -> dict[str, np.ndarray]:
             path = path[len(model.name) + 1 :]
         if path in out:
             raise ValueError(f"Two Keras weights share the path `{path}`.")
-        out[path] = np.asarray(weight.numpy())
+        out[path] = np.array(weight.value)  # a JAX array on this backend; copied out
     return out
 
 
@@ -206,5 +213,6 @@ def keras_taps(model, images_nhwc: np.ndarray) -> dict[str, np.ndarray]:
     """`{name: output}` of every tapped layer, float64, Keras (NHWC) layout."""
     taps: dict[str, np.ndarray] = {}
     # `call` directly: `Model.__call__` would convert the `taps` dict into a copy.
-    model.call(keras_module().ops.convert_to_tensor(images_nhwc), training=False, taps=taps)
+    with keras_rank_promotion():
+        model.call(keras_module().ops.convert_to_tensor(images_nhwc), training=False, taps=taps)
     return taps

@@ -35,7 +35,11 @@ from safetensors.numpy import load_file, save_file
 from weight_conversion.config import Arch
 from weight_conversion.weight_map import MappingError, Rule, apply_rule, check_names, convert
 
-DTYPE_CODES = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}
+DTYPE_CODES = {
+    np.dtype(np.float16): "F16",
+    np.dtype(np.float32): "F32",
+    np.dtype(np.float64): "F64",
+}
 
 Spec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 

@@ -38,7 +38,11 @@ def train_torch(
     progress: Callable[[str], None] | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> TorchSource:
-    """Trains `TorchDigitNet` for `config.epochs` epochs; returns it in eval mode."""
+    """Trains `TorchDigitNet` for `config.epochs` epochs; returns it in eval mode.
+
+    One intra-op thread: the ops are tiny, a second thread only adds
+    synchronisation, and one thread makes the sums' order fixed."""
+    torch.set_num_threads(1)
     torch.manual_seed(config.seed)
     model = sources.TorchDigitNet(config.arch).to(dtype)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
@@ -78,17 +82,20 @@ def train_keras(
         optimizer=keras.optimizers.Adam(config.learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    history = model.fit(
-        data.nhwc(split.train_images),
-        split.train_labels,
-        epochs=config.epochs,
-        batch_size=config.batch_size,
-        shuffle=True,
-        verbose=0,
-    )
+    # Whole batches only: a short last batch has another shape, so another compile.
+    usable = len(split.train_labels) // config.batch_size * config.batch_size
+    with sources.keras_rank_promotion():
+        history = model.fit(
+            data.nhwc(split.train_images[:usable]),
+            split.train_labels[:usable],
+            epochs=config.epochs,
+            batch_size=config.batch_size,
+            shuffle=True,
+            verbose=0,
+        )
     losses = [float(v) for v in history.history["loss"]]
     if progress:
         progress(f"keras: {config.epochs} epochs, final loss {losses[-1]:.4f}")
-    logits = np.asarray(model.predict(data.nhwc(split.test_images), verbose=0))
+    logits = sources.keras_taps(model, data.nhwc(split.test_images))["head"]
     accuracy = float(np.mean(np.argmax(logits, axis=1) == split.test_labels))
     return KerasSource(model, losses, accuracy)

@@ -291,8 +291,10 @@ def as_numpy(name: str, value) -> np.ndarray:
             value = value.detach().cpu().numpy()
         except TypeError as err:
             raise MappingError(
-                [f"source tensor `{name}` has dtype `{value.dtype}`, which NumPy cannot "
-                 f"hold ({err}); cast it to float32 first"]
+                [
+                    f"source tensor `{name}` has dtype `{value.dtype}`, which NumPy cannot "
+                    f"hold ({err}); cast it to float32 first"
+                ]
             ) from None
     return np.asarray(value)
 
@@ -312,8 +314,10 @@ def apply_rule(
         for name, array in zip(names, arrays, strict=True):
             if array.dtype not in SUPPORTED_DTYPES:
                 raise MappingError(
-                    [f"source tensor `{name}` has dtype `{array.dtype}`; the target supports "
-                     f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}"]
+                    [
+                        f"source tensor `{name}` has dtype `{array.dtype}`; the target supports "
+                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}"
+                    ]
                 )
     try:
         outputs = TRANSFORMS[rule.transform](arrays, arch)
@@ -327,8 +331,11 @@ def apply_rule(
         shape, dtype = target_spec[path]
         if tuple(out.shape) != tuple(shape):
             raise MappingError(
-                [f"source tensor `{names[0]}` {tuple(arrays[0].shape)} becomes {tuple(out.shape)} "
-                 f"after `{rule.transform}`, but target `{path}` has shape {tuple(shape)}"]
+                [
+                    f"source tensor `{names[0]}` {tuple(arrays[0].shape)} becomes "
+                    f"{tuple(out.shape)} after `{rule.transform}`, but target `{path}` "
+                    f"has shape {tuple(shape)}"
+                ]
             )
         result[path] = np.ascontiguousarray(out, dtype=dtype)
     return result

@@ -82,7 +82,7 @@ def postgres_cluster(bin_dir: Path, dbname: str = "mlflow") -> Iterator[str]:
             ),
             check=True,
             capture_output=True,
-            timeout=120,
+            timeout=600,
         )
         # Listen on 127.0.0.1 only; the Unix socket goes into our own directory.
         options = f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off"
@@ -104,7 +104,7 @@ def postgres_cluster(bin_dir: Path, dbname: str = "mlflow") -> Iterator[str]:
             ),
             check=True,
             capture_output=True,
-            timeout=90,
+            timeout=600,
         )
         started = True
         subprocess.run(
@@ -122,7 +122,7 @@ def postgres_cluster(bin_dir: Path, dbname: str = "mlflow") -> Iterator[str]:
             ),
             check=True,
             capture_output=True,
-            timeout=60,
+            timeout=600,
         )
         # SQLAlchemy 2.1 defaults `postgresql://` to psycopg 3; name the psycopg2 driver.
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/{dbname}"
@@ -139,14 +139,14 @@ def postgres_cluster(bin_dir: Path, dbname: str = "mlflow") -> Iterator[str]:
                     [str(bin_dir / "pg_ctl"), "-D", str(datadir), "-m", "immediate", "-w", "stop"]
                 ),
                 capture_output=True,
-                timeout=60,
+                timeout=600,
                 check=False,
             )
         shutil.rmtree(root, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def mlflow_server(backend_uri: str, timeout_s: float = 120.0) -> Iterator[str]:
+def mlflow_server(backend_uri: str, timeout_s: float = 900.0) -> Iterator[str]:
     """Yields the `http://127.0.0.1:<port>` URI of a running `mlflow server`."""
     port = free_port()
     artifacts = Path(tempfile.mkdtemp(prefix="re-mlflow-artifacts-"))

@@ -66,7 +66,7 @@ def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
         [CLI, "show", *runs, "--tracking-uri", store.uri],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,  # A hang guard only.
         check=False,
     )
     assert shown.returncode == 0, shown.stderr
@@ -228,3 +228,57 @@ def test_bad_config_is_a_clear_error(tmp_path, sqlite_store):
     assert "Invalid config" in result.output and "Traceback" not in result.output
     missing = CliRunner().invoke(main, ["show", "0" * 32, "--tracking-uri", sqlite_store.uri])
     assert missing.exit_code == 2 and "is not in" in missing.output
+
+
+def _git_here(repo, *args: str) -> bytes:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True)
+    return done.stdout
+
+
+def test_code_identity_sees_the_uncommitted_diff(evidence, tmp_path):
+    """A scratch repository holding a copy of this package: the identity of the
+    clean tree, after an edit, after a new untracked file, and with the edit
+    reverted. Independent check: `git diff HEAD --binary` and `git rev-parse`
+    run here, the diff hashed here."""
+    import hashlib
+    import shutil
+
+    project = tmp_path / "project"
+    package = project / "src" / "reproducible_experiments"
+    shutil.copytree(identity.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(identity.PROJECT_DIR / "pyproject.toml", project / "pyproject.toml")
+    _git_here(project, "init", "-q")
+    _git_here(project, "add", ".")
+    _git_here(project, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    commit = _git_here(project, "rev-parse", "HEAD").decode().strip()
+    seen = {"clean": identity.git_identity(project, package)}
+    edited = package / "model.py"
+    original = edited.read_bytes()
+    edited.write_bytes(original + b"# an uncommitted edit\n")
+    seen["edited"] = identity.git_identity(project, package)
+    diff = _git_here(
+        project, "diff", "HEAD", "--binary", "--", "src/reproducible_experiments", "pyproject.toml"
+    )
+    (package / "extra.py").write_text("VALUE = 1\n")
+    seen["edited + untracked"] = identity.git_identity(project, package)
+    (package / "extra.py").unlink()
+    edited.write_bytes(original)
+    seen["reverted"] = identity.git_identity(project, package)
+    observed = {k: {t: v for t, v in tags.items()} for k, tags in seen.items()}
+    assert evidence.record(
+        "code identity: the uncommitted diff and untracked files count",
+        "scratch repository: clean, edited, edited + untracked, reverted",
+        observed,
+        None,
+        all(tags["code.git_commit"] == commit for tags in seen.values())
+        and [seen[k]["code.git_dirty"] for k in seen] == ["false", "true", "true", "false"]
+        and seen["clean"]["code.git_diff_sha256"] == hashlib.sha256(b"").hexdigest()
+        and seen["edited"]["code.git_diff_sha256"] == hashlib.sha256(diff).hexdigest()
+        and len(diff) > 0
+        and len(
+            {seen[k]["code.git_diff_sha256"] for k in ("clean", "edited", "edited + untracked")}
+        )
+        == 3
+        and seen["reverted"] == seen["clean"]
+        and seen["edited"]["code.source_sha256"] != seen["clean"]["code.source_sha256"],
+    ), observed

@@ -19,13 +19,17 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import pytest
 import workers
 from click.testing import CliRunner
 
 from reproducible_experiments import tracking
 from reproducible_experiments.cli import main
 from reproducible_experiments.inventory import inventory
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 EXPECTED = {
     "ok": ("FINISHED", 0, None),
@@ -36,12 +40,84 @@ EXPECTED = {
 }
 
 
-def _wait_ready(queue, n: int, timeout_s: float = 60.0) -> dict[str, str]:
+def _wait_ready(queue, n: int, timeout_s: float = 300.0) -> dict[str, str]:
     ready, deadline = {}, time.monotonic() + timeout_s
     while len(ready) < n:
         mode, run_id = queue.get(timeout=max(0.1, deadline - time.monotonic()))
         ready[mode] = run_id
     return ready
+
+
+def test_each_way_a_body_ends_earns_its_status(evidence):
+    """`end_state` for each ending, against the table the module promises."""
+    cases = {
+        "normal end": (None, None, "FINISHED", None),
+        "sys.exit(0)": (SystemExit, SystemExit(0), "FINISHED", None),
+        "sys.exit()": (SystemExit, SystemExit(None), "FINISHED", None),
+        "sys.exit(1)": (SystemExit, SystemExit(1), "FAILED", "SystemExit"),
+        "exception": (ValueError, ValueError("bad"), "FAILED", "ValueError"),
+        "SIGTERM": (tracking.Terminated, tracking.Terminated(), "KILLED", "SIGTERM"),
+        "Ctrl-C": (KeyboardInterrupt, KeyboardInterrupt(), "KILLED", "KeyboardInterrupt"),
+    }
+    got = {}
+    for name, (exc_type, exc, _, _) in cases.items():
+        status, tags = tracking.end_state(exc_type, exc)
+        got[name] = (status, {t.key: t.value for t in tags}.get("error.type"))
+    assert evidence.record(
+        "each way a run's body ends gives its status and error type",
+        f"{len(cases)} endings",
+        got,
+        {name: (c[2], c[3]) for name, c in cases.items()},
+        all(got[name] == (c[2], c[3]) for name, c in cases.items()),
+    ), got
+
+
+def test_a_reused_pid_does_not_keep_a_dead_run_alive(evidence):
+    """The lease names the pid AND its start time: a live process that holds the
+    pid now (here, this test's own) is not the run's holder."""
+    import os
+
+    here = {"lease.host": socket.gethostname(), "lease.pid": str(os.getpid())}
+    start = tracking.process_start(os.getpid())
+    # Independent reading of the start time: field 22 of /proc/<pid>/stat, counted
+    # after the parenthesised command name.
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        reference = f.read().rsplit(")", 1)[1].split()[19]
+    judged = {
+        "same pid, same start": tracking.liveness({**here, "lease.pid_start": start}),
+        "same pid, other start": tracking.liveness(
+            {**here, "lease.pid_start": str(int(start) + 1)}
+        ),
+        "same pid, start unknown": tracking.liveness({**here, "lease.pid_start": ""}),
+    }
+    # Changed condition: a holder on another host, judged by its lease's expiry alone.
+    now_ms = int(time.time() * 1000)
+    remote = {
+        "lease.host": "another-" + socket.gethostname(),
+        "lease.pid": str(os.getpid()),
+        "lease.pid_start": start,
+    }
+    for name, expires in (
+        ("remote, expired 1 s ago", now_ms - 1000),
+        ("remote, expires in 60 s", now_ms + 60_000),
+    ):
+        judged[name] = tracking.liveness({**remote, "lease.expires_ms": str(expires)}, now_ms)
+    judged["no holder tags"] = tracking.liveness({"mlflow.runName": "x"})
+    expected = {
+        "same pid, same start": "alive",
+        "same pid, other start": "dead: process gone",
+        "same pid, start unknown": "dead: process gone",
+        "remote, expired 1 s ago": "dead: lease expired",
+        "remote, expires in 60 s": "alive",
+        "no holder tags": "no lease",
+    }
+    assert evidence.record(
+        "a pid reused by another process does not keep a run alive",
+        "this process's pid with its own and with another start time",
+        {"judged": judged, "start": start, "reference_start": reference},
+        {"expected": expected},
+        judged == expected and start == reference and start != "",
+    ), judged
 
 
 def test_every_end_state_is_kept_and_counted(evidence, store):
@@ -55,7 +131,7 @@ def test_every_end_state_is_kept_and_counted(evidence, store):
         by_mode["sigterm"].terminate()  # SIGTERM
         by_mode["sigkill"].kill()  # SIGKILL
         for proc in procs:
-            proc.join(timeout=60)
+            proc.join(timeout=300)
         exit_codes = {mode: proc.exitcode for mode, proc in by_mode.items()}
 
     killed = client.get_run(run_ids["sigkill"])
@@ -149,7 +225,7 @@ def test_a_live_run_is_never_reconciled(evidence, store):
             pass
         live_status = client.get_run(live_id).info.status
         procs[0].kill()
-        procs[0].join(timeout=30)
+        procs[0].join(timeout=300)
 
     now_ms = int(time.time() * 1000)
     remote = {"lease.host": "another-host-" + socket.gethostname(), "lease.pid": "1"}
@@ -264,7 +340,7 @@ def test_mlflow_defaults_lose_end_states(evidence, sqlite_store):
         time.sleep(0.5)  # Let the sleeping ones reach `time.sleep`.
         procs["sigterm"].send_signal(signal.SIGTERM)
         procs["sigkill"].kill()
-        codes = {mode: proc.wait(timeout=60) for mode, proc in procs.items()}
+        codes = {mode: proc.wait(timeout=300) for mode, proc in procs.items()}
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -292,7 +368,7 @@ def test_eight_concurrent_writers_lose_nothing(evidence, store):
     with workers.processes(
         workers.metrics_worker, [(target.uri, name, i, count) for i in range(8)]
     ) as (procs, queue):
-        results = [queue.get(timeout=120) for _ in procs]
+        results = [queue.get(timeout=300) for _ in procs]
     errors = sum(r[2] for r in results)
     per_run = {
         run_id: store_count
@@ -313,3 +389,175 @@ def test_eight_concurrent_writers_lose_nothing(evidence, store):
         and all(v == count for v in per_run.values())
         and all(v == count for v in histories.values()),
     ), (errors, per_run)
+
+
+def test_a_run_killed_at_its_first_row_is_reconciled(evidence, store):
+    """SIGKILL right after the run row is written, before params, metrics or a
+    heartbeat: the run must be judgeable at once, and the next start ends it."""
+    client = store.client()
+    name, exp_id = store.new_experiment(client, "first-row")
+    with workers.processes(workers.killed_at_first_row, [(store.uri, name)]) as (procs, queue):
+        run_id = _wait_ready(queue, 1)["first-row"]
+        procs[0].join(timeout=300)
+        exit_code = procs[0].exitcode
+    row = client.get_run(run_id)
+    before = {"status": row.info.status, "liveness": tracking.liveness(row.data.tags)}
+    listed_before = {r.run_id: r.status for r in inventory(client, name, exp_id).rows}
+    with tracking.TrackedRun(client, exp_id, "next start") as nxt:
+        pass
+    after = client.get_run(run_id)
+    # Independent check: the status column read by SQL, not through MLflow.
+    (sql_status,) = store.sql("SELECT status FROM runs WHERE run_uuid = ?", (run_id,))[0]
+    observed = {
+        "exit_code": exit_code,
+        "before_next_start": before,
+        "inventory_before": listed_before.get(run_id),
+        "reconciled": nxt.reconciled,
+        "status_after": after.info.status,
+        "sql_status_after": sql_status,
+        "reason": after.data.tags.get("reconciled.reason"),
+        "params_written": dict(after.data.params),
+    }
+    assert evidence.record(
+        "a run is reconcilable from the moment it exists",
+        f"{store.kind}: SIGKILL inside `create_run`, before any other write",
+        observed,
+        None,
+        exit_code == -9
+        and before == {"status": "RUNNING", "liveness": "dead: process gone"}
+        and nxt.reconciled == [run_id]
+        and after.info.status == "KILLED" == sql_status
+        and observed["reason"] == "process gone"
+        and observed["params_written"] == {},
+    ), observed
+
+
+def _break_artifact_folder(store, name: str) -> Path:
+    """Puts a plain file where the experiment's artifact folder must go."""
+    folder = Path(store.uri.removeprefix("sqlite:///")).parent / "artifacts" / name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.write_text("not a folder\n")
+    return folder
+
+
+def test_a_broken_artifact_folder_still_ends_the_run(evidence, sqlite_store):
+    """The end state is written before the traceback artifact; when the artifact
+    cannot be written, the message says so, and the run is not left RUNNING."""
+    client = sqlite_store.client()
+    observed = {}
+    # Directly: a body that raises, in an experiment whose artifact folder is a file.
+    name, exp_id = sqlite_store.new_experiment(client, "broken-artifacts")
+    _break_artifact_folder(sqlite_store, name)
+    with pytest.raises(ValueError) as raised:
+        with tracking.TrackedRun(client, exp_id, "fails") as run:
+            raise ValueError("deliberate failure")
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    observed["direct"] = {
+        "status": client.get_run(run.run_id).info.status,
+        "traceback_tag": client.get_run(run.run_id).data.tags.get("error.traceback"),
+        "note": notes,
+    }
+    # Changed condition: the `train` command, whose first artifact (config.json)
+    # already fails; the next start must find nothing to reconcile.
+    name2, exp_id2 = sqlite_store.new_experiment(client, "broken-artifacts-cli")
+    _break_artifact_folder(sqlite_store, name2)
+    result = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--config",
+            str(PROJECT_ROOT / "configs" / "tiny.json"),
+            "--tracking-uri",
+            sqlite_store.uri,
+            "--experiment",
+            name2,
+        ],
+    )
+    cli_notes = " ".join(getattr(result.exception, "__notes__", []))
+    (cli_run,) = tracking.iter_runs(client, exp_id2)
+    with tracking.TrackedRun(client, exp_id2, "next start") as nxt:
+        pass
+    (sql_status,) = sqlite_store.sql(
+        "SELECT status FROM runs WHERE run_uuid = ?", (cli_run.info.run_id,)
+    )[0]
+    observed["cli"] = {
+        "exit_code": result.exit_code,
+        "status": client.get_run(cli_run.info.run_id).info.status,
+        "sql_status": sql_status,
+        "note": cli_notes,
+        "reconciled_by_next_start": nxt.reconciled,
+    }
+    said = "recorded as FAILED; its traceback artifact was not written"
+    assert evidence.record(
+        "an unwritable artifact folder still leaves a FAILED run, and says so",
+        "TrackedRun directly, and the `train` command, artifact folder replaced by a file",
+        observed,
+        None,
+        observed["direct"]["status"] == "FAILED"
+        and observed["direct"]["traceback_tag"] == "not written"
+        and said in notes
+        and observed["cli"]["exit_code"] != 0
+        and observed["cli"]["status"] == "FAILED" == sql_status
+        and said in cli_notes
+        and nxt.reconciled == [],
+    ), observed
+
+
+def test_eight_processes_share_a_fresh_sqlite_store(evidence, tmp_path):
+    """Eight processes start together on a store file that does not exist yet
+    (nobody created the schema before them): they take turns creating it, and
+    every one of them ends its run FINISHED. Repeated on a second fresh file
+    whose folder does not exist either."""
+    import sqlite3
+
+    observed = {}
+    for label, path in (
+        ("fresh file", tmp_path / "a" / "mlflow.db"),
+        ("fresh file, new folder", tmp_path / "b" / "c" / "mlflow.db"),
+    ):
+        if label == "fresh file":
+            path.parent.mkdir(parents=True)
+        uri = f"sqlite:///{path}"
+        gate = workers.barrier(8)
+        with workers.processes(
+            workers.fresh_store_worker, [(uri, "fresh", i, gate) for i in range(8)]
+        ) as (procs, queue):
+            results = sorted(queue.get(timeout=300) for _ in procs)
+            for proc in procs:
+                proc.join(timeout=300)
+            codes = [proc.exitcode for proc in procs]
+        with sqlite3.connect(path) as conn:
+            statuses = sorted(s for (s,) in conn.execute("SELECT status FROM runs"))
+            versions = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+            leftovers = conn.execute(
+                "SELECT name FROM sqlite_master WHERE name LIKE '_alembic_tmp%'"
+            ).fetchall()
+            integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        # The store stays usable: a later process opens it and sees all eight runs.
+        later = tracking.connect(uri)
+        seen = len(list(tracking.iter_runs(later, tracking.experiment_id(later, "fresh"))))
+        observed[label] = {
+            "exit_codes": codes,
+            "errors": [r[2] for r in results if r[2]],
+            "statuses": statuses,
+            "alembic_versions": len(versions),
+            "alembic_tmp_tables": len(leftovers),
+            "integrity": integrity,
+            "runs_seen_later": seen,
+        }
+    assert evidence.record(
+        "eight processes starting together on a fresh SQLite store all succeed",
+        "no schema before the workers; two fresh files",
+        observed,
+        {"exit_codes": [0] * 8, "statuses": ["FINISHED"] * 8},
+        all(
+            o["exit_codes"] == [0] * 8
+            and o["errors"] == []
+            and o["statuses"] == ["FINISHED"] * 8
+            and o["alembic_versions"] == 1
+            and o["alembic_tmp_tables"] == 0
+            and o["integrity"] == "ok"
+            and o["runs_seen_later"] == 8
+            for o in observed.values()
+        ),
+    ), observed

@@ -37,7 +37,7 @@ def _cli_reproduce(store, run_id: str, env_extra: dict[str, str] | None = None):
         [CLI, "reproduce", run_id, "--tracking-uri", store.uri, "--json"],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=900,  # A hang guard only.
         env=env,
         check=False,
     )
@@ -52,6 +52,48 @@ def _history_bits(client, run_id: str) -> dict[str, list[tuple[int, int]]]:
         )
         for key in run.data.metrics
     }
+
+
+def test_the_verdict_names_what_differs(evidence):
+    """The verdict for each way a re-run can differ, written out by hand."""
+    same = {"code": {}, "data": {}, "runtime": {}}
+    one = ("a", "b")
+    cases = {
+        "all equal": (same, {}, True, True, "reproduced"),
+        "no params or checkpoint recorded": (same, {}, None, None, "reproduced"),
+        "a metric differs": (same, {"loss": "x"}, True, True, "NOT reproduced"),
+        "params differ": (same, {}, False, None, "NOT reproduced"),
+        "checkpoint differs": (same, {}, True, False, "NOT reproduced"),
+        "code differs": (
+            {**same, "code": {"k": one}},
+            {},
+            True,
+            True,
+            "not a reproduction: code identity differs",
+        ),
+        "runtime differs": (
+            {**same, "runtime": {"k": one}},
+            {},
+            True,
+            True,
+            "not a reproduction: runtime identity differs",
+        ),
+        "data and runtime differ": (
+            {**same, "data": {"k": one}, "runtime": {"k": one}},
+            {"loss": "x"},
+            True,
+            True,
+            "not a reproduction: data and runtime identity differs",
+        ),
+    }
+    got = {name: reproduce.verdict_of(*args[:4]) for name, args in cases.items()}
+    assert evidence.record(
+        "the verdict names each differing identity and never says reproduced otherwise",
+        f"{len(cases)} cases",
+        got,
+        None,
+        all(got[name].startswith(args[4]) for name, args in cases.items()),
+    ), got
 
 
 def test_reproduce_in_a_fresh_process_is_bitwise(evidence, store):

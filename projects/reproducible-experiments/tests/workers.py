@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 MODES = ("ok", "raise", "exit1", "sigterm", "sigkill")
-LIFETIME_S = 60.0  # A worker waiting to be killed gives up (exit 3) after this long.
+LIFETIME_S = 300.0  # A worker waiting to be killed gives up (exit 3) after this long.
 
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(["workers", "reproducible_experiments.tracking"])
@@ -50,6 +50,53 @@ def tracked_worker(uri: str, experiment: str, mode: str, queue: Any) -> None:
             sys.exit(3)
 
 
+def killed_at_first_row(uri: str, experiment: str, queue: Any) -> None:
+    """Starts a `TrackedRun` and dies by SIGKILL the moment its run row exists,
+    before any other write (no params, no metric, no heartbeat)."""
+    import os
+    import signal
+
+    from reproducible_experiments import tracking
+
+    client = tracking.connect(uri)
+    exp_id = tracking.experiment_id(client, experiment)
+    create_run = client.create_run
+
+    def create_then_die(*args: Any, **kwargs: Any) -> Any:
+        run = create_run(*args, **kwargs)
+        queue.put(("first-row", run.info.run_id))
+        queue.close()
+        queue.join_thread()  # The id is on its way before the process dies.
+        os.kill(os.getpid(), signal.SIGKILL)
+        return run
+
+    client.create_run = create_then_die  # type: ignore[method-assign]
+    with tracking.TrackedRun(client, exp_id, "killed at first row", params={"a": "1"}):
+        sys.exit(3)  # Never reached.
+
+
+def fresh_store_worker(uri: str, experiment: str, index: int, barrier: Any, queue: Any) -> None:
+    """Waits until all its siblings are up, then opens the store (a fresh file on
+    first use), and runs one tracked run; reports `(index, run_id, error)`."""
+    from reproducible_experiments import tracking
+
+    barrier.wait(timeout=LIFETIME_S)
+    try:
+        client = tracking.connect(uri)
+        exp_id = tracking.experiment_id(client, experiment)
+        with tracking.TrackedRun(client, exp_id, f"fresh store {index}") as run:
+            run.metrics.log({"index": float(index)}, step=0)
+        queue.put((index, run.run_id, ""))
+    except Exception as err:  # noqa: BLE001 - reported, and the test asserts none.
+        queue.put((index, "", f"{type(err).__name__}: {err}"))
+        raise
+
+
+def barrier(parties: int) -> Any:
+    """A barrier the worker processes can share."""
+    return _context.Barrier(parties)
+
+
 def metrics_worker(uri: str, experiment: str, index: int, count: int, queue: Any) -> None:
     """Logs `count` metric values in batches of 10 into its own run; reports
     `(index, run_id, errors)`."""
@@ -76,7 +123,7 @@ def metrics_worker(uri: str, experiment: str, index: int, count: int, queue: Any
 
 @contextlib.contextmanager
 def processes(
-    target: Any, arg_sets: list[tuple], timeout_s: float = 90.0
+    target: Any, arg_sets: list[tuple], timeout_s: float = 300.0
 ) -> Iterator[tuple[list[Any], Any]]:
     """Starts one process per argument tuple (each gets a shared queue as its
     last argument); at exit every process still alive is killed and joined."""

@@ -249,7 +249,7 @@ def reproduce(run_id: str, tracking_uri: str | None, no_track: bool, as_json: bo
 
     client = _client(tracking_uri)
     try:
-        result = rep.reproduce(client, run_id, track=not no_track)
+        result = rep.reproduce(client, run_id, track=not no_track, progress=_epoch_line)
     except TrackingError as err:
         raise BadInput(str(err)) from None
     if as_json:

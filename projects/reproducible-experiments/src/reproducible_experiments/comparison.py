@@ -285,12 +285,24 @@ def bootstrap_ci(
     """Percentile bootstrap interval of the mean of `differences` (float64 `(n,)`):
     resample n values with replacement `resamples` times, take the means'
     `(1 - confidence) / 2` and `(1 + confidence) / 2` quantiles (inverted CDF)."""
+    # --- exercise stage 3: Resample means with replacement; inverted-CDF alpha/2 quantiles. ---
     rng = np.random.default_rng(seed)
     n = len(differences)
     means = differences[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
     alpha = 1.0 - confidence
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2], method="inverted_cdf")
     return float(low), float(high)
+    # --- end exercise ---
+
+
+def decide(ci: tuple[float, float], higher_is_better: bool, min_difference: float) -> str:
+    """`holds` when the whole interval of `candidate - baseline` lies beyond the
+    minimum difference in the better direction, else `does not hold`."""
+    # --- exercise stage 3: The whole interval must clear min_difference the better way. ---
+    if higher_is_better:
+        return "holds" if ci[0] > min_difference else "does not hold"
+    return "holds" if ci[1] < -min_difference else "does not hold"
+    # --- end exercise ---
 
 
 @dataclass
@@ -424,10 +436,8 @@ def analyze(client: MlflowClient, parent_run_id: str) -> Analysis:
         verdict = "undecided: no complete pair"
     elif incomplete and rule.require_complete:
         verdict = f"undecided: {incomplete} of {len(pairs)} pairs incomplete"
-    elif spec.metric.higher_is_better:
-        verdict = "holds" if ci[0] > rule.min_difference else "does not hold"
     else:
-        verdict = "holds" if ci[1] < -rule.min_difference else "does not hold"
+        verdict = decide(ci, spec.metric.higher_is_better, rule.min_difference)
     return Analysis(spec, parent_run_id, pairs, foreign, mean, ci, verdict)
 
 

@@ -77,7 +77,9 @@ def data_identity(digits: Digits, split: dict[str, np.ndarray]) -> dict[str, str
     """The identity of what a run trained and was scored on: the source bytes and
     each split's ID list, as flat `data.*` keys (the form they take as MLflow tags)."""
     identity = {"data.source": "sklearn.datasets.load_digits", "data.sha256": digits.raw_sha256}
+    # --- exercise stage 1: Per split, hash its own sample-ID list and record its count. ---
     for name in SPLITS:
         identity[f"data.split.{name}.sha256"] = ids_sha256(split[name])
         identity[f"data.split.{name}.count"] = str(len(split[name]))
+    # --- end exercise ---
     return identity

@@ -32,9 +32,9 @@ RUNTIME_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy")
 UNAVAILABLE = "unavailable"
 
 
-def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
+def _git(*args: str, cwd: Path = PROJECT_DIR) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        ["git", "-C", str(PROJECT_DIR), *args], capture_output=True, timeout=30, check=False
+        ["git", "-C", str(cwd), *args], capture_output=True, timeout=30, check=False
     )
 
 
@@ -55,22 +55,30 @@ def code_identity() -> dict[str, str]:
 
 @functools.cache
 def _code_identity() -> dict[str, str]:
+    return git_identity(PROJECT_DIR, PACKAGE_DIR)
+
+
+def git_identity(project_dir: Path, package_dir: Path) -> dict[str, str]:
+    """The `code.*` tags of the project in `project_dir` (package in `package_dir`)."""
     identity = {
-        "code.source_sha256": source_sha256(),
+        "code.source_sha256": source_sha256(package_dir),
         "code.git_commit": UNAVAILABLE,
         "code.git_dirty": UNAVAILABLE,
         "code.git_diff_sha256": UNAVAILABLE,
     }
     try:
-        head = _git("rev-parse", "HEAD")
-        top = _git("rev-parse", "--show-toplevel")
+        head = _git("rev-parse", "HEAD", cwd=project_dir)
+        top = _git("rev-parse", "--show-toplevel", cwd=project_dir)
     except (OSError, subprocess.TimeoutExpired):
         return identity
     if head.returncode != 0 or top.returncode != 0:
         return identity
-    scope = [str(PROJECT_DIR / part) for part in CODE_SCOPE]
-    diff = _git("diff", "HEAD", "--binary", "--", *scope).stdout
-    untracked = _git("ls-files", "--others", "--exclude-standard", "-z", "--", *scope).stdout
+    scope = [str(project_dir / part) for part in CODE_SCOPE]
+    # --- exercise stage 1: Hash git diff HEAD plus untracked files; dirty if either. ---
+    diff = _git("diff", "HEAD", "--binary", "--", *scope, cwd=project_dir).stdout
+    untracked = _git(
+        "ls-files", "--others", "--exclude-standard", "-z", "--", *scope, cwd=project_dir
+    ).stdout
     digest = hashlib.sha256(diff)
     names = sorted(
         name
@@ -79,10 +87,11 @@ def _code_identity() -> dict[str, str]:
     )
     for name in names:
         digest.update(b"\0untracked\0" + name.encode() + b"\0")
-        digest.update((PROJECT_DIR / name).read_bytes())
+        digest.update((project_dir / name).read_bytes())
     identity["code.git_commit"] = head.stdout.decode().strip()
     identity["code.git_dirty"] = "true" if diff or names else "false"
     identity["code.git_diff_sha256"] = digest.hexdigest()
+    # --- end exercise ---
     return identity
 
 

@@ -103,7 +103,7 @@ def run_tracked(
     except Exception as err:
         # The run is FAILED and kept; say which one, for callers that carry on.
         err.run_id = tracked.run_id  # type: ignore[attr-defined]
-        err.add_note(f"tracked run `{tracked.run_id}` ended FAILED")
+        # (`TrackedRun` has added a note saying what the store holds about its end.)
         raise
     return tracked.run_id, result, tracked.status
 

@@ -12,6 +12,7 @@ whatever its numbers. Same identities with different numbers is a
 determinism failure and says so.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,7 @@ def compare_metrics(
 ) -> tuple[dict[str, str], int]:
     """Bitwise comparison of two `name -> [(step, value)]` maps; returns
     `({name: what differs}, number of values compared)`."""
+    # --- exercise stage 4: Every series on both sides, same steps, same float64 bits. ---
     mismatches, compared = {}, 0
     for name in sorted(set(recorded) | set(now)):
         if name not in recorded or name not in now:
@@ -80,11 +82,40 @@ def compare_metrics(
                 f"step {old[first][0]}: recorded {old[first][1]!r}, now {new[first][1]!r}"
             )
     return mismatches, compared
+    # --- end exercise ---
 
 
-def reproduce(client: MlflowClient, run_id: str, *, track: bool = True) -> Reproduction:
+def verdict_of(
+    diffs: dict[str, dict[str, tuple[str, str]]],
+    mismatches: dict[str, str],
+    params_equal: bool | None,
+    checkpoint_equal: bool | None,
+) -> str:
+    """`reproduced` only when every identity matches and every metric, the params
+    digest and the checkpoint are bitwise equal; otherwise says which part differs."""
+    # --- exercise stage 4: Name each differing identity; reproduced only if all equal. ---
+    differing = [kind for kind in ("code", "data", "runtime") if diffs[kind]]
+    if differing:
+        return (
+            f"not a reproduction: {' and '.join(differing)} identity differs; the re-run's "
+            f"metrics are {'bitwise equal' if not mismatches else 'different'}"
+        )
+    if mismatches or params_equal is False or checkpoint_equal is False:
+        return "NOT reproduced: identities match but the metrics differ"
+    return "reproduced"
+    # --- end exercise ---
+
+
+def reproduce(
+    client: MlflowClient,
+    run_id: str,
+    *,
+    track: bool = True,
+    progress: Callable[[dict[str, float]], None] | None = None,
+) -> Reproduction:
     """Re-runs `run_id` from its record; with `track`, the re-run is itself a
-    tracked run tagged `reproduce.of` and `reproduce.verdict`."""
+    tracked run tagged `reproduce.of` and `reproduce.verdict`. `progress` gets
+    each epoch's record of the re-run."""
     rec = record.load_record(client, run_id)
     if rec.status != "FINISHED":
         raise TrackingError(
@@ -118,10 +149,11 @@ def reproduce(client: MlflowClient, run_id: str, *, track: bool = True) -> Repro
             run_name=f"reproduce {run_id[:8]}",
             tags={"reproduce.of": run_id},
             digits=digits,
+            progress=progress,
         )
         assert result is not None
     else:
-        result = train.train_and_evaluate(rec.config, digits=digits)
+        result = train.train_and_evaluate(rec.config, digits=digits, on_epoch=progress)
     mismatches, compared = compare_metrics(rec.metrics, result.metric_series())
     recorded_params = rec.tags.get("result.params_sha256")
     params_equal = None if recorded_params is None else recorded_params == result.params_sha256
@@ -129,16 +161,7 @@ def reproduce(client: MlflowClient, run_id: str, *, track: bool = True) -> Repro
     if rec.tags.get("result.checkpoint"):
         restored = checkpoint.load_from_run(client, run_id, like=result.params)
         checkpoint_equal = checkpoint.digest(restored) == result.params_sha256
-    differing = [kind for kind in ("code", "data", "runtime") if diffs[kind]]
-    if differing:
-        verdict = (
-            f"not a reproduction: {' and '.join(differing)} identity differs; the re-run's "
-            f"metrics are {'bitwise equal' if not mismatches else 'different'}"
-        )
-    elif mismatches or params_equal is False or checkpoint_equal is False:
-        verdict = "NOT reproduced: identities match but the metrics differ"
-    else:
-        verdict = "reproduced"
+    verdict = verdict_of(diffs, mismatches, params_equal, checkpoint_equal)
     if new_run_id is not None:
         client.set_tag(new_run_id, "reproduce.verdict", verdict)
     return Reproduction(

@@ -82,27 +82,32 @@ def is_sqlite(uri: str) -> bool:
 def connect(uri: str | os.PathLike[str] | None) -> MlflowClient:
     """A client bound to `uri`, with the schema created (or migrated) now.
 
-    Call this once in a parent before starting worker processes: a fresh
-    SQLite file that eight processes try to migrate at once breaks.
+    Safe when several processes start together on a fresh SQLite file: building
+    an MLflow client creates and migrates the schema, so for SQLite the client
+    is built only while holding an exclusive lock on a file beside the database
+    (`<file>.lock`); the processes take turns, and the first one creates the
+    schema for all.
     """
     resolved = resolve_uri(uri)
-    client = Client(tracking_uri=resolved)
     try:
         if is_sqlite(resolved):
-            # Processes started together (several `train` commands on a fresh store)
-            # take turns creating the schema: an exclusive lock beside the file.
-            lock_path = Path(resolved.removeprefix("sqlite:///") + ".lock")
-            with open(lock_path, "a") as lock:
+            database = Path(resolved.removeprefix("sqlite:///"))
+            database.parent.mkdir(parents=True, exist_ok=True)
+            with open(f"{database}.lock", "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
+                client = Client(tracking_uri=resolved)
                 client.search_experiments(max_results=1)  # Creates the schema on first use.
                 # WAL: readers and the writer no longer block each other (a setting
                 # stored in the file, so every process that opens it gets it).
-                with sqlite3.connect(resolved.removeprefix("sqlite:///")) as conn:
+                with sqlite3.connect(database) as conn:
                     conn.execute("PRAGMA journal_mode=WAL")
         else:
+            client = Client(tracking_uri=resolved)
             client.search_experiments(max_results=1)
     except MlflowException as err:
         raise TrackingError(f"Cannot open the tracking store `{resolved}`: {err.message}") from None
+    except OSError as err:
+        raise TrackingError(f"Cannot open the tracking store `{resolved}`: {err}") from None
     return client
 
 
@@ -188,11 +193,17 @@ def process_start(pid: int) -> str:
 
 
 def liveness(tags: dict[str, str], now_ms: int | None = None) -> str:
-    """`alive`, `no lease`, or `dead: <reason>` for a RUNNING run's tags."""
-    if "lease.expires_ms" not in tags:
+    """`alive`, `no lease`, or `dead: <reason>` for a RUNNING run's tags.
+
+    On this host the holder's pid and its start time decide; elsewhere, the
+    lease's expiry. A run without holder tags (started by other tools) has
+    `no lease`: nobody can tell whether it is alive.
+    """
+    if "lease.pid" not in tags and "lease.expires_ms" not in tags:
         return "no lease"
     now_ms = _now_ms() if now_ms is None else now_ms
-    if tags.get("lease.host") == socket.gethostname():
+    # --- exercise stage 2: Same host: the pid and its start time decide; else expiry. ---
+    if tags.get("lease.host") == socket.gethostname() and "lease.pid" in tags:
         pid = int(tags["lease.pid"])
         started = process_start(pid)
         if not started and not Path("/proc").is_dir():
@@ -206,9 +217,12 @@ def liveness(tags: dict[str, str], now_ms: int | None = None) -> str:
         if started != tags.get("lease.pid_start"):
             return "dead: process gone"
         return "alive"
+    if "lease.expires_ms" not in tags:
+        return "no lease"
     if now_ms > int(tags["lease.expires_ms"]):
         return "dead: lease expired"
     return "alive"
+    # --- end exercise ---
 
 
 def reconcile(client: MlflowClient, exp_id: str, by: str = "") -> list[str]:
@@ -335,6 +349,7 @@ class TrackedRun:
     run_id: str = ""
     status: str = ""
     reconciled: list[str] = field(default_factory=list)
+    outcome: str = ""  # What the store holds about the run's end, in one sentence.
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -352,23 +367,23 @@ class TrackedRun:
     def __enter__(self) -> "TrackedRun":
         self.reconciled = reconcile(self.client, self.experiment_id, by=f"pid {os.getpid()}")
         pid = os.getpid()
+        # The whole lease (holder and expiry) goes into the run's first row, so the
+        # run can be reconciled from the moment it exists.
         tags = {
             **self.tags,
             "lease.host": socket.gethostname(),
             "lease.pid": str(pid),
             "lease.pid_start": process_start(pid),
+            **{tag.key: tag.value for tag in self._lease_tags()},
         }
         if self.parent_run_id:
             tags["mlflow.parentRunId"] = self.parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
         self.run_id = run.info.run_id
         self.metrics = MetricBuffer(self.client, self.run_id)
-        lease = self._lease_tags()
         params = [Param(k, str(v)) for k, v in self.params.items()]
-        for start in range(0, max(len(params), 1), TAGS_PER_CALL):
-            self.client.log_batch(
-                self.run_id, params=params[start : start + TAGS_PER_CALL], tags=lease
-            )
+        for start in range(0, len(params), TAGS_PER_CALL):
+            self.client.log_batch(self.run_id, params=params[start : start + TAGS_PER_CALL])
         self._heartbeat = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
         self._heartbeat.start()
         if threading.current_thread() is threading.main_thread():
@@ -388,30 +403,64 @@ class TrackedRun:
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join()
-        status, tags = "FINISHED", []
-        if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (0, None)):
-            pass
-        elif issubclass(exc_type, Terminated):
-            status, tags = "KILLED", [RunTag("error.type", "SIGTERM")]
-        elif issubclass(exc_type, KeyboardInterrupt):
-            status, tags = "KILLED", [RunTag("error.type", "KeyboardInterrupt")]
-        else:
-            status = "FAILED"
-            tags = [
-                RunTag("error.type", exc_type.__name__),
-                RunTag("error.message", str(exc)[:5000] or repr(exc)[:5000]),
-            ]
+        status, tags = end_state(exc_type, exc)
+        # The end state is written first; what fails after it (the traceback
+        # artifact, say, in an unwritable artifact folder) is reported, and the
+        # run still ends with the status it earned.
+        problems: list[str] = []
         try:
             self.metrics.flush()
-        finally:
+        except Exception as err:  # noqa: BLE001 - reported below, never hides the end state.
+            problems.append(f"its last metrics were not written ({type(err).__name__}: {err})")
+        try:
             if tags:
                 self.client.log_batch(self.run_id, tags=tags)
-            if status == "FAILED":
-                text = "".join(traceback.format_exception(exc_type, exc, tb))
-                self.client.log_text(self.run_id, text, "error/traceback.txt")
+        except Exception as err:  # noqa: BLE001
+            problems.append(f"its error tags were not written ({type(err).__name__}: {err})")
+        try:
             self.client.set_terminated(self.run_id, status=status)
             self.status = status
+        except Exception as err:  # noqa: BLE001
+            problems.append(f"its end state was not written ({type(err).__name__}: {err})")
+        if status == "FAILED" and self.status:
+            text = "".join(traceback.format_exception(exc_type, exc, tb))
+            try:
+                self.client.log_text(self.run_id, text, "error/traceback.txt")
+            except Exception as err:  # noqa: BLE001
+                problems.append(
+                    f"its traceback artifact was not written ({type(err).__name__}: {err})"
+                )
+                try:
+                    self.client.set_tag(self.run_id, "error.traceback", "not written")
+                except Exception:  # noqa: BLE001 - the problem is already in the message.
+                    pass
+        recorded = f"recorded as {self.status}" if self.status else "left RUNNING in the store"
+        self.outcome = f"tracked run `{self.run_id}` {recorded}" + (
+            "; " + "; ".join(problems) if problems else ""
+        )
+        if exc is not None and not (status == "FINISHED" and not problems):
+            exc.add_note(self.outcome)
+        elif exc is None and problems:
+            raise TrackingError(self.outcome)
         return False  # Never swallow: the caller still sees the exception.
+
+
+def end_state(exc_type: type[BaseException] | None, exc: BaseException | None) -> tuple[str, list]:
+    """The status and `error.*` tags a run earns by how its body ended: normally or
+    `sys.exit(0)` FINISHED; SIGTERM (`Terminated`) and Ctrl-C KILLED; any other
+    exception, `sys.exit(n != 0)` included, FAILED with its type and message."""
+    if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (0, None)):
+        return "FINISHED", []
+    # --- exercise stage 2: SIGTERM, Ctrl-C: KILLED; any other exception: FAILED, tagged. ---
+    if issubclass(exc_type, Terminated):
+        return "KILLED", [RunTag("error.type", "SIGTERM")]
+    if issubclass(exc_type, KeyboardInterrupt):
+        return "KILLED", [RunTag("error.type", "KeyboardInterrupt")]
+    return "FAILED", [
+        RunTag("error.type", exc_type.__name__),
+        RunTag("error.message", str(exc)[:5000] or repr(exc)[:5000]),
+    ]
+    # --- end exercise ---
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

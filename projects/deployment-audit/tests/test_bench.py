@@ -1,5 +1,5 @@
 """`deployment-audit bench`: the report keeps its format and the paths compute the
-same function. No speed is asserted here (BENCHMARKS.md: a test may run a
+same function. No speed is asserted here (a test may run a
 benchmark at a tiny size to check that it still works, never to assert a speed)."""
 
 import json

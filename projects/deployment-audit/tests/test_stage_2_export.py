@@ -19,6 +19,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -106,7 +107,7 @@ def test_fresh_process_reload_matches_in_process_bitwise(evidence, trained, arti
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,  # A hang guard only: a loaded machine starts JAX slowly.
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     fresh = np.load(tmp_path / "logits.npy")
@@ -248,29 +249,54 @@ def test_other_refusals(artifact, tmp_path):
         export.load_artifact(target)
 
 
+OLDER_JAX, NEWER_JAX = "0.4.30", "99.0.0"
+# (0, 9, 9) is older than any 0.10 release by number, newer as text.
+TEXT_TRAP_JAX = "0.9.9"
+
+
 @pytest.mark.parametrize(
-    ("age_days", "convention", "within"),
-    [(0, None, True), (179, None, True), (181, None, False), (-40, None, False), (0, 8, False)],
+    ("age_days", "convention", "made_by", "within"),
+    [
+        (0, None, None, True),
+        (400, None, None, True),
+        (-40, None, None, True),
+        (179, None, OLDER_JAX, True),
+        (181, None, OLDER_JAX, False),
+        (200, None, TEXT_TRAP_JAX, False),
+        (-20, None, NEWER_JAX, True),
+        (-40, None, NEWER_JAX, False),
+        (0, 8, None, False),
+    ],
 )
-def test_compatibility_window(evidence, artifact, age_days, convention, within):
+def test_compatibility_window(evidence, artifact, tmp_path, age_days, convention, made_by, within):
+    """The window is between the jax that made the artifact and the running one:
+    the running jax always runs its own artifacts, whatever their date; another
+    version's artifact is judged by its age (180 days back, 30 forward)."""
     manifest = json.loads((artifact / export.MANIFEST_FILE).read_text())
+    manifest["jax_version"] = made_by or jax.__version__
     if convention is not None:
         manifest = {**manifest, "calling_convention_version": convention}
     created = datetime.datetime.fromisoformat(manifest["created_at"])
     now = created + datetime.timedelta(days=age_days)
     verdict = export.compatibility(manifest, now)
     assert evidence.record(
-        "jax.export compatibility window (180 days back, 30 days forward, calling convention)",
-        f"age {age_days} days, calling convention {manifest['calling_convention_version']}",
+        "jax.export compatibility window: by the jax version that made the artifact",
+        f"made by jax {manifest['jax_version']} (running {jax.__version__}), age {age_days} "
+        f"days, calling convention {manifest['calling_convention_version']}",
         verdict,
         {"backward_days": 180, "forward_days": 30},
         verdict["within_window"] == within,
-    )
-    if not within and convention is None:
-        with pytest.raises(export.StaleArtifactError, match="compatibility window"):
-            export.load_artifact(artifact, now=now)
-        flagged = export.load_artifact(artifact, now=now, accept_outside_window=True)
-        assert flagged.checks["compatibility"]["within_window"] is False
+    ), verdict
+    if convention is None:
+        target = _copy(artifact, tmp_path)
+        (target / export.MANIFEST_FILE).write_text(json.dumps(manifest))
+        if within:
+            assert export.load_artifact(target, now=now).checks["compatibility"]["within_window"]
+        else:
+            with pytest.raises(export.StaleArtifactError, match="compatibility window"):
+                export.load_artifact(target, now=now)
+            flagged = export.load_artifact(target, now=now, accept_outside_window=True)
+            assert flagged.checks["compatibility"]["within_window"] is False
 
 
 # --- PRECISION ---------------------------------------------------------------
@@ -427,3 +453,165 @@ def test_cli_export_verify_precision(trained, tmp_path):
     blob.write_bytes(blob.read_bytes()[:-1])
     result = runner.invoke(main, ["verify", str(workdir / "artifact")])
     assert result.exit_code == 2 and "truncated or altered" in result.output
+
+
+def _bad_npy_files(folder) -> dict[str, tuple[Path, str]]:
+    """Files `predict` must refuse with a message, each with the words it must say."""
+    files = {}
+    text = folder / "text.npy"
+    text.write_text("0.0 1.0 2.0\n")
+    files["text, not .npy"] = (text, "not a NumPy .npy file")
+    objects = folder / "objects.npy"
+    np.save(objects, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    files["object array"] = (objects, "not a NumPy .npy file")
+    truncated = folder / "truncated.npy"
+    np.save(truncated, np.zeros((4, 64), np.float32))
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    files["truncated .npy"] = (truncated, "not a NumPy .npy file")
+    empty = folder / "empty.npy"
+    empty.write_bytes(b"")
+    files["empty file"] = (empty, "not a NumPy .npy file")
+    archive = folder / "archive.npy"
+    with archive.open("wb") as f:
+        np.savez(f, x=np.zeros((4, 64), np.float32))
+    files["npz archive"] = (archive, "archive")
+    wrong = folder / "float64.npy"
+    np.save(wrong, np.zeros((4, 64), np.float64))
+    files["float64 array"] = (wrong, "float32")
+    return files
+
+
+def test_predict_refuses_files_that_are_not_float32_npy(evidence, artifact, tmp_path):
+    """A file that is not a real `.npy` of numbers ends in exit 2 and a message
+    naming the file, never a traceback. Each case through the command in this
+    process; the object array again in a fresh process, as a user runs it."""
+    observed = {}
+    out = tmp_path / "out.npy"
+    for case, (path, words) in _bad_npy_files(tmp_path).items():
+        result = CliRunner().invoke(main, ["predict", str(artifact), str(path), str(out)])
+        observed[case] = {
+            "exit_code": result.exit_code,
+            "says": words in result.output,
+            "names_the_file": path.name in result.output or case == "float64 array",
+            "traceback": not isinstance(result.exception, SystemExit | None),
+            "message": result.output.strip()[-300:],
+        }
+    path, words = tmp_path / "objects.npy", "not a NumPy .npy file"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deployment_audit.cli",
+            "predict",
+            str(artifact),
+            str(path),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,  # A hang guard only: a loaded machine starts JAX slowly.
+    )
+    observed["object array, fresh process"] = {
+        "exit_code": proc.returncode,
+        "says": words in proc.stderr,
+        "names_the_file": path.name in proc.stderr,
+        "traceback": "Traceback" in proc.stderr,
+        "message": proc.stderr.strip()[-300:],
+    }
+    assert evidence.record(
+        "`predict` refuses a non-npy, object, truncated, empty, npz or float64 file",
+        f"{len(observed)} bad input files",
+        observed,
+        {"exit_code": 2},
+        all(
+            o["exit_code"] == 2 and o["says"] and o["names_the_file"] and not o["traceback"]
+            for o in observed.values()
+        )
+        and not out.exists(),
+    ), observed
+
+
+def _int8_reference(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-output-channel int8 quantization, in float64 from the float32
+    kernel `(d_in, d_out)`: one scale per column, max |W| / 127."""
+    w = np.asarray(kernel, np.float64)
+    peak = np.abs(w).max(axis=0)
+    scale = np.where(peak > 0, peak / 127.0, 1.0)
+    return np.clip(np.rint(w / scale), -127, 127), scale
+
+
+@pytest.mark.parametrize("which", ["hidden (32,)", "hidden (48, 24)"])
+def test_int8_is_per_channel_and_its_error_is_bounded(evidence, models, which):
+    """The int8 scales and integer weights against a float64 per-channel reference
+    computed here; every dequantized weight within half a step of its column's
+    scale; and the policies' effect on held-out data bounded: accuracy within
+    2 points of f32 (3 for w8a8), logit error within a fraction of the f32 logit
+    range (bf16 2%, int8 weights 3%, w8a8 10%). Two models."""
+    run = models[which]
+    digits = data.load()
+    mean, scale = data.spec_arrays(run["_spec"]["preprocessing"])
+    test = np.asarray(run["split"]["test"])
+    x = ((digits.images[test] - mean) * scale).astype(np.float32)
+    calib = ((digits.images[np.asarray(run["split"]["train"])] - mean) * scale).astype(np.float32)
+    qparams = precision.quantize(run["_params"], "int8_w", calib)
+    layers = []
+    ok = True
+    for i, (lay, q) in enumerate(zip(run["_params"]["layers"], qparams["layers"], strict=True)):
+        ref_q, ref_scale = _int8_reference(np.asarray(lay["kernel"]))
+        w = np.asarray(lay["kernel"], np.float64)
+        # A weight exactly half-way between two steps may round either way in float32.
+        ratio = w / ref_scale
+        tie = np.abs(np.abs(ratio - np.floor(ratio)) - 0.5) < 1e-4
+        dequant_err = np.abs(q["kernel"].astype(np.float64) * q["w_scale"] - w)
+        layers.append(
+            {
+                "layer": i,
+                "scale_max_rel_err": float(np.max(np.abs(q["w_scale"] / ref_scale - 1))),
+                "distinct_scales": int(len(np.unique(q["w_scale"]))),
+                "int_weights_differing": int(np.sum((q["kernel"] != ref_q) & ~tie)),
+                "max_dequant_err_in_steps": float(np.max(dequant_err / ref_scale)),
+            }
+        )
+        ok &= (
+            q["w_scale"].shape == ref_scale.shape
+            and layers[-1]["scale_max_rel_err"] <= 1e-6
+            and layers[-1]["int_weights_differing"] == 0
+            and layers[-1]["max_dequant_err_in_steps"] <= 0.5 + 1e-4
+        )
+    table = {
+        r["policy"]: r
+        for r in precision.compare(run["_params"], x, digits.labels[test], test, calib)["rows"]
+    }
+    f32_logits = np.asarray(
+        precision.forward_jit(
+            jax.tree.map(jnp.asarray, precision.quantize(run["_params"], "f32", calib)),
+            "f32",
+            jnp.asarray(x),
+        )
+    )
+    logit_range = float(f32_logits.max() - f32_logits.min())
+    bounds = {"bf16": (0.02, 0.02), "int8_w": (0.02, 0.03), "int8_w8a8": (0.03, 0.10)}
+    effects = {}
+    for policy, (acc_bound, logit_fraction) in bounds.items():
+        row = table[policy]
+        effects[policy] = {
+            "accuracy_change": row["accuracy_change"],
+            "max_abs_logit_error": row["max_abs_logit_error"],
+            "logit_error_fraction_of_range": row["max_abs_logit_error"] / logit_range,
+        }
+        ok &= (
+            abs(row["accuracy_change"]) <= acc_bound
+            and row["max_abs_logit_error"] <= logit_fraction * logit_range
+        )
+    assert evidence.record(
+        "int8 per-channel scales vs a float64 reference; policy effects bounded",
+        which,
+        {"layers": layers, "effects": effects, "f32_logit_range": logit_range},
+        {
+            "scale_rel": 1e-6,
+            "dequant_steps": 0.5,
+            "accuracy": {k: v[0] for k, v in bounds.items()},
+            "logit_fraction": {k: v[1] for k, v in bounds.items()},
+        },
+        ok,
+    ), (layers, effects)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from deployment_audit import data, export, loadgen, queue_model, report, train
+from deployment_audit import data, export, loadgen, queue_model, report, serve, train
 from deployment_audit.cli import main
 from deployment_audit.config import Config, LoadConfig, ServeConfig
 
@@ -99,6 +99,71 @@ def good(servers):
     return servers["good"], ready
 
 
+class _EchoModel:
+    """A stand-in for the artifact: the logits are a row's first ten pixels, so
+    every answer shows which rows it was computed from."""
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x[:, :10], np.float32)
+
+
+def _batcher_scenario(max_queue_rows: int, sizes: list[int]) -> tuple[list, list]:
+    """Requests of `sizes` rows (request i holds the value i) submitted back to back
+    into a batcher with batches of at most 4 rows; returns what each request got
+    and the batches' rows and request counts."""
+    config = ServeConfig(
+        max_batch_size=4,
+        batch_timeout_ms=50.0,
+        max_queue_rows=max_queue_rows,
+        max_rows_per_request=4,
+    )
+
+    async def scenario():
+        stats = serve.Stats()
+        batcher = serve.Batcher(_EchoModel(), config, stats)
+        runner = asyncio.create_task(batcher.run())
+        await asyncio.sleep(0)  # The batcher waits for work.
+        tasks = [
+            asyncio.create_task(batcher.submit(np.full((n, data.NUM_FEATURES), i, np.float32)))
+            for i, n in enumerate(sizes)
+        ]
+        got = await asyncio.gather(*tasks, return_exceptions=True)
+        runner.cancel()
+        return got, [(b["rows"], b["requests"]) for b in stats.batches]
+
+    got, batches = asyncio.run(scenario())
+    answers = [
+        "503" if isinstance(g, serve.Overloaded) else sorted({float(v) for v in np.ravel(g)})
+        for g in got
+    ]
+    return answers, batches
+
+
+def test_the_queue_bound_counts_rows_and_batches_hold_whole_requests(evidence):
+    """In-process, no server: six requests of 1, 2, 3, 1, 2, 1 rows arrive before
+    the batcher runs. The expectation is worked out by hand from the rules (accept
+    while the queued rows stay within the bound; a batch takes whole requests
+    from the head up to 4 rows). Repeated with a bound of 6 and of 7 rows."""
+    sizes = [1, 2, 3, 1, 2, 1]
+    expected = {
+        6: (["0", "1", "2", "503", "503", "503"], [(3, 2), (3, 1)]),
+        7: (["0", "1", "2", "3", "503", "503"], [(3, 2), (4, 2)]),
+    }
+    observed, ok = {}, True
+    for bound, (answers, batches) in expected.items():
+        got, got_batches = _batcher_scenario(bound, sizes)
+        shown = [g if g == "503" else ",".join(f"{v:g}" for v in g) for g in got]
+        observed[f"bound {bound}"] = {"answers": shown, "batches": got_batches}
+        ok &= shown == answers and got_batches == batches
+    assert evidence.record(
+        "queue bound in rows, and batches of whole requests",
+        "requests of 1, 2, 3, 1, 2, 1 rows; batches of at most 4; queue bound 6 and 7 rows",
+        observed,
+        {k: {"answers": v[0], "batches": v[1]} for k, v in expected.items()},
+        ok,
+    ), observed
+
+
 def test_ready_only_after_load_and_self_test(evidence, good, artifact):
     server, ready = good
     manifest = json.loads((artifact / export.MANIFEST_FILE).read_text())
@@ -131,7 +196,7 @@ def test_answers_match_the_in_process_model_per_row(evidence, good, artifact):
     rows = images[200:220]
 
     async def burst():
-        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             return await asyncio.gather(
                 *[
                     client.post("/predict", json={"inputs": rows[i : i + 1].tolist()})
@@ -186,13 +251,34 @@ BAD_REQUESTS = [
     ),
     ("out of range", json.dumps({"inputs": [[0.5] * 63 + [255.0]]}).encode(), 422, r"\[0, 16\]"),
     ("too many rows", json.dumps({"inputs": [[0.0] * 64] * 65}).encode(), 400, "at most 64"),
+    ("object as a row", b'{"inputs": [{"a": 1}]}', 422, r"`inputs\[0\]` must be a list"),
+    ("object as a pixel", json.dumps({"inputs": [[{"a": 1}] * 64]}).encode(), 422, "JSON number"),
+    (
+        "400-digit integer pixel",
+        b'{"inputs": [[' + b"9" * 400 + b", 0" * 63 + b"]]}",
+        422,
+        "integer of 400 digits",
+    ),
+    ("400-digit integer at the top level", b"9" * 400, 400, "JSON object with an `inputs`"),
+    ("400-digit integer as dtype", b'{"inputs": [], "dtype": ' + b"9" * 400 + b"}", 422, "float32"),
+    ("5000-digit integer", b'{"inputs": [[' + b"9" * 5000 + b"]]}", 400, "not valid JSON"),
+    ("NaN pixel", b'{"inputs": [[NaN' + b", 0" * 63 + b"]]}", 422, r"\[0, 16\]"),
+    ("nested 100000 deep", b"[" * 100_000 + b"]" * 100_000, 400, "nests 100000 levels"),
+    (
+        "nested 100000 deep inside inputs",
+        b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        400,
+        "nests 100001 levels",
+    ),
+    ("nested 5 deep inside inputs", b'{"inputs": [[[[0]]]]}', 400, "nests 5 levels"),
+    ("brackets inside a string", b'{"inputs": [], "dtype": "[[[[[[["}', 422, "float32"),
 ]
 
 
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(evidence, good):
     server, _ = good
     seen = []
-    with httpx.Client(base_url=server.url, timeout=10) as client:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
         for name, body, status, message in BAD_REQUESTS:
             response = client.post("/predict", content=body)
             seen.append({"case": name, "status": response.status_code, **response.json()})
@@ -219,7 +305,7 @@ def test_overload_gets_503_never_a_crash(evidence, servers):
     row = data.load().images[:1].tolist()
 
     async def burst():
-        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             return await asyncio.gather(
                 *[client.post("/predict", json={"inputs": row}) for _ in range(40)]
             )
@@ -227,12 +313,14 @@ def test_overload_gets_503_never_a_crash(evidence, servers):
     responses = asyncio.run(burst())
     statuses = [r.status_code for r in responses]
     rejected = [r for r in responses if r.status_code == 503]
-    with httpx.Client(base_url=server.url, timeout=10) as client:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
         after = client.post("/predict", json={"inputs": row}).status_code
         metrics = client.get("/metrics").json()
+    rows_per_batch = [b["rows"] for b in metrics["batches"]]
     observed = {
         "ok": statuses.count(200),
         "rejected_503": len(rejected),
+        "rows_per_batch": rows_per_batch,
         "other_statuses": sorted(set(statuses) - {200, 503}),
         "retry_after_on_every_503": all(r.headers.get("retry-after") == "1" for r in rejected),
         "server_counted_rejections": metrics["rejected_overload"],
@@ -246,6 +334,10 @@ def test_overload_gets_503_never_a_crash(evidence, servers):
         None,
         observed["ok"] >= 1
         and observed["rejected_503"] >= 1
+        # The queue holds at most 8 rows and drains only into batches, so no batch
+        # can exceed 8 rows; a 503 means it was full, so one batch held exactly 8.
+        and max(rows_per_batch) == TINY_QUEUE.max_queue_rows
+        and sum(rows_per_batch) == observed["ok"] + 1  # + the request after the burst
         and not observed["other_statuses"]
         and observed["retry_after_on_every_503"]
         and observed["server_counted_rejections"] == len(rejected)
@@ -266,7 +358,7 @@ def test_a_wrong_artifact_never_becomes_ready(evidence, servers, case, reason):
     server = servers[case]
     first = server.wait_ready()
     time.sleep(0.5)
-    with httpx.Client(base_url=server.url, timeout=10) as client:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
         health = client.get("/healthz").status_code
         again = client.get("/readyz")
         predict = client.post("/predict", json={"inputs": [[0.0] * 64]})
@@ -291,13 +383,17 @@ def test_a_wrong_artifact_never_becomes_ready(evidence, servers, case, reason):
 
 
 def _metrics(server):
-    with httpx.Client(base_url=server.url, timeout=10) as client:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
         return client.get("/metrics").json()
 
 
 def test_load_measurement_and_queue_model(evidence, good, tmp_path):
     server, ready = good
-    config = LoadConfig.tiny()
+    # The tiny workload, with its client timeout and per-rate stop as hang guards
+    # only: on a loaded machine every request must still be answered.
+    config = LoadConfig.tiny().model_copy(
+        update={"request_timeout_s": 60.0, "max_seconds_per_rate": 300.0}
+    )
     result = loadgen.measure(server.url, config, SERVE, ready)
     runs = result["observed_cpu"]["runs"]
     checks = result["simulated_queue"]["checks"]
@@ -325,9 +421,17 @@ def test_load_measurement_and_queue_model(evidence, good, tmp_path):
     )
     # The model's server-side p50 (batch wait + service) within 3x of the measured
     # one, or 3 ms: the event loop shares two busy cores with the load generator.
+    # Other jobs on the machine stretch the server's wall times by a factor the
+    # server's own batch records show (wall time of a model call over the CPU
+    # time its thread got); the bound is widened by that measured factor only,
+    # so on a quiet machine it is the plain 3x.
+    calls = [b for b in _metrics(server)["batches"] if b["compute_cpu_s"] > 0]
+    stretches = [b["compute_s"] / b["compute_cpu_s"] for b in calls]
+    stretch = max(1.0, float(np.median(stretches))) if stretches else 1.0
+    observed["wall_over_cpu_per_model_call"] = stretch
     p50_ok = all(
-        1 / 3 <= c["server_p50_ratio"] <= 3
-        or abs(c["server_p50_measured_s"] - c["server_p50_simulated_s"]) <= 3e-3
+        1 / (3 * stretch) <= c["server_p50_ratio"] <= 3 * stretch
+        or abs(c["server_p50_measured_s"] - c["server_p50_simulated_s"]) <= 3e-3 * stretch
         for c in checks
     )
     # CPU per request at the rate NOT used for the fit: a prediction, within 3x.
@@ -344,7 +448,7 @@ def test_load_measurement_and_queue_model(evidence, good, tmp_path):
         f"rates {list(config.rates)} req/s, {config.requests_per_rate} requests each, sizes "
         f"{list(config.request_sizes)} rows",
         observed,
-        {"server_p50_ratio": [1 / 3, 3], "cpu_per_request_ratio": [1 / 3, 3]},
+        {"server_p50_ratio": "[1/3, 3] x wall/CPU stretch", "cpu_per_request_ratio": [1 / 3, 3]},
         all_ok and ordered and p50_ok and cpu_ok and sections,
     )
     assert all(c["measured"] is False and c["latency_s"] is None for c in edge)

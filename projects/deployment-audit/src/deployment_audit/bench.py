@@ -1,5 +1,5 @@
 """`deployment-audit bench`: the exported artifact against the in-process model,
-and batched against unbatched, timed side by side as BENCHMARKS.md prescribes.
+and batched against unbatched, timed side by side (compile apart, interleaved rounds, A/A).
 
 Run: `deployment-audit bench [--out runs/bench.json] [--size default|tiny] [--no-load]`.
 

@@ -130,8 +130,22 @@ def predict(artifact: str, inputs: str, output: str) -> None:
     from deployment_audit import export
 
     try:
+        # No pickles: an object array (or a pickle posing as .npy) is refused, not run.
+        x = np.load(inputs, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise BadInput(
+            f"`{inputs}` is not a NumPy .npy file of numbers ({type(err).__name__}: {err}); "
+            f"save a float32 array of shape (n, 64) with `numpy.save`."
+        ) from None
+    if not isinstance(x, np.ndarray):
+        x.close()
+        raise BadInput(
+            f"`{inputs}` is a .npz archive, not one .npy array; save a float32 array of "
+            f"shape (n, 64) with `numpy.save`."
+        )
+    try:
         loaded = export.load_artifact(artifact)
-        logits = loaded.predict(np.load(inputs))
+        logits = loaded.predict(x)
     except (export.ArtifactError, export.InputError) as err:
         raise BadInput(str(err)) from None
     np.save(output, logits)

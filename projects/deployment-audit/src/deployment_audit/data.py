@@ -66,8 +66,10 @@ def preprocessing_spec(train_images: np.ndarray) -> dict[str, Any]:
     barely vary (the image border) are centred but not blown up.
     Returns the JSON-ready spec saved with the artifact.
     """
+    # --- exercise stage 1: Per-pixel mean and std of the training images, in float64. ---
     mean = train_images.astype(np.float64).mean(axis=0)
     std = train_images.astype(np.float64).std(axis=0)
+    # --- end exercise ---
     return {
         "version": PREPROCESSING_VERSION,
         "input_layout": INPUT_LAYOUT,

@@ -28,6 +28,7 @@ with x64 off, jax silently converts a float64 array to float32 and runs.
 import datetime
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,13 @@ MANIFEST_FORMAT = "deployment-audit-manifest/1"
 # version can be run by versions released up to 6 months later (backward), and
 # by versions up to 1 month OLDER (forward). Source: StableHLO
 # docs/compatibility.md and https://docs.jax.dev/en/latest/export/export.html
-# ("Compatibility guarantees"). Ages are counted from the manifest's date.
+# ("Compatibility guarantees"). The windows are between jax RELEASES: what
+# decides is the jax version that made the artifact (the manifest's
+# `jax_version`) against the running one. The same version always runs what it
+# exported. For another version, the artifact's date bounds the distance
+# between the two releases: an older jax's artifact is refused once it is more
+# than 180 days old; one made by a NEWER jax than the running one is refused
+# unless it is dated at most 30 days from now.
 BACKWARD_WINDOW_DAYS = 180
 FORWARD_WINDOW_DAYS = 30
 INPUT_SIGNATURE = {
@@ -339,6 +346,11 @@ def _read_golden(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return json.loads(text)
 
 
+def version_key(version: str) -> tuple[int, ...]:
+    """`0.10.2` -> `(0, 10, 2)`: versions compare by number, not as text."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
 def compatibility(manifest: dict[str, Any], now: datetime.datetime | None = None) -> dict[str, Any]:
     """Where the artifact stands in the jax.export compatibility window.
 
@@ -358,6 +370,7 @@ def compatibility(manifest: dict[str, Any], now: datetime.datetime | None = None
             f"date with a time zone, so the artifact's age cannot be checked.",
         }
     age_days = (now - created).total_seconds() / 86400.0
+    made_by, running = manifest["jax_version"], jax.__version__
     version = manifest["calling_convention_version"]
     low = jax.export.minimum_supported_calling_convention_version
     high = jax.export.maximum_supported_calling_convention_version
@@ -367,27 +380,32 @@ def compatibility(manifest: dict[str, Any], now: datetime.datetime | None = None
         "forward_window_days": FORWARD_WINDOW_DAYS,
         "calling_convention_version": version,
         "supported_calling_conventions": [low, high],
-        "artifact_jax": manifest["jax_version"],
-        "runtime_jax": jax.__version__,
+        "artifact_jax": made_by,
+        "runtime_jax": running,
     }
+    # --- exercise stage 2: Same jax runs its own; older jax: 180 days; newer jax: 30. ---
     if not low <= version <= high:
         message = (
             f"The artifact uses calling convention {version}, outside the range {low}..{high} "
-            f"that jax {jax.__version__} supports; re-export it."
+            f"that jax {running} supports; re-export it."
         )
-    elif age_days > BACKWARD_WINDOW_DAYS:
+    elif version_key(made_by) == version_key(running):
+        message = ""  # Made by the running jax: no release lies between them.
+    elif version_key(made_by) < version_key(running) and age_days > BACKWARD_WINDOW_DAYS:
         message = (
-            f"The artifact was exported {age_days:.0f} days ago (jax {manifest['jax_version']}), "
-            f"beyond the {BACKWARD_WINDOW_DAYS}-day jax.export backward compatibility window; "
-            f"re-export it from the checkpoint."
+            f"The artifact was exported by jax {made_by} {age_days:.0f} days ago, and jax "
+            f"{running} runs here: beyond the {BACKWARD_WINDOW_DAYS}-day jax.export backward "
+            f"compatibility window; re-export it from the checkpoint."
         )
-    elif age_days < -FORWARD_WINDOW_DAYS:
+    elif version_key(made_by) > version_key(running) and age_days < -FORWARD_WINDOW_DAYS:
         message = (
-            f"The artifact is dated {-age_days:.0f} days in the future, beyond the "
-            f"{FORWARD_WINDOW_DAYS}-day forward compatibility window."
+            f"The artifact was exported by jax {made_by}, newer than the running jax "
+            f"{running}, and is dated {-age_days:.0f} days ahead: beyond the "
+            f"{FORWARD_WINDOW_DAYS}-day forward compatibility window; upgrade jax."
         )
     else:
         message = ""
+    # --- end exercise ---
     result["within_window"] = not message
     result["message"] = message or "within the jax.export compatibility window"
     return result

@@ -55,10 +55,12 @@ def normalize(x: jax.Array, mean: jax.Array, scale: jax.Array) -> jax.Array:
 
 def apply(params: Params, x: jax.Array) -> jax.Array:
     """Logits for normalized inputs `x`, float32 `(batch, 64)`: the pure twin of `MLP`."""
+    # --- exercise stage 1: Affine then relu per hidden layer; the last layer is the logits. ---
     layers = params["layers"]
     for layer in layers[:-1]:
         x = jax.nn.relu(x @ layer["kernel"] + layer["bias"][None, :])
     return x @ layers[-1]["kernel"] + layers[-1]["bias"][None, :]
+    # --- end exercise ---
 
 
 def logits_from_raw(params: Params, mean: Any, scale: Any, x_raw: jax.Array) -> jax.Array:

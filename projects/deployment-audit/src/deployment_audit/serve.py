@@ -10,9 +10,13 @@ Endpoints:
   `POST /predict` body `{"inputs": [[64 numbers], ...], "dtype": "float32"}`
                   (`dtype` optional, must be float32); answers `logits`,
                   `predictions`, `labels` (the manifest's label map) and the
-                  model's sha256. 400 for malformed JSON or structure, 422 for
-                  a wrong shape, dtype or value range, 503 (with
+                  model's sha256. 400 for malformed JSON or structure (a body
+                  nested deeper than `MAX_JSON_DEPTH` is refused before it is
+                  parsed), 422 for a wrong shape, dtype or value range
+                  (checked on the JSON numbers before any conversion, so a
+                  400-digit integer is a 422, not an overflow), 503 (with
                   `Retry-After`) when not ready or when the queue is full.
+                  Every malformed body gets a 4xx and a message, never a 500.
   `GET /metrics`  counters, batch records and process CPU time (JSON), read
                   by the load generator and the queue model.
 
@@ -29,6 +33,7 @@ listens on 127.0.0.1 only.
 import asyncio
 import json
 import math
+import re
 import socket
 import time
 from collections import deque
@@ -48,6 +53,8 @@ from deployment_audit.config import ServeConfig
 from deployment_audit.export import ArtifactError, InputError, LoadedArtifact, check_input
 
 PIXEL_MAX = 16.0
+MAX_JSON_DEPTH = 4  # object > `inputs` > row > pixel needs 3; deeper bodies are refused unparsed.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 MAX_RECORDS = 20_000  # batch/request records kept for /metrics (a ring buffer)
 
 
@@ -103,6 +110,7 @@ class Batcher:
         return sizes
 
     async def submit(self, x: np.ndarray) -> np.ndarray:
+        # --- exercise stage 3: Refuse when the queued rows would pass the bound; else enqueue. ---
         if self.queued_rows + len(x) > self.config.max_queue_rows:
             raise Overloaded
         future = asyncio.get_running_loop().create_future()
@@ -110,6 +118,7 @@ class Batcher:
         self.queued_rows += len(x)
         self.wakeup.set()
         return await future
+        # --- end exercise ---
 
     async def run(self) -> None:
         timeout = self.config.batch_timeout_ms / 1000.0
@@ -127,14 +136,21 @@ class Batcher:
                     await asyncio.wait_for(self.wakeup.wait(), remaining)
                 except TimeoutError:
                     break
-            batch: list[_Pending] = []
-            rows = 0
-            while self.queue and rows + len(self.queue[0].x) <= self.config.max_batch_size:
-                item = self.queue.popleft()
-                batch.append(item)
-                rows += len(item.x)
-            self.queued_rows -= rows
+            batch, rows = self._take_batch()
             await self._run_batch(batch, rows)
+
+    def _take_batch(self) -> tuple[list[_Pending], int]:
+        """Whole requests from the queue's head, up to `max_batch_size` rows."""
+        # --- exercise stage 3: Pop whole requests while they fit in max_batch_size rows. ---
+        batch: list[_Pending] = []
+        rows = 0
+        while self.queue and rows + len(self.queue[0].x) <= self.config.max_batch_size:
+            item = self.queue.popleft()
+            batch.append(item)
+            rows += len(item.x)
+        self.queued_rows -= rows
+        return batch, rows
+        # --- end exercise ---
 
     def _predict(self, x: np.ndarray) -> tuple[np.ndarray, float]:
         """The model call and the CPU time of the calling thread (for tiny batches
@@ -190,6 +206,38 @@ def _bad(status: int, message: str, stats: Stats) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def json_depth(body: bytes) -> int:
+    """The deepest nesting of `[` and `{` in a JSON text, strings left out; found
+    without parsing (a parser recurses once per level and can run out of stack)."""
+    codes = np.frombuffer(_JSON_STRING.sub(b'""', body), dtype=np.uint8)
+    opens = (codes == ord("[")) | (codes == ord("{"))
+    closes = (codes == ord("]")) | (codes == ord("}"))
+    steps = opens.astype(np.int64) - closes.astype(np.int64)
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def parse_body(body: bytes) -> Any:
+    """The request body as JSON; raises `ValueError` (400) for a body that is not
+    JSON, or that nests deeper than any valid request does."""
+    depth = json_depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(
+            f"The body nests {depth} levels deep; a request nests at most {MAX_JSON_DEPTH} "
+            '({"inputs": [[...]]} is 3).'
+        )
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"The body is not valid JSON: {err}.") from None
+
+
+def _describe(value: Any) -> str:
+    """A number for a message, whatever its size (a 400-digit integer has no float)."""
+    if isinstance(value, int) and abs(value) >= 10**15:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return f"{value:g}"
+
+
 def parse_inputs(payload: Any, max_rows: int) -> np.ndarray:
     """The request's `inputs` as float32 `(rows, 64)`; raises `InputError` (422) or
     `ValueError` (400) with a message a client can act on."""
@@ -208,9 +256,27 @@ def parse_inputs(payload: Any, max_rows: int) -> np.ndarray:
         raise ValueError(f"`inputs` must be a list of rows, not a `{type(inputs).__name__}`.")
     if len(inputs) > max_rows:
         raise ValueError(f"`inputs` holds {len(inputs)} rows; at most {max_rows} are allowed.")
-    flat = [v for row in inputs if isinstance(row, list) for v in row]
+    flat: list[Any] = []
+    for i, row in enumerate(inputs):
+        if isinstance(row, list):
+            flat.extend(row)
+        elif isinstance(row, int | float) and not isinstance(row, bool):
+            flat.append(row)  # A rank-1 `inputs`: refused below, by its rank.
+        else:
+            raise InputError(
+                f"`inputs[{i}]` must be a list of {data.NUM_FEATURES} numbers, "
+                f"not a `{type(row).__name__}`."
+            )
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in flat):
         raise InputError("Every pixel in `inputs` must be a JSON number.")
+    # Range first, on the Python numbers: a huge integer has no float32 (or float).
+    outside = [v for v in flat if not 0 <= v <= PIXEL_MAX]  # NaN is outside too.
+    if outside:
+        raise InputError(
+            f"Pixels must be raw intensities in [0, {PIXEL_MAX:g}] (the artifact's input "
+            f"layout: {data.INPUT_LAYOUT}), but `inputs` holds {_describe(outside[0])}"
+            + (f" and {len(outside) - 1} more out of range." if len(outside) > 1 else ".")
+        )
     try:
         x = np.asarray(inputs, dtype=np.float32)
     except ValueError:
@@ -290,9 +356,9 @@ def create_app(
                 headers={"Retry-After": "1"},
             )
         try:
-            payload = json.loads(await request.body())
+            payload = parse_body(await request.body())
         except ValueError as err:
-            return _bad(400, f"The body is not valid JSON: {err}.", stats)
+            return _bad(400, str(err), stats)
         try:
             x = parse_inputs(payload, config.max_rows_per_request)
         except InputError as err:

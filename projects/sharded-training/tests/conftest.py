@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,25 @@ jax.config.update("jax_debug_key_reuse", True)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
+def _stage_of_file() -> dict[str, str]:
+    """Test file name -> stage id, as `project.toml` declares them."""
+    with (PROJECT_ROOT / "project.toml").open("rb") as f:
+        stages = tomllib.load(f)["stages"]
+    return {Path(t).name: s["id"] for s in stages for t in s.get("tests", [])}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # One marker per stage, so that `pytest -m stage2` runs one stage's tests.
+    for stage in sorted(set(_stage_of_file().values())):
+        config.addinivalue_line("markers", f"stage{stage}: tests of stage {stage}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    stage_of = _stage_of_file()
+    for item in items:
+        stage = stage_of.get(item.path.name)
+        if stage is not None:
+            item.add_marker(getattr(pytest.mark, f"stage{stage}"))
     if jax.default_backend() == "gpu":
         return
     skip = pytest.mark.skip(reason=f"needs a GPU; JAX backend is `{jax.default_backend()}`")

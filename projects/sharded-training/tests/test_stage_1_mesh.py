@@ -104,6 +104,41 @@ def close(evidence, check, condition, actual, reference) -> bool:
 MESHES = [(1, (1, 1)), (2, (2, 1)), (4, (4, 1)), (8, (8, 1)), (4, (2, 2)), (8, (4, 2))]
 
 
+@pytest.mark.parametrize("mesh_shape", [(8, 1), (4, 2)])
+def test_the_batch_is_split_over_the_data_axis(evidence, mesh_shape):
+    """Each device holds exactly its block of rows: the device at data coordinate
+    i (read from the mesh's device grid) holds rows [i*B/d, (i+1)*B/d) of the
+    batch, and devices that differ only in the model coordinate hold the same
+    rows. Checked for features, labels and mask on two meshes."""
+    config = CONFIG.model_copy(update={"mesh_shape": mesh_shape})
+    mesh = sharding.make_mesh(mesh_shape)
+    local = padded_batch(config, "scattered")
+    gbatch = sharding.global_batch(local, mesh, config.batch_size)
+    d = mesh_shape[0]
+    rows = config.batch_size // d
+    coordinate = {
+        dev.id: int(i) for i, row in enumerate(np.asarray(mesh.devices)) for dev in np.ravel(row)
+    }
+    wrong = []
+    for name in ("x", "y", "mask"):
+        shards = gbatch[name].addressable_shards
+        if len(shards) != jax.device_count():
+            wrong.append(f"{name}: {len(shards)} shards")
+        for shard in shards:
+            i = coordinate[shard.device.id]
+            expected = local[name][i * rows : (i + 1) * rows]
+            got = np.asarray(shard.data)
+            if got.shape != expected.shape or not np.array_equal(got, expected):
+                wrong.append(f"{name} on device {shard.device.id}: shape {got.shape}")
+    assert evidence.record(
+        "the global batch is split over the data axis, one block of rows per data index",
+        f"mesh {mesh_shape}, batch {config.batch_size}, {rows} rows per data shard",
+        {"problems": wrong[:8], "rows_per_shard": rows},
+        {"rows_per_shard": rows},
+        not wrong,
+    ), wrong
+
+
 @pytest.mark.parametrize("pattern", ["pipeline", "scattered"])
 @pytest.mark.parametrize(("n_devices", "mesh_shape"), MESHES)
 def test_global_update_equals_single_device_update(evidence, n_devices, mesh_shape, pattern):

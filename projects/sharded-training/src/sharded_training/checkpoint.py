@@ -79,6 +79,7 @@ def check_step(directory: Path, step: int, config: Config, process_count: int, d
     checkpoint of another config (that is a user error, not damage)."""
     root = directory / str(step)
     problems = []
+    # --- exercise stage 3: Reject a step whose metadata, state or process data is unreadable. ---
     if not (root / "_CHECKPOINT_METADATA").is_file():
         problems.append("`_CHECKPOINT_METADATA` is missing")
     state_meta = root / STATE / "_METADATA"
@@ -93,6 +94,7 @@ def check_step(directory: Path, step: int, config: Config, process_count: int, d
                 json.loads((root / DATA / name).read_text())
             except (OSError, ValueError):
                 problems.append(f"item `{DATA}` lacks a readable `{name}`")
+    # --- end exercise ---
     try:
         meta = json.loads((root / META / "metadata").read_text())
     except (OSError, ValueError):

@@ -4,7 +4,7 @@
     sharded-training launch  [--config FILE] [--workdir DIR] --processes N --devices-per-process K
     sharded-training worker  --coordinator HOST:PORT --process-id I --num-processes N ...
     sharded-training profile [--config FILE] [--out DIR]
-    sharded-training bench   [--out FILE.json]      (the profile's measurements, BENCHMARKS.md form)
+    sharded-training bench   [--out FILE.json]      (the profile's measurements and ratios)
 
 With no `--config`, `train` and `launch` run `Config.default()` (300 steps of a
 32-256-8 MLP on a (4, 2) mesh of 8 simulated CPU devices), output under `runs/`.
@@ -179,7 +179,7 @@ def profile(config_path: str | None, out_dir: str | None, steps: int) -> None:
 )
 @click.option("--steps", default=40, show_default=True, type=click.IntRange(8, 10_000))
 def bench(out_path: str, steps: int) -> None:
-    """The profile's measurements in the BENCHMARKS.md form (identity, measurements, ratios)."""
+    """The profile's measurements as a report: identity, measurements, ratios."""
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)

@@ -41,20 +41,33 @@ def global_id_batches(config: Config) -> grain.MapDataset:
     )
 
 
+def process_rows(batch_size: int, process_index: int, process_count: int) -> slice:
+    """The rows of every global batch that process `process_index` of
+    `process_count` loads: one contiguous block, in process order, so that the
+    data axis of the mesh (devices ordered by process) gets them in place."""
+    # --- exercise stage 2: Process p owns rows [p * B / P, (p + 1) * B / P) of each batch. ---
+    per_process = batch_size // process_count
+    return slice(process_index * per_process, (process_index + 1) * per_process)
+    # --- end exercise ---
+
+
 class LocalShard(grain.transforms.Map):
     """Pads a global batch of IDs to `batch_size`, keeps this process's rows and
     looks up only their features and labels."""
 
     def __init__(self, config: Config, process_index: int, process_count: int, data=None):
         self.batch_size = config.batch_size
-        self.per_process = config.batch_size // process_count
-        self.start = process_index * self.per_process
+        self.rows = (
+            slice(0, config.batch_size)
+            if process_count == 1
+            else process_rows(config.batch_size, process_index, process_count)
+        )
         self.features, self.labels = make_dataset(config) if data is None else data
 
     def map(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         padded = np.full(self.batch_size, PAD_ID, np.int64)
         padded[: len(ids)] = ids
-        mine = padded[self.start : self.start + self.per_process]
+        mine = padded[self.rows]
         valid = mine != PAD_ID
         rows = np.where(valid, mine, 0)
         return {

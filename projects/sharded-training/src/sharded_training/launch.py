@@ -17,6 +17,8 @@ from pathlib import Path
 
 from sharded_training.config import Config
 
+PROGRESS_EVERY_S = 5.0  # How often `echo` gets each process's newest progress line.
+
 
 class LaunchError(RuntimeError):
     """The job could not be started or did not finish in time; the message says why."""
@@ -59,6 +61,7 @@ def worker_command(
     kill_at: str = "",
     checkpoints: bool = True,
     compilation_cache: Path | None = None,
+    init_timeout_s: int = 60,
 ) -> list[str]:
     command = [
         sys.executable,
@@ -78,6 +81,8 @@ def worker_command(
         coordinator,
         "--attempt",
         str(attempt),
+        "--init-timeout",
+        str(init_timeout_s),
     ]
     if kill_at:
         command += ["--kill-at", kill_at]
@@ -104,6 +109,8 @@ def launch(
     echo=None,
 ) -> LaunchResult:
     """Runs the job to the end (or to its deaths); output in `workdir/logs/`.
+    With `echo`, every `PROGRESS_EVERY_S` seconds each process's newest progress
+    line (joined, compiled, step n/N ...) is passed to it.
 
     `compilation_cache` (default `workdir/jax-cache`) is JAX's persistent cache:
     a relaunch loads the executables the first launch compiled."""
@@ -149,13 +156,25 @@ def launch(
             kill_at,
             checkpoints,
             Path(compilation_cache).absolute() if compilation_cache else workdir / "jax-cache",
+            # Joining may take as long as the job may: on a busy machine process 0
+            # can need more than a minute to start the coordinator.
+            max(60, int(timeout_s)),
         )
         procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
     exit_s: list[float | None] = [None] * processes
     first_death = None
+    shown: list[str] = [""] * processes
+    next_progress = PROGRESS_EVERY_S
     try:
         while any(t is None for t in exit_s):
             now = time.perf_counter() - start
+            if echo and now >= next_progress:
+                next_progress = now + PROGRESS_EVERY_S
+                for index in range(processes):
+                    line = _last_progress_line(workdir, attempt, index)
+                    if line and line != shown[index]:
+                        shown[index] = line
+                        echo(f"[{now:6.1f}s] {line}")
             if now > timeout_s:
                 raise LaunchError(
                     f"The job did not finish within {timeout_s:.0f} s; its processes were "
@@ -187,6 +206,14 @@ def launch(
         first_death,
         [float(t) for t in exit_s],
     )
+
+
+def _last_progress_line(workdir: Path, attempt: int, process: int) -> str:
+    """The newest progress line (`[p<i> ...] ...`) a worker has written, or ``."""
+    lines = [
+        ln for ln in read_output(workdir, attempt, process).splitlines() if ln.startswith("[p")
+    ]
+    return lines[-1] if lines else ""
 
 
 def read_output(workdir: str | Path, attempt: int, process: int) -> str:

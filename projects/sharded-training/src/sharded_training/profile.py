@@ -198,6 +198,7 @@ def breakdown(
     per = {
         c: [] for c in (*CATEGORIES, "iteration", "device_busy", "collective_wait", "all_reduce")
     }
+    # --- exercise stage 4: Per step: its own events; union the overlapping thread intervals. ---
     for s, e in iterations:
         per["iteration"].append(e - s)
         for c in CATEGORIES:
@@ -211,6 +212,7 @@ def breakdown(
         ]
         per["all_reduce"].append(_intervals_union(inside))
     median = {c: statistics.median(v) / 1e9 / steps_per_call if v else 0.0 for c, v in per.items()}
+    # --- end exercise ---
     compile_events = [
         (e - s) / 1e9 for n, s, e in trace["host"] if n == "compile" and window[0] <= s <= window[1]
     ]
@@ -485,10 +487,11 @@ def run_profile(
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     plots.step_breakdown(
         {
-            name: {c: f["per_step_s"][c] for c in (*CATEGORIES, "device_busy")}
+            name: {c: f["per_step_s"][c] for c in (*CATEGORIES, "iteration", "device_busy")}
             for name, f in found.items()
         },
         out / "step_breakdown.png",
+        CATEGORIES,
     )
     (out / "report.md").write_text(markdown(report))
     return report
@@ -599,7 +602,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def bench_view(report: dict[str, Any]) -> dict[str, Any]:
-    """The report in the BENCHMARKS.md shape: identity, measurements, ratios."""
+    """The report in three parts: identity, measurements, ratios."""
     return {
         "identity": report["identity"],
         "measurements": report["measurements"],

@@ -71,6 +71,7 @@ def check_batch(batch_size: int, mesh: Mesh) -> None:
 def global_batch(local: dict[str, np.ndarray], mesh: Mesh, batch_size: int) -> dict:
     """Global arrays from this process's rows (`jax.make_array_from_process_local_data`):
     each process passes only the rows it loaded; none is copied to another process."""
+    # --- exercise stage 1: Split rows over the data axis; build global arrays from local rows. ---
     sharding = batch_sharding(mesh)
     out = {}
     for name, value in local.items():
@@ -79,6 +80,7 @@ def global_batch(local: dict[str, np.ndarray], mesh: Mesh, batch_size: int) -> d
         shape = (batch_size, *value.shape[1:])
         out[name] = jax.make_array_from_process_local_data(sharding, value, shape)
     return out
+    # --- end exercise ---
 
 
 def per_shard_counts(mask: np.ndarray, data_size: int) -> list[int]:

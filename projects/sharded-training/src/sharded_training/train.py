@@ -45,9 +45,11 @@ def loss_fn(params, batch: dict, key: jax.Array, dropout_rate: float):
     sums plus an all-reduce: every valid example has weight 1/total count,
     whichever shard holds it.
     """
+    # --- exercise stage 1: Sum masked losses, divide by the global count of valid rows. ---
     losses = model.per_example_loss(params, batch["x"], batch["y"], key, dropout_rate)
     count = jnp.sum(batch["mask"])
     return jnp.sum(losses * batch["mask"]) / count, count
+    # --- end exercise ---
 
 
 def train_step(state: TrainState, batch: dict, optimizer, dropout_rate: float):
@@ -157,10 +159,15 @@ def float_bits(value: float) -> str:
     return np.float32(value).view(np.uint32).item().to_bytes(4, "big").hex()
 
 
+IDLE_S = 120.0  # How long the other processes sit outside any collective at an `idle` kill.
+
+
 class KillPoint(NamedTuple):
     """Where a process SIGKILLs itself: after step `step`'s update (`phase="step"`),
-    or right after the async save of step `step` was started (`phase="save"`,
-    while Orbax is still writing)."""
+    right after the async save of step `step` was started (`phase="save"`, while
+    Orbax is still writing), or after step `step` while every other process sits
+    idle, outside any collective, for `IDLE_S` seconds (`phase="idle"`: only the
+    `jax.distributed` heartbeat can tell them that the peer is gone)."""
 
     step: int
     phase: str
@@ -168,10 +175,14 @@ class KillPoint(NamedTuple):
 
 
 def _maybe_kill(kill: KillPoint | None, step: int, phase: str, process: int) -> None:
-    if kill is not None and (kill.step, kill.phase, kill.process) == (step, phase, process):
-        sys.stdout.flush()
-        sys.stderr.flush()
+    if kill is None or (kill.step, kill.phase) != (step, phase):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if kill.process == process:
         os.kill(os.getpid(), signal.SIGKILL)
+    elif phase == "idle":
+        time.sleep(IDLE_S)
 
 
 class Logger:
@@ -297,6 +308,7 @@ def run(
             if step % 10 == 0 or step == config.num_steps:
                 say(f"step {step:>5}/{config.num_steps}  loss {loss:.4f}")
             _maybe_kill(kill, step, "step", process)
+            _maybe_kill(kill, step, "idle", process)
             if manager is not None and (
                 step % config.checkpoint_every == 0 or step == config.num_steps
             ):

@@ -4,15 +4,23 @@ Sets the CPU device count and the gloo CPU collectives, joins the job with
 `jax.distributed.initialize` when there are several processes, trains with
 `train.run` and writes `final_p<i>.json` into the workdir. The same command runs
 on real hosts: give every host the coordinator's address and its own
-`--process-id`. Exit codes: 0 done, 1 training failed, 2 bad input or no job
-to join; errors print one message, never a traceback.
+`--process-id`. Exit codes: 0 done, 1 training failed or the job lost a
+process, 2 bad input or no job to join; errors print one message, never a
+traceback. A process of a several-process job runs under a small supervisor
+(`supervise`), so that the end the JAX runtime gives a process whose peer died
+(SIGABRT with a native stack trace) becomes that one message and exit code 1.
 """
 
 import argparse
+import collections
+import contextlib
 import json
 import os
 import platform
+import re
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,6 +81,84 @@ def check_coordinator(address: str, process_id: int, timeout_s: float) -> str:
     )
 
 
+SUPERVISED = "SHARDED_TRAINING_SUPERVISED"
+# Lines after which the JAX runtime prints a native stack trace: kept in the
+# process's tail, not shown.
+_NATIVE_TRACE = re.compile(
+    r"^(\*\*\* Check failure stack trace|terminate called|\*\*\* SIGABRT|"
+    r"\*\*\* Aborted at|Fatal Python error|F\d{4} )"
+)
+_LOST = re.compile(
+    r"stopped sending heartbeats|Terminating process because|Polled an error from coordination"
+)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the supervising process dies (Linux `prctl`)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def supervise(argv: list[str], process_id: int, heartbeat_timeout_s: int | None) -> int:
+    """Runs the worker in a child process and reports how it ended.
+
+    When a process of a `jax.distributed` job dies, the coordination service
+    tells the others after the heartbeat timeout, and the JAX runtime then ends
+    them with a fatal native log (SIGABRT and a C++ stack trace, which Python
+    cannot catch). The supervisor turns that into one message and exit code 1.
+    A child killed by SIGKILL is passed on as such (a kill is a kill); any other
+    exit code is returned unchanged.
+    """
+    env = {**os.environ, SUPERVISED: "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "sharded_training.worker", *argv],
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=_die_with_parent,
+    )
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda sig, _: child.send_signal(sig))
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    hiding = False
+    assert child.stderr is not None
+    for raw in child.stderr:
+        line = raw.decode("utf-8", "replace")
+        tail.append(line)
+        hiding = hiding or bool(_NATIVE_TRACE.match(line))
+        if not hiding:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    code = child.wait()
+    if code >= 0:
+        return code
+    if code == -signal.SIGKILL:
+        os.kill(os.getpid(), signal.SIGKILL)
+    name = signal.Signals(-code).name
+    said = "".join(tail)
+    limit = f" = {heartbeat_timeout_s} s" if heartbeat_timeout_s is not None else ""
+    if "stopped sending heartbeats" in said:
+        reason = (
+            f"the job lost a process: the coordination service saw no heartbeat from it "
+            f"within heartbeat_timeout_s{limit}, and the JAX runtime ended this process "
+            f"({name}). Relaunch the job to resume from its last checkpoint."
+        )
+    elif _LOST.search(said):
+        reason = (
+            f"the job's coordination service reported an error (a process of the job is "
+            f"gone, or the coordinator, process 0, is unreachable), and the JAX runtime "
+            f"ended this process ({name}). Relaunch the job to resume from its last "
+            f"checkpoint."
+        )
+    else:
+        reason = f"the JAX runtime ended this process with {name}."
+    print(f"process {process_id}: stopped: {reason}", file=sys.stderr, flush=True)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sharded_training.worker")
     parser.add_argument("--config", required=True)
@@ -92,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         "load the same executables instead of compiling them again).",
     )
     args = parser.parse_args(argv)
+    if args.num_processes > 1 and os.environ.get(SUPERVISED) != "1":
+        heartbeat = None
+        with contextlib.suppress(Exception):
+            heartbeat = json.loads(Path(args.config).read_text())["heartbeat_timeout_s"]
+        return supervise(sys.argv[1:] if argv is None else argv, args.process_id, heartbeat)
 
     import jax
     import numpy as np
@@ -159,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(err), 2)
     except Exception as err:  # A peer died or a collective failed: say so and stop.
         text = str(err).strip().splitlines()
-        return fail(f"training stopped: {type(err).__name__}: {text[0][:300] if text else ''}", 1)
+        return fail(
+            f"training stopped: a collective or a peer failed ({type(err).__name__}: "
+            f"{text[0][:300] if text else ''}); when a process of the job is gone, relaunch "
+            f"the job to resume from its last checkpoint.",
+            1,
+        )
     state = result.pop("state")
     params = {name: train.host_value(value) for name, value in state.params.items()}
     np.savez(workdir / f"final_params_p{args.process_id}.npz", **params)

@@ -49,7 +49,9 @@ def np_log_joint(w, log_s2, x, y, scale, a0, b0):
     s2 = np.exp(log_s2)
     resid = y - w @ x.T
     log_lik = -0.5 * n * np.log(2 * np.pi * s2) - 0.5 * np.sum(resid**2, axis=-1) / s2
-    log_pw = -0.5 * d * np.log(2 * np.pi * s2 * scale**2) - 0.5 * np.sum(w**2, axis=-1) / (s2 * scale**2)
+    log_pw = -0.5 * d * np.log(2 * np.pi * s2 * scale**2) - 0.5 * np.sum(w**2, axis=-1) / (
+        s2 * scale**2
+    )
     log_ps2 = a0 * np.log(b0) - special.gammaln(a0) - (a0 + 1) * log_s2 - b0 / s2
     return log_lik + log_pw + log_ps2 + log_s2
 
@@ -69,8 +71,9 @@ def test_closed_form_equals_sequential_updates(seed, n, d, rho, evidence):
     cond = f"seed={seed} n={n} d={d} rho={rho}, float32 closed form vs float64 loop"
     ok = [
         evidence.allclose("posterior mean m_n", cond, post.mean, mean, rtol=5e-5, atol=5e-5),
-        evidence.allclose("posterior precision Lambda_n", cond, model.precision(post), prec,
-                          rtol=2e-4, atol=2e-4),
+        evidence.allclose(
+            "posterior precision Lambda_n", cond, model.precision(post), prec, rtol=2e-4, atol=2e-4
+        ),
         evidence.allclose("a_n", cond, post.shape, a, rtol=1e-6, atol=0.0),
         evidence.allclose("b_n", cond, post.rate, b, rtol=2e-4, atol=0.0),
     ]
@@ -108,7 +111,9 @@ def test_two_parameter_grid_integration(seed, a0, b0, evidence):
         evidence.allclose("log evidence vs grid", cond, lml, log_z, rtol=0.0, atol=1e-4),
         evidence.allclose("E[w] vs grid", cond, post.mean[0], e_w, rtol=0.0, atol=1e-4),
         evidence.allclose("Var[w] vs grid", cond, mom.theta_cov[0, 0], var_w, rtol=1e-3, atol=0.0),
-        evidence.allclose("E[log sigma^2] vs grid", cond, mom.theta_mean[1], e_u, rtol=0.0, atol=1e-4),
+        evidence.allclose(
+            "E[log sigma^2] vs grid", cond, mom.theta_mean[1], e_u, rtol=0.0, atol=1e-4
+        ),
         evidence.allclose("E[sigma^2] vs grid", cond, mom.sigma2_mean, e_s2, rtol=1e-3, atol=0.0),
     ]
     assert all(ok)
@@ -127,13 +132,26 @@ def test_log_joint_minus_log_posterior_is_the_log_evidence(seed, d, evidence):
     lp = jax.vmap(lambda t: model.log_posterior(t, post))(thetas)
     lml = float(model.log_marginal_likelihood(ds.x, ds.y, prior))
     th = np.asarray(thetas, np.float64)
-    ref = np_log_joint(th[:, :d], th[:, d], np.asarray(ds.x, np.float64),
-                       np.asarray(ds.y, np.float64), 1.0, 2.5, 1.5)
+    ref = np_log_joint(
+        th[:, :d],
+        th[:, d],
+        np.asarray(ds.x, np.float64),
+        np.asarray(ds.y, np.float64),
+        1.0,
+        2.5,
+        1.5,
+    )
     cond = f"seed={seed} d={d}, 16 points"
     ok = [
         evidence.allclose("log_joint vs float64 NumPy", cond, lj, ref, rtol=2e-5, atol=0.0),
-        evidence.allclose("log_joint - log_posterior = log p(y)", cond, lj - lp,
-                          np.full(16, lml), rtol=2e-5, atol=0.0),
+        evidence.allclose(
+            "log_joint - log_posterior = log p(y)",
+            cond,
+            lj - lp,
+            np.full(16, lml),
+            rtol=2e-5,
+            atol=0.0,
+        ),
     ]
     assert all(ok)
 
@@ -184,13 +202,19 @@ def test_nearly_collinear_design_is_solved_stably(rho, evidence):
     ref = np.linalg.lstsq(a, b, rcond=None)[0]
     conds = model.condition_numbers(ds.x, post)
     qr_err = float(np.linalg.norm(np.asarray(post.mean, np.float64) - ref) / np.linalg.norm(ref))
-    ne_err = float(np.linalg.norm(_normal_equations_f32(ds.x, ds.y, scale) - ref) / np.linalg.norm(ref))
+    ne_err = float(
+        np.linalg.norm(_normal_equations_f32(ds.x, ds.y, scale) - ref) / np.linalg.norm(ref)
+    )
     bound = 20.0 * conds["posterior_factor"] * float(np.finfo(np.float32).eps)
     ok = evidence.record(
         "posterior mean on a nearly collinear design",
         f"rho={rho}, n=200, d={d}, prior scale {scale}",
-        {"cond_design": conds["design"], "cond_R": conds["posterior_factor"],
-         "qr_relative_error": qr_err, "normal_equations_relative_error": ne_err},
+        {
+            "cond_design": conds["design"],
+            "cond_R": conds["posterior_factor"],
+            "qr_relative_error": qr_err,
+            "normal_equations_relative_error": ne_err,
+        },
         {"qr_bound": bound},
         qr_err <= bound and np.isfinite(conds["posterior_factor"]),
     )

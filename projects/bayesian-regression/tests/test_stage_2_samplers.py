@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bayesian_regression import hmc, model, train, vi
+from bayesian_regression import hmc, train, vi
 from bayesian_regression.config import Config
 
 Z_LIMIT = 4.0
@@ -29,7 +29,10 @@ UNCORRELATED = Config.tiny().replace(feature_correlation=0.0, data_seed=1)
 
 @pytest.fixture(scope="module")
 def problems():
-    return {"correlated": train.make_problem(CORRELATED), "uncorrelated": train.make_problem(UNCORRELATED)}
+    return {
+        "correlated": train.make_problem(CORRELATED),
+        "uncorrelated": train.make_problem(UNCORRELATED),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,9 @@ def test_leapfrog_is_reversible_and_second_order(inv_mass, evidence):
     # Exact flow of H = q^T A q / 2 + p^T M^-1 p / 2: omega = sqrt(A M^-1).
     omega = np.sqrt(np.asarray(a_diag) * np.asarray(inv_m))
     horizon = 1.0
-    exact_q = np.asarray(q0) * np.cos(omega * horizon) + np.asarray(inv_m) * np.asarray(p0) / omega * np.sin(omega * horizon)
+    exact_q = np.asarray(q0) * np.cos(omega * horizon) + np.asarray(inv_m) * np.asarray(
+        p0
+    ) / omega * np.sin(omega * horizon)
     errors = []
     steps_list = [10, 20, 40]
     for steps in steps_list:
@@ -65,8 +70,13 @@ def test_leapfrog_is_reversible_and_second_order(inv_mass, evidence):
     q2, p2, _, _ = hmc.leapfrog(target, q1, -p1, g1, jnp.float32(0.1), inv_m, 10)
     cond = f"oscillator A=diag(1,4,1/4), inv_mass={inv_mass}"
     ok = [
-        evidence.record("leapfrog global error order", cond, {"errors": errors, "slope": slope},
-                        {"slope": [1.8, 2.2]}, 1.8 <= slope <= 2.2),
+        evidence.record(
+            "leapfrog global error order",
+            cond,
+            {"errors": errors, "slope": slope},
+            {"slope": [1.8, 2.2]},
+            1.8 <= slope <= 2.2,
+        ),
         evidence.allclose("reversibility: position", cond, q2, q0, rtol=0.0, atol=1e-5),
         evidence.allclose("reversibility: momentum", cond, -p2, p0, rtol=0.0, atol=1e-5),
     ]
@@ -84,8 +94,12 @@ def test_dual_averaging_finds_the_step_for_the_target(target, evidence):
 
     da, _ = jax.lax.scan(body, da, None, length=3000)
     assert evidence.allclose(
-        "dual-averaging step size", f"acceptance exp(-eps), target {target}",
-        jnp.exp(da.log_step_avg), -np.log(target), rtol=0.02, atol=0.0,
+        "dual-averaging step size",
+        f"acceptance exp(-eps), target {target}",
+        jnp.exp(da.log_step_avg),
+        -np.log(target),
+        rtol=0.02,
+        atol=0.0,
     )
 
 
@@ -93,13 +107,19 @@ def test_dual_averaging_finds_the_step_for_the_target(target, evidence):
 def test_hmc_moments_match_the_exact_posterior(name, problems, hmc_runs, evidence):
     samples = hmc_runs[name]
     z = train.moment_zscores(samples.positions, problems[name].moments)
-    cond = f"{name} design, {CORRELATED.num_chains} chains x {CORRELATED.num_samples} draws, 4 batches/chain"
+    cond = f"{name} design, {CORRELATED.num_chains} x {CORRELATED.num_samples} draws, 4 batches"
     ok = evidence.record(
-        "HMC means and covariances vs exact (z-scores)", cond,
-        {"mean_z": z["mean_z"], "cov_z": z["cov_z"], "max_abs_z": z["max_abs_z"],
-         "divergent": int(jnp.sum(samples.is_divergent)),
-         "mean_accept": float(jnp.mean(samples.accept_prob))},
-        {"max_abs_z": Z_LIMIT}, z["max_abs_z"] < Z_LIMIT,
+        "HMC means and covariances vs exact (z-scores)",
+        cond,
+        {
+            "mean_z": z["mean_z"],
+            "cov_z": z["cov_z"],
+            "max_abs_z": z["max_abs_z"],
+            "divergent": int(jnp.sum(samples.is_divergent)),
+            "mean_accept": float(jnp.mean(samples.accept_prob)),
+        },
+        {"max_abs_z": Z_LIMIT},
+        z["max_abs_z"] < Z_LIMIT,
     )
     assert ok, z
     assert int(jnp.sum(samples.is_divergent)) == 0
@@ -108,10 +128,15 @@ def test_hmc_moments_match_the_exact_posterior(name, problems, hmc_runs, evidenc
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_adapted_mass_matrix_is_the_posterior_variance(name, problems, hmc_runs, evidence):
     """The windowed estimate (75 draws) of every chain within a factor 3 of the exact variance."""
-    ratio = np.asarray(hmc_runs[name].inv_mass) / np.diag(np.asarray(problems[name].moments.theta_cov))[None, :]
+    ratio = (
+        np.asarray(hmc_runs[name].inv_mass)
+        / np.diag(np.asarray(problems[name].moments.theta_cov))[None, :]
+    )
     assert evidence.record(
-        "adapted inverse mass / exact variance", f"{name} design, every chain",
-        {"min": float(ratio.min()), "max": float(ratio.max())}, {"range": [1 / 3, 3.0]},
+        "adapted inverse mass / exact variance",
+        f"{name} design, every chain",
+        {"min": float(ratio.min()), "max": float(ratio.max())},
+        {"range": [1 / 3, 3.0]},
         bool(np.all((ratio > 1 / 3) & (ratio < 3.0))),
     ), ratio
 
@@ -131,7 +156,9 @@ def test_too_large_step_size_diverges(problems, hmc_runs, evidence):
         "accept_at_3x": float(jnp.mean(big.accept_prob)),
     }
     ok = evidence.record(
-        "divergences at 3x the adapted step size", "correlated design", observed,
+        "divergences at 3x the adapted step size",
+        "correlated design",
+        observed,
         {"divergent_at_1x": 0, "divergent_fraction_at_3x_min": 0.1},
         observed["divergent_at_1x"] == 0 and observed["divergent_at_3x"] >= 0.1 * total,
     )
@@ -141,8 +168,12 @@ def test_too_large_step_size_diverges(problems, hmc_runs, evidence):
 def test_same_key_same_bits(problems, hmc_runs):
     key = jax.random.key(CORRELATED.seed)
     again = train.sample_hmc(CORRELATED, problems["correlated"], key)
-    other = train.sample_hmc(CORRELATED, problems["correlated"], jax.random.key(CORRELATED.seed + 1))
-    np.testing.assert_array_equal(np.asarray(again.positions), np.asarray(hmc_runs["correlated"].positions))
+    other = train.sample_hmc(
+        CORRELATED, problems["correlated"], jax.random.key(CORRELATED.seed + 1)
+    )
+    np.testing.assert_array_equal(
+        np.asarray(again.positions), np.asarray(hmc_runs["correlated"].positions)
+    )
     assert not np.array_equal(np.asarray(other.positions), np.asarray(again.positions))
 
 
@@ -150,8 +181,13 @@ def _gaussian_kl(m_q, c_q, m_p, c_p):
     d = m_q.shape[0]
     inv = np.linalg.inv(c_p)
     diff = m_p - m_q
-    return 0.5 * (np.trace(inv @ c_q) + diff @ inv @ diff - d
-                  + np.linalg.slogdet(c_p)[1] - np.linalg.slogdet(c_q)[1])
+    return 0.5 * (
+        np.trace(inv @ c_q)
+        + diff @ inv @ diff
+        - d
+        + np.linalg.slogdet(c_p)[1]
+        - np.linalg.slogdet(c_q)[1]
+    )
 
 
 @pytest.mark.parametrize("family", ["meanfield", "fullrank"])
@@ -173,7 +209,9 @@ def test_elbo_estimator_matches_closed_form_on_a_gaussian(family, evidence):
     params = params._replace(loc=jnp.array([0.2, -0.5, 1.5]), raw_scale=params.raw_scale + noise)
     num_mc = 40_000
     estimate = float(
-        jax.jit(vi.elbo, static_argnums=(2, 4))(params, jax.random.clone(key_mc), target, None, num_mc)
+        jax.jit(vi.elbo, static_argnums=(2, 4))(
+            params, jax.random.clone(key_mc), target, None, num_mc
+        )
     )
     m_q, c_q = (np.asarray(a, np.float64) for a in vi.mean_and_cov(params))
     exact = -_gaussian_kl(m_q, c_q, mu, sigma)
@@ -185,8 +223,11 @@ def test_elbo_estimator_matches_closed_form_on_a_gaussian(family, evidence):
     se = float(np.std(log_p) / np.sqrt(num_mc))
     z = (estimate - exact) / se
     assert evidence.record(
-        "Monte-Carlo ELBO vs closed-form -KL", f"{family}, Gaussian target, {num_mc} draws",
-        {"estimate": estimate, "exact": exact, "se": se, "z": z}, {"abs_z": Z_LIMIT}, abs(z) < Z_LIMIT,
+        "Monte-Carlo ELBO vs closed-form -KL",
+        f"{family}, Gaussian target, {num_mc} draws",
+        {"estimate": estimate, "exact": exact, "se": se, "z": z},
+        {"abs_z": Z_LIMIT},
+        abs(z) < Z_LIMIT,
     ), (estimate, exact, se)
 
 
@@ -204,14 +245,23 @@ def vi_fits(problems):
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_fullrank_vi_recovers_the_exact_posterior(name, vi_fits, problems, evidence):
     s = vi_fits[name, "fullrank"]
-    observed = {"mean_error_in_sd": s["mean_error_in_sd"], "var_ratio": s["var_ratio"],
-                "kl": s["kl"], "elbo": s["elbo"], "log_evidence": problems[name].log_evidence}
+    observed = {
+        "mean_error_in_sd": s["mean_error_in_sd"],
+        "var_ratio": s["var_ratio"],
+        "kl": s["kl"],
+        "elbo": s["elbo"],
+        "log_evidence": problems[name].log_evidence,
+    }
     ok = evidence.record(
-        "full-rank VI vs exact", f"{name} design", observed,
+        "full-rank VI vs exact",
+        f"{name} design",
+        observed,
         {"abs_mean_error_in_sd": 0.1, "var_ratio": [0.85, 1.15], "kl": [-0.01, 0.05]},
-        bool(np.all(np.abs(s["mean_error_in_sd"]) < 0.1)
-             and np.all((s["var_ratio"] > 0.85) & (s["var_ratio"] < 1.15))
-             and -0.01 < s["kl"] < 0.05),
+        bool(
+            np.all(np.abs(s["mean_error_in_sd"]) < 0.1)
+            and np.all((s["var_ratio"] > 0.85) & (s["var_ratio"] < 1.15))
+            and -0.01 < s["kl"] < 0.05
+        ),
     )
     assert ok, observed
 
@@ -227,13 +277,21 @@ def test_meanfield_vi_loses_the_predicted_variance(name, vi_fits, problems, evid
     prec = np.linalg.inv(np.asarray(moments.theta_cov, np.float64))
     kl_gap_predicted = 0.5 * (np.sum(np.log(np.diag(prec))) - np.linalg.slogdet(prec)[1])
     kl_gap = s["kl"] - vi_fits[name, "fullrank"]["kl"]
-    observed = {"var_ratio": s["var_ratio"], "predicted_var_ratio": predicted,
-                "kl_meanfield": s["kl"], "kl_gap_vs_fullrank": kl_gap,
-                "kl_gap_predicted": kl_gap_predicted}
+    observed = {
+        "var_ratio": s["var_ratio"],
+        "predicted_var_ratio": predicted,
+        "kl_meanfield": s["kl"],
+        "kl_gap_vs_fullrank": kl_gap,
+        "kl_gap_predicted": kl_gap_predicted,
+    }
     ok = evidence.record(
-        "mean-field variance loss vs prediction", f"{name} design", observed,
+        "mean-field variance loss vs prediction",
+        f"{name} design",
+        observed,
         {"var_ratio_over_predicted": [0.85, 1.15], "kl_gap_abs": 0.05, "kl_gap_rel": 0.15},
-        bool(np.all(np.abs(s["var_ratio"] / predicted - 1.0) < 0.15)
-             and abs(kl_gap - kl_gap_predicted) < 0.05 + 0.15 * kl_gap_predicted),
+        bool(
+            np.all(np.abs(s["var_ratio"] / predicted - 1.0) < 0.15)
+            and abs(kl_gap - kl_gap_predicted) < 0.05 + 0.15 * kl_gap_predicted
+        ),
     )
     assert ok, observed

@@ -43,7 +43,9 @@ def problem():
 
 @pytest.fixture(scope="module")
 def hmc_draws(problem):
-    return np.asarray(train.sample_hmc(CONFIG, problem, jax.random.key(CONFIG.seed)).positions, np.float64)
+    return np.asarray(
+        train.sample_hmc(CONFIG, problem, jax.random.key(CONFIG.seed)).positions, np.float64
+    )
 
 
 def _cases(hmc_draws):
@@ -60,10 +62,16 @@ def test_rhat_and_ess_match_arviz(hmc_draws, evidence):
     ok = []
     for name, x in _cases(hmc_draws).items():
         mine = [diagnostics.rhat(x), diagnostics.ess_bulk(x), diagnostics.ess_tail(x)]
-        ref = [array_stats.rhat(x), array_stats.ess(x, method="bulk"),
-               array_stats.ess(x, method="tail", prob=0.05)]
-        ok.append(evidence.allclose("R-hat, bulk-ESS, tail-ESS vs ArviZ", name, mine, ref,
-                                    rtol=1e-9, atol=0.0))
+        ref = [
+            array_stats.rhat(x),
+            array_stats.ess(x, method="bulk"),
+            array_stats.ess(x, method="tail", prob=0.05),
+        ]
+        ok.append(
+            evidence.allclose(
+                "R-hat, bulk-ESS, tail-ESS vs ArviZ", name, mine, ref, rtol=1e-9, atol=0.0
+            )
+        )
     assert all(ok)
 
 
@@ -73,8 +81,12 @@ def test_ess_of_ar1_matches_its_closed_form(phi, evidence):
     x = _ar1(jax.random.key(int(phi * 10)), chains, n, phi)
     expected = chains * n * (1 - phi) / (1 + phi)
     assert evidence.allclose(
-        "ESS of the mean vs S (1 - phi)/(1 + phi)", f"AR(1) phi={phi}, {chains} x {n}",
-        diagnostics.ess_mean(x), expected, rtol=0.15, atol=0.0,
+        "ESS of the mean vs S (1 - phi)/(1 + phi)",
+        f"AR(1) phi={phi}, {chains} x {n}",
+        diagnostics.ess_mean(x),
+        expected,
+        rtol=0.15,
+        atol=0.0,
     )
 
 
@@ -83,11 +95,20 @@ def test_rhat_flags_chains_that_disagree(evidence):
     shifted = _ar1(jax.random.key(5), 4, 500, 0.5, [0.0, 0.0, 0.0, 1.0])
     wider = _ar1(jax.random.key(6), 4, 500, 0.5) * np.array([1.0, 1.0, 1.0, 3.0])[:, None]
     trend = agree + np.linspace(0.0, 2.0, 500)[None, :]
-    observed = {k: diagnostics.rhat(v) for k, v in
-                {"agree": agree, "one chain shifted": shifted, "one chain 3x wider": wider,
-                 "trend within chains": trend}.items()}
+    observed = {
+        k: diagnostics.rhat(v)
+        for k, v in {
+            "agree": agree,
+            "one chain shifted": shifted,
+            "one chain 3x wider": wider,
+            "trend within chains": trend,
+        }.items()
+    }
     ok = evidence.record(
-        "rank-normalized split R-hat", "AR(1) phi=0.5, 4 x 500", observed, {"limit": 1.01},
+        "rank-normalized split R-hat",
+        "AR(1) phi=0.5, 4 x 500",
+        observed,
+        {"limit": 1.01},
         observed["agree"] < 1.01 and all(v > 1.01 for k, v in observed.items() if k != "agree"),
     )
     assert ok, observed
@@ -101,10 +122,15 @@ def test_sbc_ranks_of_hmc_are_uniform(problem, evidence):
     ranks = np.asarray(calibration.hmc_ranks(jax.random.key(21), x, prior, 200, 200, 19, 10))
     tests = [calibration.uniformity_test(ranks[:, i], 19, 10) for i in range(3)]
     ok = evidence.record(
-        "SBC of hand-built HMC: chi-square uniformity", "200 simulations, 19 ranks, 10 bins",
-        {"p_values": [t.p_value for t in tests], "statistics": [t.statistic for t in tests],
-         "counts": [t.counts for t in tests]},
-        {"p_value_min": 0.01}, all(t.p_value >= 0.01 for t in tests),
+        "SBC of hand-built HMC: chi-square uniformity",
+        "200 simulations, 19 ranks, 10 bins",
+        {
+            "p_values": [t.p_value for t in tests],
+            "statistics": [t.statistic for t in tests],
+            "counts": [t.counts for t in tests],
+        },
+        {"p_value_min": 0.01},
+        all(t.p_value >= 0.01 for t in tests),
     )
     assert ok
 
@@ -117,11 +143,15 @@ def test_sbc_rejects_a_miscalibrated_posterior(problem, evidence):
     wrong = prior._replace(rate=8.0 * prior.rate)
     right = calibration.exact_ranks(jax.random.key(22), x, prior, prior, 400, 19)
     bad = calibration.exact_ranks(jax.random.key(22), x, prior, wrong, 400, 19)
-    p_right = [calibration.uniformity_test(np.asarray(right)[:, i], 19, 10).p_value for i in range(3)]
+    p_right = [
+        calibration.uniformity_test(np.asarray(right)[:, i], 19, 10).p_value for i in range(3)
+    ]
     p_bad = [calibration.uniformity_test(np.asarray(bad)[:, i], 19, 10).p_value for i in range(3)]
     ok = evidence.record(
-        "SBC control: right vs wrong prior", "exact posterior draws, 400 simulations",
-        {"p_right": p_right, "p_wrong_prior": p_bad}, {"right_min": 0.01, "wrong_log_sigma2_max": 0.01},
+        "SBC control: right vs wrong prior",
+        "exact posterior draws, 400 simulations",
+        {"p_right": p_right, "p_wrong_prior": p_bad},
+        {"right_min": 0.01, "wrong_log_sigma2_max": 0.01},
         min(p_right) >= 0.01 and p_bad[2] < 0.01,
     )
     assert ok
@@ -130,7 +160,7 @@ def test_sbc_rejects_a_miscalibrated_posterior(problem, evidence):
 def test_nuts_second_opinion(problem, hmc_draws, evidence):
     """NumPyro NUTS on the same posterior: its moments match the exact ones, its
     R-hat is below 1.01, and its means agree with HMC's within their joint MCSE."""
-    mcmc = nuts.make_mcmc(2, 200, 300, CONFIG.target_accept)
+    mcmc = nuts.make_mcmc(4, 200, 300, CONFIG.target_accept)
     result = nuts.run_nuts(jax.random.key(31), mcmc, *problem.args)
     draws = np.asarray(result.positions, np.float64)
     z_exact = train.moment_zscores(draws, problem.moments)
@@ -139,14 +169,23 @@ def test_nuts_second_opinion(problem, hmc_draws, evidence):
     rhat_nuts = [diagnostics.rhat(draws[:, :, i]) for i in range(k)]
     rhat_hmc = [diagnostics.rhat(hmc_draws[:, :, i]) for i in range(k)]
     se = lambda x: np.array([diagnostics.mcse_mean(x[:, :, i]) for i in range(k)])  # noqa: E731
-    z_between = (draws.mean((0, 1)) - hmc_draws.mean((0, 1))) / np.sqrt(se(draws) ** 2 + se(hmc_draws) ** 2)
-    observed = {"nuts_vs_exact_max_abs_z": z_exact["max_abs_z"], "rhat_nuts": rhat_nuts,
-                "rhat_hmc": rhat_hmc, "nuts_vs_hmc_z": z_between,
-                "nuts_divergent": int(np.sum(np.asarray(result.is_divergent)))}
+    z_between = (draws.mean((0, 1)) - hmc_draws.mean((0, 1))) / np.sqrt(
+        se(draws) ** 2 + se(hmc_draws) ** 2
+    )
+    observed = {
+        "nuts_vs_exact_max_abs_z": z_exact["max_abs_z"],
+        "rhat_nuts": rhat_nuts,
+        "rhat_hmc": rhat_hmc,
+        "nuts_vs_hmc_z": z_between,
+        "nuts_divergent": int(np.sum(np.asarray(result.is_divergent))),
+    }
     ok = evidence.record(
-        "NumPyro NUTS vs exact and vs HMC", "2 NUTS chains x 300, 4 HMC chains x 300", observed,
+        "NumPyro NUTS vs exact and vs HMC",
+        "4 NUTS chains x 300, 4 HMC chains x 300",
+        observed,
         {"abs_z": Z_LIMIT, "rhat": 1.01},
-        z_exact["max_abs_z"] < Z_LIMIT and max(rhat_nuts + rhat_hmc) < 1.01
+        z_exact["max_abs_z"] < Z_LIMIT
+        and max(rhat_nuts + rhat_hmc) < 1.01
         and bool(np.all(np.abs(z_between) < Z_LIMIT)),
     )
     assert ok, observed
@@ -155,8 +194,10 @@ def test_nuts_second_opinion(problem, hmc_draws, evidence):
 @pytest.fixture(scope="module")
 def funnel_runs():
     config = CONFIG.replace(num_warmup=300, num_samples=500)
-    return {t: reports.sample_target(config, t, "hmc")[0]
-            for t in ("funnel-centered", "funnel-noncentered")}
+    return {
+        t: reports.sample_target(config, t, "hmc")[0]
+        for t in ("funnel-centered", "funnel-noncentered")
+    }
 
 
 def test_funnel_centered_is_flagged_noncentered_passes(funnel_runs, evidence):
@@ -168,14 +209,20 @@ def test_funnel_centered_is_flagged_noncentered_passes(funnel_runs, evidence):
     z = train.moment_zscores(v, exact)
     observed = {
         "centered": {k: centered[k] for k in ("num_divergent", "max_rhat", "min_ess", "verdict")},
-        "noncentered": {k: noncentered[k] for k in ("num_divergent", "max_rhat", "min_ess", "verdict")},
+        "noncentered": {
+            k: noncentered[k] for k in ("num_divergent", "max_rhat", "min_ess", "verdict")
+        },
         "noncentered_v_z": {"mean": z["mean_z"], "var": z["cov_z"]},
     }
     ok = evidence.record(
-        "Neal's funnel diagnostics", "d=10, 4 chains x 500", observed,
+        "Neal's funnel diagnostics",
+        "d=10, 4 chains x 500",
+        observed,
         {"centered": "divergences > 0 and not trustworthy", "noncentered": "trustworthy, |z| < 4"},
-        centered["num_divergent"] > 0 and centered["verdict"] != "trustworthy"
-        and noncentered["verdict"] == "trustworthy" and z["max_abs_z"] < Z_LIMIT,
+        centered["num_divergent"] > 0
+        and centered["verdict"] != "trustworthy"
+        and noncentered["verdict"] == "trustworthy"
+        and z["max_abs_z"] < Z_LIMIT,
     )
     assert ok, observed
 

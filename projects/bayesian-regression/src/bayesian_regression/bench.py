@@ -40,7 +40,10 @@ def bench_config() -> Config:
 def _identity(config: Config) -> dict[str, Any]:
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
             cwd=Path(__file__).parent,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -91,15 +94,22 @@ def run(out: Path, repeats: int = 20, progress: Callable[[str], None] = print) -
     problem = train.make_problem(config)
     args = problem.args
     key = jax.random.key(config.seed)
-    settings = (problem.dim, config.num_warmup, config.num_samples, config.num_leapfrog,
-                config.target_accept)
+    settings = (
+        problem.dim,
+        config.num_warmup,
+        config.num_samples,
+        config.num_leapfrog,
+        config.target_accept,
+    )
     dim, warm, draws, steps, accept = settings
     factor = jax.numpy.asarray(1.0, jax.numpy.float32)
     measurements: dict[str, Any] = {}
 
     # A: 8 chains vmapped.  B: the one-chain program, 8 times in a row.
     progress("compiling the vmapped and the one-chain programs ...")
-    vmapped = hmc.make_sampler(model.regression_log_density, dim, NUM_CHAINS, warm, draws, steps, accept)
+    vmapped = hmc.make_sampler(
+        model.regression_log_density, dim, NUM_CHAINS, warm, draws, steps, accept
+    )
     single = hmc.make_sampler(model.regression_log_density, dim, 1, warm, draws, steps, accept)
     keys = jax.random.split(key, NUM_CHAINS)
     vm_c, vm_compile = _compiled(vmapped, key, args, factor)
@@ -138,7 +148,8 @@ def run(out: Path, repeats: int = 20, progress: Callable[[str], None] = print) -
 
     ratios = {
         "vmapped_chains_vs_sequential": statistics.median(seq_times) / statistics.median(vm_times),
-        "vmapped_control_vs_vmapped": statistics.median(vm_times) / statistics.median(control_times),
+        "vmapped_control_vs_vmapped": statistics.median(vm_times)
+        / statistics.median(control_times),
         "hmc_vs_nuts_ess_per_s": hmc_rate / nuts_rate,
     }
     result = {

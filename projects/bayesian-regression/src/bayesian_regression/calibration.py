@@ -71,7 +71,12 @@ def hmc_ranks(
 
 
 def exact_ranks(
-    key: jax.Array, x: jax.Array, prior: Prior, inference_prior: Prior, num_sims: int, num_ranks: int
+    key: jax.Array,
+    x: jax.Array,
+    prior: Prior,
+    inference_prior: Prior,
+    num_sims: int,
+    num_ranks: int,
 ) -> jax.Array:
     """Ranks from exact posterior draws computed under `inference_prior` (equal to
     `prior` for a calibrated control; a different one to show miscalibration)."""
@@ -92,7 +97,9 @@ def uniformity_test(ranks, num_ranks: int, num_bins: int | None = None) -> Unifo
     ranks = np.asarray(ranks).ravel()
     num_bins = num_ranks + 1 if num_bins is None else num_bins
     if (num_ranks + 1) % num_bins:
-        raise ValueError(f"`num_bins` `{num_bins}` must divide `num_ranks + 1` = `{num_ranks + 1}`.")
+        raise ValueError(
+            f"`num_bins` `{num_bins}` must divide `num_ranks + 1` = `{num_ranks + 1}`."
+        )
     counts = np.bincount(ranks * num_bins // (num_ranks + 1), minlength=num_bins)
     expected = ranks.size / num_bins
     statistic = float(np.sum((counts - expected) ** 2) / expected)

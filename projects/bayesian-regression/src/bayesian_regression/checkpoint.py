@@ -49,5 +49,7 @@ def restore(path: str | Path) -> tuple[Samples, dict[str, Any]]:
         with ocp.StandardCheckpointer() as checkpointer:
             tree = checkpointer.restore(path / "draws")
     except Exception as err:  # Orbax raises many types; all mean "cannot use this".
-        raise CheckpointError(f"Cannot restore the draws at `{path}`: {type(err).__name__}.") from err
+        raise CheckpointError(
+            f"Cannot restore the draws at `{path}`: {type(err).__name__}."
+        ) from err
     return Samples(**{k: jax.numpy.asarray(tree[k]) for k in Samples._fields}), meta

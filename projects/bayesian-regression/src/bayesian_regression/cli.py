@@ -43,7 +43,10 @@ def _say(message: str) -> None:
 
 config_option = click.option("--config", "config_path", type=click.Path(), help="JSON config file.")
 workdir_option = click.option(
-    "--workdir", type=click.Path(file_okay=False), default="runs/default", show_default=True,
+    "--workdir",
+    type=click.Path(file_okay=False),
+    default="runs/default",
+    show_default=True,
     help="Output directory.",
 )
 
@@ -79,7 +82,10 @@ def fit(config_path: str | None, workdir: str) -> None:
 @click.option("--target", type=click.Choice(TARGETS), default="regression", show_default=True)
 @click.option("--sampler", type=click.Choice(["hmc", "nuts"]), default="hmc", show_default=True)
 @click.option(
-    "--step-size-factor", type=float, default=1.0, show_default=True,
+    "--step-size-factor",
+    type=float,
+    default=1.0,
+    show_default=True,
     help="Multiplies the adapted HMC step size (above ~2 provokes divergences).",
 )
 def sample(config_path, workdir, target, sampler, step_size_factor) -> None:
@@ -91,8 +97,10 @@ def sample(config_path, workdir, target, sampler, step_size_factor) -> None:
         raise BadInput(f"`--step-size-factor` must be positive, got `{step_size_factor}`.")
     if sampler == "nuts" and target != "regression":
         raise BadInput(f"`--sampler nuts` runs the regression only, not `{target}`.")
-    _say(f"sampling {target} with {sampler}: {config.num_chains} chains x "
-         f"({config.num_warmup} warm-up + {config.num_samples}) ...")
+    _say(
+        f"sampling {target} with {sampler}: {config.num_chains} chains x "
+        f"({config.num_warmup} warm-up + {config.num_samples}) ..."
+    )
     out = reports.sample_to_checkpoint(config, Path(workdir), target, sampler, step_size_factor)
     click.echo(f"wrote {out}")
 
@@ -123,7 +131,9 @@ def report(config_path: str | None, workdir: str) -> None:
 
 
 @main.command()
-@click.option("--out", type=click.Path(dir_okay=False), default="runs/bench.json", show_default=True)
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default="runs/bench.json", show_default=True
+)
 @click.option("--repeats", type=click.IntRange(3, 1000), default=20, show_default=True)
 def bench(out: str, repeats: int) -> None:
     """8 vmapped chains vs 8 sequential ones; HMC vs NUTS effective samples per second."""

@@ -29,7 +29,9 @@ class Config(BaseModel):
         standard errors of the exact one, R-hat < 1.01; about 40 s.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True
+    )
 
     seed: int = Field(default=0, ge=0, lt=2**32)
     """Root of the inference randomness: chain starts, momenta, VI noise."""
@@ -128,7 +130,9 @@ class Config(BaseModel):
         try:
             return type(self).model_validate({**self.model_dump(), **changes})
         except pydantic.ValidationError as err:
-            raise ConfigError(f"Invalid config change {changes}: {err.errors()[0]['msg']}.") from None
+            raise ConfigError(
+                f"Invalid config change {changes}: {err.errors()[0]['msg']}."
+            ) from None
 
 
 def load_config(path: str | Path) -> Config:

@@ -87,7 +87,7 @@ def _rankdata(x: np.ndarray) -> np.ndarray:
 
 def basic_rhat(draws: np.ndarray) -> float:
     """Gelman-Rubin potential scale reduction of `(chains, n)` draws (no splitting)."""
-    # --- exercise stage 3: Compare the between-chain variance B = n Var(chain means) with the mean within-chain variance W: R-hat = sqrt(((n - 1)/n W + B/n) / W). ---
+    # --- exercise stage 3: R-hat = sqrt(((n-1)/n W + B/n) / W), B = n Var(chain means). ---
     n = draws.shape[1]
     within = np.mean(np.var(draws, axis=1, ddof=1))
     between = n * np.var(np.mean(draws, axis=1), ddof=1)
@@ -122,7 +122,7 @@ def basic_ess(draws: np.ndarray) -> float:
     chains, n = draws.shape
     if np.ptp(draws) == 0.0:
         return float(chains * n)
-    # --- exercise stage 3: Pool autocorrelations over chains, rho_t = 1 - (W - mean acov_t)/var_plus; sum pairs while positive (Geyer), keep them monotone, and return S / tau with tau = -1 + 2 sum rho_t. ---
+    # --- exercise stage 3: Pooled autocorrelations, Geyer pairs, tau; ESS = S / tau. ---
     acov = autocovariance(draws)
     within = np.mean(acov[:, 0]) * n / (n - 1.0)
     var_plus = within * (n - 1.0) / n

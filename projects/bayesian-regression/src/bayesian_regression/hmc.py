@@ -24,6 +24,8 @@ LogDensity = Callable[[jax.Array], jax.Array]
 
 # An energy error above this is a divergent transition (Stan's threshold).
 MAX_ENERGY_ERROR = 1000.0
+# Every transition's step size is the adapted one times U(1 - JITTER, 1 + JITTER).
+JITTER = 0.5
 
 
 class HMCState(NamedTuple):
@@ -70,7 +72,8 @@ def leapfrog(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """`num_steps` leapfrog steps of `H(q, p) = -log p(q) + p^T M^{-1} p / 2` with
     `M^{-1} = diag(inv_mass)`. Returns `(position, momentum, log_density, grad)`."""
-    # --- exercise stage 2: Half-step the momentum with the gradient, full-step the position with inv_mass * momentum, recompute the gradient, half-step the momentum again. ---
+
+    # --- exercise stage 2: Half kick, drift by inv_mass * p, half kick. ---
     def one_step(_, carry):
         q, p, _, g = carry
         p = p + 0.5 * step_size * g
@@ -98,7 +101,7 @@ def hmc_step(
     `noise = (z, u)`: `z ~ N(0, I)` of shape `(d,)` and `u ~ U(0, 1)` of shape
     `()`, drawn by the caller for every iteration at once (one random-number
     call per chain compiles far faster than three inside the loop)."""
-    # --- exercise stage 2: Draw p ~ N(0, M), integrate, and accept with probability min(1, exp(H_start - H_end)); flag a divergence when the energy error exceeds MAX_ENERGY_ERROR. ---
+    # --- exercise stage 2: p ~ N(0, M), leapfrog, accept w.p. min(1, exp(-dH)). ---
     z, u = noise
     momentum = z / jnp.sqrt(inv_mass)
     energy_start = -state.log_density + 0.5 * jnp.sum(inv_mass * momentum**2)
@@ -174,9 +177,10 @@ def run_chain(
     iterations, then `num_samples` kept draws, in ONE `lax.scan` (one copy of
     the trajectory code to compile instead of two).
 
-    Warm-up of `W` iterations: `[0, W/2)` dual averaging with a unit mass
-    matrix, positions of `[W/4, W/2)` collected for their variance; at `W/2`
-    the inverse mass becomes that (regularized) variance and dual averaging
+    Every transition uses the current step size times a uniform jitter in
+    `[1 - JITTER, 1 + JITTER]`. Warm-up of `W` iterations: `[0, W/2)` dual
+    averaging with a unit mass matrix, positions of `[W/4, W/2)` collected for
+    their variance; at `W/2` the inverse mass becomes that (regularized) variance and dual averaging
     restarts; `[W/2, W)` dual averaging again. Sampling uses the iterate
     average `exp(log_step_avg)` times `step_size_factor` (1 in normal use;
     larger to provoke divergences on purpose)."""
@@ -185,11 +189,14 @@ def run_chain(
 
     def body(carry, inputs):
         state, da, inv_mass, welford = carry
-        t, noise = inputs
+        t, noise, jitter = inputs
         adapting = t < num_warmup
-        step_size = jnp.where(
+        base_step = jnp.where(
             adapting, jnp.exp(da.log_step), step_size_factor * jnp.exp(da.log_step_avg)
         )
+        # Jittered step (Neal 2011, sec. 5.4.2.2): with a fixed trajectory length
+        # L * eps near a period of the target, a chain returns to where it began.
+        step_size = base_step * jitter
         state, info = hmc_step(noise, state, logdensity_fn, step_size, inv_mass, num_steps)
         # WARM-UP: adapt step size; estimate the variance in the first window.
         new_da = dual_averaging_update(da, info.accept_prob, target_accept)
@@ -200,7 +207,7 @@ def run_chain(
         da = jax.tree.map(
             lambda a, b: jnp.where(switch, a, b), dual_averaging_init(jnp.exp(da.log_step)), da
         )
-        return (state, da, inv_mass, welford), (state.position, info, step_size)
+        return (state, da, inv_mass, welford), (state.position, info, base_step)
 
     zeros = jnp.zeros((d,), position.dtype)
     carry = (
@@ -210,10 +217,11 @@ def run_chain(
         _Welford(zeros, zeros, jnp.zeros((), position.dtype)),
     )
     num_iter = num_warmup + num_samples
-    key_z, key_u = jax.random.split(key)
+    key_z, key_u, key_j = jax.random.split(key, 3)
     noise = (jax.random.normal(key_z, (num_iter, d)), jax.random.uniform(key_u, (num_iter,)))
+    jitter = jax.random.uniform(key_j, (num_iter,), minval=1.0 - JITTER, maxval=1.0 + JITTER)
     (_, _, inv_mass, _), (positions, info, step_sizes) = jax.lax.scan(
-        body, carry, (jnp.arange(num_iter), noise)
+        body, carry, (jnp.arange(num_iter), noise, jitter)
     )
     kept = slice(num_warmup, None)
     return Samples(
@@ -252,8 +260,14 @@ def make_sampler(
 
         def one_chain(key, position):
             return run_chain(
-                key, position, lambda q: logdensity_fn(q, data), num_warmup, num_samples,
-                num_steps, target_accept, step_size_factor,
+                key,
+                position,
+                lambda q: logdensity_fn(q, data),
+                num_warmup,
+                num_samples,
+                num_steps,
+                target_accept,
+                step_size_factor,
             )
 
         return jax.vmap(one_chain)(keys, positions)

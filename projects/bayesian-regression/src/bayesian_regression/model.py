@@ -73,12 +73,14 @@ def make_prior(num_features: int, scale: float, shape: float, rate: float, mean=
 
 
 def prior_from_config(config) -> Prior:
-    return make_prior(config.num_features, config.prior_scale, config.prior_shape, config.prior_rate)
+    return make_prior(
+        config.num_features, config.prior_scale, config.prior_shape, config.prior_rate
+    )
 
 
 def exact_posterior(x: jax.Array, y: jax.Array, prior: Prior) -> Posterior:
     """The closed-form NIG posterior. `x`: shape `(n, d)`; `y`: shape `(n,)`."""
-    # --- exercise stage 1: QR-factor the stacked system [X; I/s] w = [y; m0/s], solve for m_n, then a_n and b_n from the residual. ---
+    # --- exercise stage 1: QR of [X; I/s], solve for m_n, then a_n and b_n. ---
     num_obs, num_features = x.shape
     inv_scale = 1.0 / prior.scale
     a = jnp.concatenate([x, inv_scale * jnp.eye(num_features, dtype=x.dtype)], axis=0)
@@ -121,7 +123,7 @@ def moments(post: Posterior) -> Moments:
 def predictive(post: Posterior, x_new: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Posterior predictive of `y` at rows `x_new` (shape `(m, d)`): Student-t with
     `(df, loc, scale)`, `scale^2 = (b_n / a_n) (1 + x Lambda_n^{-1} x^T)`."""
-    # --- exercise stage 1: The predictive is Student-t with 2 a_n degrees of freedom, centred at x m_n, scale^2 = (b_n/a_n)(1 + x Lambda_n^-1 x^T). ---
+    # --- exercise stage 1: Student-t: df 2 a_n, loc x m_n, scale from x Lambda_n^-1 x^T. ---
     z = solve_triangular(post.chol, x_new.T, lower=False, trans="T")  # R^{-T} x^T, shape (d, m)
     scale = jnp.sqrt(post.rate / post.shape * (1.0 + jnp.sum(z**2, axis=0)))
     return 2.0 * post.shape, x_new @ post.mean, scale
@@ -151,7 +153,7 @@ def _log_inv_gamma_of_log(log_sigma2: jax.Array, shape, rate) -> jax.Array:
 
 def log_joint(theta: jax.Array, x: jax.Array, y: jax.Array, prior: Prior) -> jax.Array:
     """`log p(y, w, log sigma^2)` at `theta = (w, log sigma^2)`, shape `(d + 1,)`."""
-    # --- exercise stage 1: Sum the Gaussian likelihood, the Gaussian prior on w given sigma^2, and the InvGamma prior on sigma^2 written for log sigma^2 (Jacobian included). ---
+    # --- exercise stage 1: Likelihood + prior on w + prior on log sigma^2 (Jacobian). ---
     w, log_sigma2 = theta[:-1], theta[-1]
     num_obs, num_features = x.shape
     sigma2 = jnp.exp(log_sigma2)
@@ -159,7 +161,9 @@ def log_joint(theta: jax.Array, x: jax.Array, y: jax.Array, prior: Prior) -> jax
     log_lik = -0.5 * (num_obs * (LOG_2PI + log_sigma2) + jnp.sum(resid**2) / sigma2)
     prior_var = sigma2 * prior.scale**2
     dw = w - prior.mean
-    log_prior_w = -0.5 * (num_features * (LOG_2PI + jnp.log(prior_var)) + jnp.sum(dw**2) / prior_var)
+    log_prior_w = -0.5 * (
+        num_features * (LOG_2PI + jnp.log(prior_var)) + jnp.sum(dw**2) / prior_var
+    )
     return log_lik + log_prior_w + _log_inv_gamma_of_log(log_sigma2, prior.shape, prior.rate)
     # --- end exercise ---
 
@@ -171,7 +175,9 @@ def log_posterior(theta: jax.Array, post: Posterior) -> jax.Array:
     z = post.chol @ (w - post.mean)
     log_det_precision = 2.0 * jnp.sum(jnp.log(jnp.abs(jnp.diag(post.chol))))
     log_w = -0.5 * (
-        num_features * (LOG_2PI + log_sigma2) - log_det_precision + jnp.sum(z**2) / jnp.exp(log_sigma2)
+        num_features * (LOG_2PI + log_sigma2)
+        - log_det_precision
+        + jnp.sum(z**2) / jnp.exp(log_sigma2)
     )
     return log_w + _log_inv_gamma_of_log(log_sigma2, post.shape, post.rate)
 
@@ -189,7 +195,10 @@ def sample_exact(key: jax.Array, post: Posterior, num: int) -> jax.Array:
     key_s, key_w = jax.random.split(key)
     sigma2 = post.rate / jax.random.gamma(key_s, post.shape, (num,))
     z = jax.random.normal(key_w, (num, post.mean.shape[0]))
-    w = post.mean[None, :] + jnp.sqrt(sigma2)[:, None] * solve_triangular(post.chol, z.T, lower=False).T
+    w = (
+        post.mean[None, :]
+        + jnp.sqrt(sigma2)[:, None] * solve_triangular(post.chol, z.T, lower=False).T
+    )
     return jnp.concatenate([w, jnp.log(sigma2)[:, None]], axis=1)
 
 

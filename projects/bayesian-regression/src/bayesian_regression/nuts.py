@@ -62,16 +62,12 @@ def make_mcmc(num_chains: int, num_warmup: int, num_samples: int, target_accept:
     )
 
 
-def run_nuts(
-    key: jax.Array, mcmc: MCMC, x: jax.Array, y: jax.Array, prior: Prior
-) -> NutsResult:
+def run_nuts(key: jax.Array, mcmc: MCMC, x: jax.Array, y: jax.Array, prior: Prior) -> NutsResult:
     with library_numerics():
         mcmc.run(key, x, y, prior, extra_fields=("diverging", "num_steps", "mean_accept_prob"))
         samples = mcmc.get_samples(group_by_chain=True)
         extra = mcmc.get_extra_fields(group_by_chain=True)
-        positions = jnp.concatenate(
-            [samples["w"], jnp.log(samples["sigma2"])[..., None]], axis=-1
-        )
+        positions = jnp.concatenate([samples["w"], jnp.log(samples["sigma2"])[..., None]], axis=-1)
         step_size = mcmc.last_state.adapt_state.step_size
     return NutsResult(
         positions, extra["mean_accept_prob"], extra["diverging"], step_size, extra["num_steps"]

@@ -69,7 +69,9 @@ def posterior_vs_exact(
             ax.hist(draws[:, i], bins=60, range=(lo, hi), density=True, alpha=0.35, label=label)
         ax.plot(grid, exact.pdf(grid), "k", lw=1.2, label="exact")
         for label, (mean, var) in gaussians.items():
-            ax.plot(grid, stats.norm(mean[i], np.sqrt(var[i])).pdf(grid), lw=1.0, ls="--", label=label)
+            ax.plot(
+                grid, stats.norm(mean[i], np.sqrt(var[i])).pdf(grid), lw=1.0, ls="--", label=label
+            )
         ax.set_title(names[i], fontsize=9)
         ax.set_yticks([])
     axes[0, -1].legend(fontsize=7)

@@ -4,6 +4,7 @@ full report (exact vs HMC vs NUTS vs VI, diagnostics, the funnel, SBC).
 Every verdict in a report is computed from the figures next to it.
 """
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,17 @@ import numpy as np
 from arviz_stats.base import array_stats
 from scipy import special, stats
 
-from bayesian_regression import calibration, checkpoint, diagnostics, funnel, hmc, nuts, plots, train
+from bayesian_regression import (
+    calibration,
+    checkpoint,
+    diagnostics,
+    funnel,
+    hmc,
+    model,
+    nuts,
+    plots,
+    train,
+)
 from bayesian_regression.config import Config
 
 RHAT_LIMIT = 1.01  # Vehtari et al. (2021): use the sample only when R-hat < 1.01
@@ -56,8 +67,16 @@ def sample_target(
         "funnel-noncentered": funnel.noncentered_log_density,
     }[target]
     samples = hmc.run_chains(
-        key, log_density, None, FUNNEL_DIM, config.num_chains, config.num_warmup,
-        config.num_samples, config.num_leapfrog, config.target_accept, step_size_factor,
+        key,
+        log_density,
+        None,
+        FUNNEL_DIM,
+        config.num_chains,
+        config.num_warmup,
+        config.num_samples,
+        config.num_leapfrog,
+        config.target_accept,
+        step_size_factor,
     )
     if target == "funnel-noncentered":
         samples = samples._replace(positions=funnel.noncentered_to_centered(samples.positions))
@@ -70,13 +89,18 @@ def sample_to_checkpoint(
     samples, names = sample_target(config, target, sampler, step_size_factor)
     out = workdir / f"{target}-{sampler}"
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
-    meta = {"target": target, "sampler": sampler, "names": names, "config": config.model_dump(),
-            "step_size_factor": step_size_factor}
+    meta = {
+        "target": target,
+        "sampler": sampler,
+        "names": names,
+        "config": config.model_dump(),
+        "step_size_factor": step_size_factor,
+    }
     checkpoint.save(out, samples, meta)
-    plots.trace_plot(np.asarray(samples.positions), names, out / "trace.png", f"{target} ({sampler})")
+    plots.trace_plot(
+        np.asarray(samples.positions), names, out / "trace.png", f"{target} ({sampler})"
+    )
     return out
 
 
@@ -116,8 +140,12 @@ def diagnose_checkpoint(run_dir: Path) -> dict[str, Any]:
     samples, meta = checkpoint.restore(run_dir)
     result = diagnose_draws(samples, meta["names"])
     result["target"], result["sampler"] = meta["target"], meta["sampler"]
-    plots.rank_plot(np.asarray(samples.positions), meta["names"], run_dir / "rank.png",
-                    f"{meta['target']} ({meta['sampler']})")
+    plots.rank_plot(
+        np.asarray(samples.positions),
+        meta["names"],
+        run_dir / "rank.png",
+        f"{meta['target']} ({meta['sampler']})",
+    )
     train.write_json(run_dir / "diagnostics.json", result)
     return result
 
@@ -159,17 +187,17 @@ class LogInvGamma:
 def exact_marginals(problem: train.Problem) -> list[Any]:
     post = problem.posterior
     a, b = float(post.shape), float(post.rate)
-    from bayesian_regression.model import weight_scale_matrix
-
-    scale = np.sqrt(b / a * np.diag(np.asarray(weight_scale_matrix(post), np.float64)))
-    out = [stats.t(df=2 * a, loc=float(m), scale=float(s)) for m, s in zip(np.asarray(post.mean), scale, strict=True)]
+    scale = np.sqrt(b / a * np.diag(np.asarray(model.weight_scale_matrix(post), np.float64)))
+    out = [
+        stats.t(df=2 * a, loc=float(m), scale=float(s))
+        for m, s in zip(np.asarray(post.mean), scale, strict=True)
+    ]
     return out + [LogInvGamma(a, b)]
 
 
 def _moment_line(label: str, z: dict[str, Any]) -> str:
-    ok = z["max_abs_z"] < Z_LIMIT
-    return (f"| {label} | {z['max_abs_z']:.2f} | {'agrees with the exact posterior' if ok else 'DISAGREES'}"
-            f" (limit {Z_LIMIT}) |")
+    verdict = "agrees with the exact posterior" if z["max_abs_z"] < Z_LIMIT else "DISAGREES"
+    return f"| {label} | {z['max_abs_z']:.2f} | {verdict} (limit {Z_LIMIT}) |"
 
 
 def full_report(config: Config, workdir: Path, progress: Callable[[str], None] = print) -> Path:
@@ -177,7 +205,8 @@ def full_report(config: Config, workdir: Path, progress: Callable[[str], None] =
     workdir.mkdir(parents=True, exist_ok=True)
     problem = train.make_problem(config)
     names = train.parameter_names(config.num_features)
-    key_vi_mf, key_vi_fr, key_eval, key_sbc = jax.random.split(jax.random.key(config.seed + 1), 4)
+    keys = jax.random.split(jax.random.key(config.seed + 1), 5)
+    key_vi_mf, key_vi_fr, key_eval_mf, key_eval_fr, key_sbc = keys
 
     progress("1/5 HMC on the regression posterior ...")
     hmc_samples, _ = sample_target(config, "regression", "hmc")
@@ -189,15 +218,18 @@ def full_report(config: Config, workdir: Path, progress: Callable[[str], None] =
     nuts_diag = diagnose_draws(nuts_samples, names)
     progress("3/5 mean-field and full-rank VI ...")
     vi = {
-        fam: train.vi_summary(train.fit_vi(config, problem, k, fam), problem, key_eval)
-        for fam, k in (("meanfield", key_vi_mf), ("fullrank", key_vi_fr))
+        fam: train.vi_summary(train.fit_vi(config, problem, k, fam), problem, k_eval)
+        for fam, k, k_eval in (
+            ("meanfield", key_vi_mf, key_eval_mf),
+            ("fullrank", key_vi_fr, key_eval_fr),
+        )
     }
     mf_prediction = train.mean_field_variance_prediction(problem.moments)
     progress("4/5 Neal's funnel, centered and non-centered ...")
-    funnel_diag = {
-        t: diagnose_draws(*sample_target(config, t, "hmc")) for t in ("funnel-centered", "funnel-noncentered")
+    funnel_samples = {
+        t: sample_target(config, t, "hmc")[0] for t in ("funnel-centered", "funnel-noncentered")
     }
-    funnel_samples = {t: sample_target(config, t, "hmc")[0] for t in ("funnel-centered",)}
+    funnel_diag = {t: diagnose_draws(s, funnel_names()) for t, s in funnel_samples.items()}
     progress("5/5 simulation-based calibration of HMC ...")
     sbc_x = problem.dataset.x[:20, :2]
     sbc_prior = problem.prior._replace(mean=problem.prior.mean[:2])
@@ -209,22 +241,31 @@ def full_report(config: Config, workdir: Path, progress: Callable[[str], None] =
     plots.trace_plot(pos, names, workdir / "trace.png", "HMC trace")
     plots.rank_plot(pos, names, workdir / "rank.png", "HMC rank plot")
     plots.posterior_vs_exact(
-        {"HMC": pos.reshape(-1, len(names)), "NUTS": np.asarray(nuts_samples.positions).reshape(-1, len(names))},
+        {
+            "HMC": pos.reshape(-1, len(names)),
+            "NUTS": np.asarray(nuts_samples.positions).reshape(-1, len(names)),
+        },
         exact_marginals(problem),
         {f"VI {fam}": (vi[fam]["mean"], vi[fam]["var"]) for fam in vi},
         names,
         workdir / "posterior_vs_exact.png",
     )
     fpos = np.asarray(funnel_samples["funnel-centered"].positions)[:, :, :3]
-    plots.trace_plot(fpos, funnel_names()[:3], workdir / "funnel_centered_trace.png", "centered funnel")
-    plots.rank_plot(fpos, funnel_names()[:3], workdir / "funnel_centered_rank.png", "centered funnel")
+    plots.trace_plot(
+        fpos, funnel_names()[:3], workdir / "funnel_centered_trace.png", "centered funnel"
+    )
+    plots.rank_plot(
+        fpos, funnel_names()[:3], workdir / "funnel_centered_rank.png", "centered funnel"
+    )
     plots.sbc_histogram(sbc_ranks, ["w[0]", "w[1]", "log_sigma2"], 19, workdir / "sbc.png")
 
     payload = {
         "config": config.model_dump(),
-        "exact": {"theta_mean": problem.moments.theta_mean, "log_evidence": problem.log_evidence,
-                  "condition": __import__("bayesian_regression.model", fromlist=["x"]).condition_numbers(
-                      problem.dataset.x, problem.posterior)},
+        "exact": {
+            "theta_mean": problem.moments.theta_mean,
+            "log_evidence": problem.log_evidence,
+            "condition": model.condition_numbers(problem.dataset.x, problem.posterior),
+        },
         "hmc": {"z": hmc_z, "diagnostics": hmc_diag},
         "nuts": {"z": nuts_z, "diagnostics": nuts_diag},
         "vi": vi,
@@ -233,15 +274,37 @@ def full_report(config: Config, workdir: Path, progress: Callable[[str], None] =
         "sbc": [t._asdict() for t in sbc_tests],
     }
     train.write_json(workdir / "report.json", payload)
-    md = _markdown(config, problem, names, hmc_z, nuts_z, hmc_diag, nuts_diag, vi, mf_prediction,
-                   funnel_diag, sbc_tests)
+    md = _markdown(
+        config,
+        problem,
+        names,
+        hmc_z,
+        nuts_z,
+        hmc_diag,
+        nuts_diag,
+        vi,
+        mf_prediction,
+        funnel_diag,
+        sbc_tests,
+    )
     path = workdir / "report.md"
     path.write_text(md, encoding="utf-8")
     return path
 
 
-def _markdown(config, problem, names, hmc_z, nuts_z, hmc_diag, nuts_diag, vi, mf_prediction,
-              funnel_diag, sbc_tests) -> str:
+def _markdown(
+    config,
+    problem,
+    names,
+    hmc_z,
+    nuts_z,
+    hmc_diag,
+    nuts_diag,
+    vi,
+    mf_prediction,
+    funnel_diag,
+    sbc_tests,
+) -> str:
     exact_var = np.diag(np.asarray(problem.moments.theta_cov))
     lines = [
         "# Bayesian regression report",
@@ -261,21 +324,48 @@ def _markdown(config, problem, names, hmc_z, nuts_z, hmc_diag, nuts_diag, vi, mf
         "| Sampler | max R-hat | min ESS | divergences | Verdict |",
         "|---|---|---|---|---|",
     ]
-    for label, d in (("HMC", hmc_diag), ("NUTS", nuts_diag), ("funnel, centered", funnel_diag["funnel-centered"]),
-                     ("funnel, non-centered", funnel_diag["funnel-noncentered"])):
-        lines.append(f"| {label} | {d['max_rhat']:.3f} | {d['min_ess']:.0f} | {d['num_divergent']} | {d['verdict']} |")
-    lines += ["", "## Variational inference", "",
-              "| Family | KL(q‖p) | variance ratio q / exact (per parameter) |", "|---|---|---|"]
+    for label, d in (
+        ("HMC", hmc_diag),
+        ("NUTS", nuts_diag),
+        ("funnel, centered", funnel_diag["funnel-centered"]),
+        ("funnel, non-centered", funnel_diag["funnel-noncentered"]),
+    ):
+        lines.append(
+            f"| {label} | {d['max_rhat']:.3f} | {d['min_ess']:.0f} | {d['num_divergent']} "
+            f"| {d['verdict']} |"
+        )
+    lines += [
+        "",
+        "## Variational inference",
+        "",
+        "| Family | KL(q‖p) | variance ratio q / exact (per parameter) |",
+        "|---|---|---|",
+    ]
     for fam, s in vi.items():
         lines.append(f"| {fam} | {s['kl']:.4f} | {' '.join(f'{r:.3f}' for r in s['var_ratio'])} |")
-    lines += ["", "Mean-field variance predicted for a Gaussian target (1 / precision_ii), as a ratio: "
-              + " ".join(f"{p / v:.3f}" for p, v in zip(mf_prediction, exact_var, strict=True)), ""]
-    lines += ["## Simulation-based calibration (HMC, 200 data sets, 19 thinned draws each)", "",
-              "H0: ranks uniform on {0..19}; chi-square over 10 bins, reject at p < 0.01.", "",
-              "| Parameter | chi-square | p-value | Verdict |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "Mean-field variance predicted for a Gaussian target (1 / precision_ii), as a ratio: "
+        + " ".join(f"{p / v:.3f}" for p, v in zip(mf_prediction, exact_var, strict=True)),
+        "",
+    ]
+    lines += [
+        "## Simulation-based calibration (HMC, 200 data sets, 19 thinned draws each)",
+        "",
+        "H0: ranks uniform on {0..19}; chi-square over 10 bins, reject at p < 0.01.",
+        "",
+        "| Parameter | chi-square | p-value | Verdict |",
+        "|---|---|---|---|",
+    ]
     for name, t in zip(["w[0]", "w[1]", "log_sigma2"], sbc_tests, strict=True):
-        lines.append(f"| {name} | {t.statistic:.1f} | {t.p_value:.3f} | "
-                     f"{'uniform (not rejected)' if t.p_value >= 0.01 else 'NOT uniform'} |")
-    lines += ["", "Plots: trace.png, rank.png, posterior_vs_exact.png, funnel_centered_trace.png, "
-              "funnel_centered_rank.png, sbc.png.", ""]
+        lines.append(
+            f"| {name} | {t.statistic:.1f} | {t.p_value:.3f} | "
+            f"{'uniform (not rejected)' if t.p_value >= 0.01 else 'NOT uniform'} |"
+        )
+    lines += [
+        "",
+        "Plots: trace.png, rank.png, posterior_vs_exact.png, funnel_centered_trace.png, "
+        "funnel_centered_rank.png, sbc.png.",
+        "",
+    ]
     return "\n".join(lines)

@@ -91,7 +91,10 @@ def moment_zscores(positions, moments: model.Moments, num_batches: int = 4) -> d
         "cov": cov_hat,
         "cov_z": ((cov_hat - cov) / cov_se)[upper],
         "max_abs_z": float(
-            max(np.max(np.abs((mean - mu) / mean_se)), np.max(np.abs(((cov_hat - cov) / cov_se)[upper])))
+            max(
+                np.max(np.abs((mean - mu) / mean_se)),
+                np.max(np.abs(((cov_hat - cov) / cov_se)[upper])),
+            )
         ),
     }
 
@@ -148,7 +151,8 @@ def vi_summary(
     return {
         "mean": np.asarray(mean, np.float64),
         "var": np.diag(np.asarray(cov, np.float64)),
-        "mean_error_in_sd": (np.asarray(mean, np.float64) - np.asarray(problem.moments.theta_mean)) / exact_sd,
+        "mean_error_in_sd": (np.asarray(mean, np.float64) - np.asarray(problem.moments.theta_mean))
+        / exact_sd,
         "var_ratio": np.diag(np.asarray(cov, np.float64)) / exact_sd**2,
         "elbo": float(value),
         "elbo_se": float(se),
@@ -175,9 +179,9 @@ def fit_and_evaluate(config: Config, workdir: Path) -> dict[str, Any]:
     """Exact posterior and both VI families: the `fit` command. Writes `fit.json`."""
     workdir.mkdir(parents=True, exist_ok=True)
     problem = make_problem(config)
-    key_mf, key_fr, key_eval = jax.random.split(jax.random.key(config.seed), 3)
+    key_mf, key_fr, eval_mf, eval_fr = jax.random.split(jax.random.key(config.seed), 4)
     summaries = {}
-    for family, key in (("meanfield", key_mf), ("fullrank", key_fr)):
+    for family, key, key_eval in (("meanfield", key_mf, eval_mf), ("fullrank", key_fr, eval_fr)):
         summaries[family] = vi_summary(fit_vi(config, problem, key, family), problem, key_eval)
     result = {
         "exact": {

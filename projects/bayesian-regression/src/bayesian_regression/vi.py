@@ -84,7 +84,7 @@ def elbo(
     num_mc: int,
 ) -> jax.Array:
     """Monte-Carlo ELBO with `num_mc` reparameterized draws from `q`."""
-    # --- exercise stage 2: Draw eps ~ N(0, I), push it through loc + L eps, average the log density over the draws and add the closed-form entropy. ---
+    # --- exercise stage 2: Mean log density at loc + L eps, plus the entropy. ---
     eps = jax.random.normal(key, (num_mc, params.loc.shape[0]))
     theta = sample_q(params, eps)
     log_p = jax.vmap(lambda t: logdensity_fn(t, data))(theta)

@@ -180,7 +180,11 @@ def save_args(arrays: Any, iterator: Any, meta: dict) -> ocp.args.Composite:
 
 def restore(workdir: Path, step: int, abstract_arrays: Any, iterator: Any) -> tuple[Any, Any, dict]:
     """(state arrays, restored iterator, meta) of a committed step."""
-    with ocp.CheckpointManager(checkpoint_dir(workdir), item_names=(STATE, DATA, META)) as mngr:
+    # A synchronous manager: a restore needs no background thread to outlive it.
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=False)
+    with ocp.CheckpointManager(
+        checkpoint_dir(workdir), options=options, item_names=(STATE, DATA, META)
+    ) as mngr:
         items = mngr.restore(
             step,
             args=ocp.args.Composite(

@@ -9,6 +9,8 @@ layout convention), the tie deduplicated by the safetensors saver. Bad
 sources are refused with the tensor named.
 """
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -227,9 +229,19 @@ def test_keras_map(evidence, keras_source, split):
     )
 
 
-def test_tensorflow_savedmodel_input():
-    tf = pytest.importorskip(
-        "tensorflow", reason="TensorFlow is not installed; the SavedModel input path is optional"
-    )
-    del tf
-    pytest.skip("SavedModel input needs a Keras export with TensorFlow; not built in this setup")
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None,
+    reason="TensorFlow is not installed; the SavedModel input is optional",
+)
+def test_tensorflow_savedmodel_input(keras_source, tmp_path):
+    """Optional input: the Keras model exported as a TensorFlow SavedModel holds
+    the same tensors (matched by shape and value) that the Keras map consumes."""
+    import tensorflow as tf
+
+    path = tmp_path / "saved_model"
+    keras_source.model.export(str(path), format="tf_saved_model")
+    loaded = [np.asarray(v.numpy()) for v in tf.saved_model.load(str(path)).variables]
+    expected = list(sources.keras_weights(keras_source.model).values())
+    assert len(loaded) == len(expected)
+    for array in expected:
+        assert any(x.shape == array.shape and np.array_equal(x, array) for x in loaded)

@@ -25,7 +25,6 @@ from engineering_release import (
     checkpoint,
     data,
     evaluation,
-    gates,
     ledger,
     model,
     registry,

@@ -34,7 +34,9 @@ def canonical_json(value: object) -> bytes:
 class _Frozen(BaseModel):
     # frozen: a config is a value. extra="forbid": a misspelt key is an error.
     # strict: `"0.1"` is not a float. The docstring under each field describes it.
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True
+    )
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")

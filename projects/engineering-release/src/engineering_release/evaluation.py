@@ -43,7 +43,7 @@ def metrics_from_predictions(predictions: np.ndarray, labels: np.ndarray) -> dic
     `predictions`, `labels`: int `(n,)`. Counts are integers; rates are
     `correct / count` in float64, so a recomputation gives the same bits.
     """
-    # --- exercise stage 2: Count the confusion matrix (rows: true label), then accuracy and the recall of each class from its counts. ---
+    # --- exercise stage 2: Count the confusion matrix, then accuracy and per-class recall. ---
     predictions = np.asarray(predictions, np.int64)
     labels = np.asarray(labels, np.int64)
     confusion = np.zeros((data.NUM_CLASSES, data.NUM_CLASSES), np.int64)
@@ -189,7 +189,7 @@ def verify_report(
     the first difference. With `model_dir`, re-runs the model and compares the
     predictions too."""
     examples = data.heldout_set(policy.split_seed, policy.test_fraction)
-    # --- exercise stage 2: Refuse a report for another model or data set, recompute every metric from its predictions, and compare. ---
+    # --- exercise stage 2: Check model and data, then recompute and compare every metric. ---
     if report.get("model_id") != model_id:
         raise EvaluationMismatch(
             f"The report judged model `{str(report.get('model_id'))[:12]}`, not `{model_id[:12]}`."

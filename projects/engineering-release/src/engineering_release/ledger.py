@@ -48,7 +48,7 @@ def make_entry(entries: list[dict], kind: str, body: dict) -> dict:
     """The entry that follows `entries`: next `seq`, `prev` = last hash, own hash."""
     if kind not in KINDS:
         raise LedgerError(f"Unknown entry kind `{kind}`; one of {list(KINDS)}.")
-    # --- exercise stage 3: Chain the new entry to the last one (its seq and hash), then seal it with its own hash. ---
+    # --- exercise stage 3: Link the entry to the last hash, then seal it with its own. ---
     entry = {
         "seq": len(entries),
         "kind": kind,
@@ -63,7 +63,7 @@ def make_entry(entries: list[dict], kind: str, body: dict) -> dict:
 def verify_chain(entries: list[dict]) -> list[str]:
     """Every break in the chain, as sentences naming the entry; empty when intact."""
     problems = []
-    # --- exercise stage 3: For each entry check its position, its link to the previous hash, and that its own hash recomputes. ---
+    # --- exercise stage 3: Check each entry's seq, its link, and its own hash. ---
     prev = GENESIS
     for i, entry in enumerate(entries):
         if entry.get("seq") != i:

@@ -334,7 +334,9 @@ def verify(state: State, *, host_wait_s: float = 30.0) -> list[str]:
         verified_evaluations.add(pair)
         for obj in pair:
             if not state.store.has(obj):
-                problems.append(f"Entry {entry['seq']} names object `{obj[:12]}`, not in the store.")
+                problems.append(
+                    f"Entry {entry['seq']} names object `{obj[:12]}`, not in the store."
+                )
         try:
             report = evaluation.load_report(state.store, approval["evaluation_id"])
             evaluation.verify_report(report, model_id=approval["model_id"],
@@ -353,7 +355,8 @@ def verify(state: State, *, host_wait_s: float = 30.0) -> list[str]:
                 serving = host.state()["serving"]
             if serving != want:
                 problems.append(
-                    f"The serving host serves `{str(serving)[:12]}`, the log says `{str(want)[:12]}`."
+                    f"The serving host serves `{str(serving)[:12]}`, "
+                    f"the log says `{str(want)[:12]}`."
                 )
         finally:
             host.close()

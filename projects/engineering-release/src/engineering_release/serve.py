@@ -298,7 +298,7 @@ class Host:
         return backend
 
     def _switch(self, model_id: str) -> tuple[bool, str]:
-        # --- exercise stage 4: Move traffic only to a staged candidate that reports ready, in one assignment, then retire the old backend after it drains. ---
+        # --- exercise stage 4: Switch only to a ready candidate; drain the old one. ---
         if self.active is not None and self.active.model_id == model_id:
             return True, "already serving"
         candidate = self.candidates.get(model_id)

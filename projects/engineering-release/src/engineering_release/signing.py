@@ -114,7 +114,8 @@ def load_private(pem_path: str | Path) -> Ed25519PrivateKey:
 
 def approval_payload(approval: dict) -> bytes:
     """The exact bytes an approval's signature covers."""
-    fields = ("model_id", "evaluation_id", "policy", "policy_sha256", "key_id", "signer", "signed_at")
+    fields = ("model_id", "evaluation_id", "policy", "policy_sha256", "key_id", "signer",
+              "signed_at")
     return canonical_json({name: approval[name] for name in fields})
 
 
@@ -128,7 +129,7 @@ def sign_approval(
     signed_at: dt.datetime | None = None,
 ) -> dict:
     """An approval of `model_id` as judged by `evaluation_id` under `policy`."""
-    # --- exercise stage 3: Fill the approval's fields, sign their canonical bytes with the private key, and attach the signature. ---
+    # --- exercise stage 3: Sign the canonical bytes of the approval's fields. ---
     approval = {
         "model_id": model_id,
         "evaluation_id": evaluation_id,
@@ -146,7 +147,7 @@ def sign_approval(
 def verify_approval(approval: dict, keyring: dict) -> None:
     """Raises `SignatureRefused` unless `approval` is signed by a trusted key that
     was valid when it signed, over exactly its fields."""
-    # --- exercise stage 3: Look the key up in the keyring, check the signing time lies in its validity window, then verify the signature over the payload. ---
+    # --- exercise stage 3: Trusted key, valid when it signed, and a good signature. ---
     kid = approval.get("key_id")
     entry = keyring.get(kid)
     if entry is None:

@@ -51,7 +51,7 @@ def tree_digest(root: str | Path) -> str:
     root = Path(root)
     if not root.is_dir():
         raise StoreError(f"`{root}` is not a directory.")
-    # --- exercise stage 1: Hash every regular file's bytes, sort the hex digests, and hash the format line plus one digest per line. ---
+    # --- exercise stage 1: Hash each file's bytes, then hash the sorted digests. ---
     digests = []
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
@@ -83,7 +83,7 @@ class Store:
         instead of replacing it: the evidence is kept for whoever investigates.
         """
         source = Path(source)
-        # --- exercise stage 1: Copy into scratch, check the copy's digest, then publish it with one atomic rename; never overwrite an existing id. ---
+        # --- exercise stage 1: Copy, check, publish by one rename; never rewrite an id. ---
         object_id = tree_digest(source)
         target = self.objects / object_id
         if target.exists():
@@ -122,7 +122,7 @@ class Store:
         return self.objects / object_id
 
     def _check(self, object_id: str) -> None:
-        # --- exercise stage 1: Recompute the stored object's digest and refuse it when it differs from its id. ---
+        # --- exercise stage 1: Recompute the object's digest; refuse it if it is not the id. ---
         actual = tree_digest(self.objects / object_id)
         if actual != object_id:
             raise TamperedObject(

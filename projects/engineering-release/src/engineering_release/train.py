@@ -7,9 +7,10 @@
 The model is split once into a static `GraphDef` and its parameters
 (`nnx.split`); `train_step` rebuilds the model from the arrays (`nnx.merge`)
 and returns NEW arrays. Every step of a run runs inside one jitted
-`lax.scan` over precomputed shuffles, so a run compiles once. Every random number descends from `config.seed` through
-explicit `jax.random` keys: the same seed gives the same bits, which is what
-makes the model's content id reproducible.
+`lax.scan` over precomputed shuffles, so a run compiles once. Every random
+number descends from `config.seed` through explicit `jax.random` keys: the
+same seed gives the same bits, which is what makes the model's content id
+reproducible.
 """
 
 import functools
@@ -28,7 +29,8 @@ from engineering_release.model import MLP, architecture
 
 
 class TrainState(NamedTuple):
-    params: nnx.State  # hidden/kernel (64, H), hidden/bias (H,), head/kernel (H, 10), head/bias (10,)
+    # hidden/kernel (64, H), hidden/bias (H,), head/kernel (H, 10), head/bias (10,): float32
+    params: nnx.State
     opt_state: optax.OptState  # Adam moments, same shapes as params, and a count ()
 
 

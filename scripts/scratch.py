@@ -80,7 +80,7 @@ def run_env(copy: Path, cache_dir: Path) -> dict[str, str]:
     return env
 
 
-def run_pytest(copy: Path, nodes: list[str], cache_dir: Path, timeout: float = 900) -> Run:
+def run_pytest(copy: Path, nodes: list[str], cache_dir: Path, timeout: float = 2400) -> Run:
     """``pytest -x -q`` on ``nodes`` inside ``copy``; a timeout counts as exit 124."""
     cmd = [
         sys.executable,

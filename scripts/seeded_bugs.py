@@ -185,7 +185,7 @@ class Worker:
         original = target.read_text(encoding="utf-8")
         target.write_text(original.replace(bug.find, bug.replace, 1), encoding="utf-8")
         try:
-            done = run_pytest(copy, list(bug.tests), self.cache, timeout=600)
+            done = run_pytest(copy, list(bug.tests), self.cache, timeout=1800)
         finally:
             target.write_text(original, encoding="utf-8")
         verdict, detail = _judge(bug, done.code, done.output, done.first_failure)

@@ -1,0 +1,1 @@
+"""Objective labs on a small Flax NNX Transformer."""

@@ -22,7 +22,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import torch
 from flax import nnx
 

@@ -167,7 +167,8 @@ def lora_cmd(config_path, ranks):
     """Stage 4: LoRA from the SFT model to the shift task; ranks compared."""
     from flax import nnx
 
-    from training_methods import lora, sft as sft_lab
+    from training_methods import lora
+    from training_methods import sft as sft_lab
     from training_methods.train import evaluate, fit
 
     config = _config(config_path)
@@ -306,7 +307,7 @@ def bench(config_path, out_path, repetitions):
     report = lab.run(config, Path(out_path), repetitions)
     for name, value in report["ratios"].items():
         target = report["targets"].get(name)
-        verdict = "" if target is None else (" (target >= %g: %s)" % (target, "met" if value >= target else "MISSED"))
+        verdict = "" if target is None else f" (target >= {target:g}: {'met' if value >= target else 'MISSED'})"
         click.echo(f"{name:32s} {value:8.2f}{verdict}")
     m = report["measurements"]
     click.echo(f"jax step compile {m['jax_step']['compile_s']:.2f} s, first call {m['jax_step']['first_call_s']:.3f} s")

@@ -23,9 +23,8 @@ beta per token grows by the length, and two responses that differ only in
 length are compared per token.
 """
 
-from typing import NamedTuple
-
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

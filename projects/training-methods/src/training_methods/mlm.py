@@ -10,9 +10,8 @@ selected positions in the batch. Padding and unselected positions contribute
 nothing, to the loss or to the gradient.
 """
 
-from typing import NamedTuple
-
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

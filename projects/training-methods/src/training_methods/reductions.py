@@ -22,7 +22,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 
 def per_token_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:

@@ -96,7 +96,8 @@ def sweep(tmp_path_factory):
                 "returncodes": result.returncodes,
                 "damaged_before": damaged,
                 "wall_s": round(result.wall_s, 2),
-                "checkpoint_dir_after": sorted(p.name for p in (job / "checkpoints").iterdir()),
+                # Orbax creates the folder lazily: a kill after step 1 may precede it.
+                "checkpoint_dir_after": sorted(p.name for p in (job / "checkpoints").glob("*")),
             }
         )
     return root / "reference", job, attempts
@@ -272,7 +273,7 @@ def test_the_survivor_of_a_killed_peer_stops_with_a_message(evidence, tmp_path):
             tmp_path / name.split()[1],
             kill_at=kill_at,
             kill_survivors=False,
-            timeout_s=300,
+            timeout_s=900,  # A hang guard only; the bound below is what is tested.
             compilation_cache=tmp_path / "jax-cache",
         )
 

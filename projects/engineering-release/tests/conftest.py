@@ -72,25 +72,39 @@ class Evidence:
         self.stage = stage
         self.records: list[dict[str, Any]] = []
 
-    def record(self, check: str, condition: str, observed: dict[str, Any],
-               tolerance: dict[str, Any] | None, passed: bool) -> bool:
+    def record(
+        self,
+        check: str,
+        condition: str,
+        observed: dict[str, Any],
+        tolerance: dict[str, Any] | None,
+        passed: bool,
+    ) -> bool:
         """Keeps one comparison; returns `passed` so a test can `assert` on it."""
-        self.records.append({
-            "check": check,
-            "condition": condition,
-            "observed": _jsonable(observed),
-            "tolerance": _jsonable(tolerance),
-            "passed": bool(passed),
-        })
+        self.records.append(
+            {
+                "check": check,
+                "condition": condition,
+                "observed": _jsonable(observed),
+                "tolerance": _jsonable(tolerance),
+                "passed": bool(passed),
+            }
+        )
         return bool(passed)
 
-    def allclose(self, check: str, condition: str, actual: Any, reference: Any, *,
-                 rtol: float, atol: float) -> bool:
+    def allclose(
+        self, check: str, condition: str, actual: Any, reference: Any, *, rtol: float, atol: float
+    ) -> bool:
         actual = np.asarray(actual, dtype=np.float64)
         reference = np.asarray(reference, dtype=np.float64)
         if actual.shape != reference.shape:
-            return self.record(check, condition, {"actual_shape": actual.shape,
-                                                  "reference_shape": reference.shape}, None, False)
+            return self.record(
+                check,
+                condition,
+                {"actual_shape": actual.shape, "reference_shape": reference.shape},
+                None,
+                False,
+            )
         abs_err = np.abs(actual - reference)
         passed = bool(np.all(abs_err <= atol + rtol * np.abs(reference)))
         observed = {"max_abs_error": float(abs_err.max(initial=0.0)), "num_values": actual.size}

@@ -53,9 +53,18 @@ def main() -> None:
         pid, status, usage = os.wait4(-1, 0)
         point, root = running.pop(pid)
         killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        print(json.dumps({"point": point, "root": str(root), "killed": killed,
-                          "exit": os.waitstatus_to_exitcode(status),
-                          "cpu_s": usage.ru_utime + usage.ru_stime}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "point": point,
+                    "root": str(root),
+                    "killed": killed,
+                    "exit": os.waitstatus_to_exitcode(status),
+                    "cpu_s": usage.ru_utime + usage.ru_stime,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

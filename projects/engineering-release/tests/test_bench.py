@@ -11,8 +11,9 @@ from engineering_release.cli import main
 def test_bench_smoke(tmp_path):
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(
-        main, ["bench", "--out", str(out), "--switches", "2", "--clients", "1",
-               "--verify-entries", "6"])
+        main,
+        ["bench", "--out", str(out), "--switches", "2", "--clients", "1", "--verify-entries", "6"],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert set(report) >= {"identity", "measurements", "ratios", "verdicts"}

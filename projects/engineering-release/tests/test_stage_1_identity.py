@@ -27,8 +27,7 @@ def coreutils_digest(root: Path) -> str:
         "( printf 'engineering-release/tree-v1\\n'; "
         "find . -type f -exec sha256sum {} + | cut -c1-64 | LC_ALL=C sort ) | sha256sum"
     )
-    out = subprocess.run(["sh", "-c", script], cwd=root, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(["sh", "-c", script], cwd=root, capture_output=True, text=True, check=True)
     return out.stdout.split()[0]
 
 
@@ -45,14 +44,27 @@ def test_same_seed_same_model_id_other_seed_other_id(trained, artifacts, tmp_pat
         "seed0_again": coreutils_digest(tmp_path / "again"),
         "seed1": coreutils_digest(artifacts[1]),
     }
-    assert evidence.record("model id = coreutils tree digest", "seeds 0, 0 again, 1",
-                           {"ids": ids, "reference": reference}, None, ids == reference)
-    assert evidence.record("same seed, same model id", "two trainings of seed 0",
-                           {"first": ids["seed0"], "second": ids["seed0_again"]}, None,
-                           ids["seed0"] == ids["seed0_again"])
-    assert evidence.record("other seed, other model id", "seed 1",
-                           {"seed0": ids["seed0"], "seed1": ids["seed1"]}, None,
-                           ids["seed0"] != ids["seed1"])
+    assert evidence.record(
+        "model id = coreutils tree digest",
+        "seeds 0, 0 again, 1",
+        {"ids": ids, "reference": reference},
+        None,
+        ids == reference,
+    )
+    assert evidence.record(
+        "same seed, same model id",
+        "two trainings of seed 0",
+        {"first": ids["seed0"], "second": ids["seed0_again"]},
+        None,
+        ids["seed0"] == ids["seed0_again"],
+    )
+    assert evidence.record(
+        "other seed, other model id",
+        "seed 1",
+        {"seed0": ids["seed0"], "seed1": ids["seed1"]},
+        None,
+        ids["seed0"] != ids["seed1"],
+    )
     for name, value in again.params.items():  # Same bits, leaf by leaf.
         assert np.array_equal(value, trained[0].params[name]), name
 
@@ -76,9 +88,13 @@ def test_one_flipped_bit_gives_another_id(artifacts, tmp_path, evidence):
         restored = store.tree_digest(work)
         seen.add(flipped)
         ok = flipped != original and flipped == reference and restored == original
-        assert evidence.record("one flipped bit changes the id", f"trial {trial}: {path.name} "
-                               f"byte {offset} bit {bit}", {"flipped": flipped,
-                               "coreutils": reference, "restored": restored}, None, ok)
+        assert evidence.record(
+            "one flipped bit changes the id",
+            f"trial {trial}: {path.name} byte {offset} bit {bit}",
+            {"flipped": flipped, "coreutils": reference, "restored": restored},
+            None,
+            ok,
+        )
     assert len(seen) == 8, "every distinct flip gives a distinct id"
 
 
@@ -95,9 +111,13 @@ def test_renaming_retiming_reordering_keep_the_id(artifacts, tmp_path, evidence)
     os.utime(moved, (0, 0))
     digest = store.tree_digest(tmp_path / "another-name")
     reference = coreutils_digest(tmp_path / "another-name")
-    assert evidence.record("renamed, nested, re-timed, re-ordered: same id",
-                           f"{len(files)} files", {"original": original, "moved": digest,
-                           "coreutils": reference}, None, digest == original == reference)
+    assert evidence.record(
+        "renamed, nested, re-timed, re-ordered: same id",
+        f"{len(files)} files",
+        {"original": original, "moved": digest, "coreutils": reference},
+        None,
+        digest == original == reference,
+    )
     # Names carry no meaning: the renamed artifact reads back to the same model.
     renamed = checkpoint.read_artifact(tmp_path / "another-name")
     source = checkpoint.read_artifact(artifacts[0])
@@ -115,10 +135,13 @@ def test_store_is_write_once_and_refuses_tampered_objects(artifacts, tmp_path, e
     again = objects.put(artifacts[0])
     after = {p.name: p.stat().st_mtime_ns for p in stored.iterdir()}
     second = objects.put(artifacts[1])
-    assert evidence.record("put is idempotent and write-once", "same content twice, then another",
-                           {"ids": [first, again, second], "objects": objects.ids(),
-                            "rewritten": before != after}, None,
-                           first == again and before == after and len(objects.ids()) == 2)
+    assert evidence.record(
+        "put is idempotent and write-once",
+        "same content twice, then another",
+        {"ids": [first, again, second], "objects": objects.ids(), "rewritten": before != after},
+        None,
+        first == again and before == after and len(objects.ids()) == 2,
+    )
     assert objects.get(first[:10]) == stored  # A unique prefix resolves.
     # Tamper with one byte of the stored copy: reads and re-puts are refused.
     leaf = sorted(stored.glob("*.leaf"))[0]
@@ -134,8 +157,13 @@ def test_store_is_write_once_and_refuses_tampered_objects(artifacts, tmp_path, e
     objects.get(second)  # Other objects are unaffected.
     with pytest.raises(store.StoreError, match="Unknown object id `deadbeef00`"):
         objects.get("deadbeef00")
-    evidence.record("tampered object refused on read and on put", "last byte of a leaf",
-                    {"object": first}, None, True)
+    evidence.record(
+        "tampered object refused on read and on put",
+        "last byte of a leaf",
+        {"object": first},
+        None,
+        True,
+    )
 
 
 def test_put_crash_leaves_no_partial_object(artifacts, tmp_path, evidence):
@@ -149,8 +177,13 @@ def test_put_crash_leaves_no_partial_object(artifacts, tmp_path, evidence):
     swept = objects.sweep_scratch()
     object_id = objects.put(artifacts[1])
     ok = swept == 1 and objects.ids() == [object_id] and not any(objects.scratch.iterdir())
-    assert evidence.record("scratch is never an object", "interrupted copy, then a put",
-                           {"swept": swept, "ids": objects.ids()}, None, ok)
+    assert evidence.record(
+        "scratch is never an object",
+        "interrupted copy, then a put",
+        {"swept": swept, "ids": objects.ids()},
+        None,
+        ok,
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -160,9 +193,14 @@ def test_stored_model_computes_what_numpy_computes(artifacts, tmp_path, seed, ev
     heldout = data.heldout_set(0, 0.2)
     logits = np.asarray(train.predict(loaded.graphdef, loaded.params, jnp.asarray(heldout.images)))
     reference = model.forward_numpy(loaded.artifact.params, heldout.images)
-    assert evidence.allclose("stored model logits vs NumPy float64", f"seed {seed}, "
-                             f"{len(heldout.ids)} held-out rows", logits, reference,
-                             rtol=1e-4, atol=1e-4)
+    assert evidence.allclose(
+        "stored model logits vs NumPy float64",
+        f"seed {seed}, {len(heldout.ids)} held-out rows",
+        logits,
+        reference,
+        rtol=1e-4,
+        atol=1e-4,
+    )
     golden = loaded.artifact
     golden_logits = train.predict(loaded.graphdef, loaded.params, jnp.asarray(golden.golden_inputs))
     assert np.array_equal(np.asarray(golden_logits), golden.golden_logits), (

@@ -27,20 +27,38 @@ def test_report_metrics_agree_with_sklearn_and_numpy(evaluated_store, seed, evid
     predictions = np.asarray(report["predictions"])
     artifact = checkpoint.read_artifact(objects.get(models[seed]))
     numpy_predictions = model.forward_numpy(artifact.params, heldout.images).argmax(axis=1)
-    assert evidence.record("stored predictions = NumPy float64 forward pass", f"seed {seed}",
-                           {"differing": int(np.sum(numpy_predictions != predictions)),
-                            "count": int(predictions.size)}, {"differing": 0},
-                           np.array_equal(numpy_predictions, predictions))
+    assert evidence.record(
+        "stored predictions = NumPy float64 forward pass",
+        f"seed {seed}",
+        {
+            "differing": int(np.sum(numpy_predictions != predictions)),
+            "count": int(predictions.size),
+        },
+        {"differing": 0},
+        np.array_equal(numpy_predictions, predictions),
+    )
     m = report["metrics"]
     reference = {
         "accuracy": accuracy_score(heldout.labels, predictions),
         "class_recall": recall_score(heldout.labels, predictions, average=None).tolist(),
         "confusion": confusion_matrix(heldout.labels, predictions).tolist(),
     }
-    assert evidence.allclose("accuracy vs sklearn", f"seed {seed}", m["accuracy"],
-                             reference["accuracy"], rtol=0, atol=1e-12)
-    assert evidence.allclose("class recall vs sklearn", f"seed {seed}", m["class_recall"],
-                             reference["class_recall"], rtol=0, atol=1e-12)
+    assert evidence.allclose(
+        "accuracy vs sklearn",
+        f"seed {seed}",
+        m["accuracy"],
+        reference["accuracy"],
+        rtol=0,
+        atol=1e-12,
+    )
+    assert evidence.allclose(
+        "class recall vs sklearn",
+        f"seed {seed}",
+        m["class_recall"],
+        reference["class_recall"],
+        rtol=0,
+        atol=1e-12,
+    )
     assert m["confusion"] == reference["confusion"]
     assert m["accuracy"] > 0.85, "a tiny model still learns the digits"
     assert report["model_id"] == models[seed]
@@ -61,20 +79,37 @@ def test_report_binds_data_code_and_runtime(evaluated_store, evidence):
 
     assert report["runtime"]["jax"] == jax.__version__
     # No wall-clock time anywhere: the same inputs give the same bytes.
-    assert set(report) == {"format", "model_id", "data", "code", "runtime", "metrics", "ids",
-                           "predictions"}
+    assert set(report) == {
+        "format",
+        "model_id",
+        "data",
+        "code",
+        "runtime",
+        "metrics",
+        "ids",
+        "predictions",
+    }
     assert "signed_at" not in json.dumps(report) and "_ms" not in json.dumps(report)
-    evidence.record("report identity fields", "seed 0", {"data": report["data"],
-                    "code": report["code"], "runtime": report["runtime"]}, None, True)
+    evidence.record(
+        "report identity fields",
+        "seed 0",
+        {"data": report["data"], "code": report["code"], "runtime": report["runtime"]},
+        None,
+        True,
+    )
 
 
 def test_same_model_same_evaluation_id(evaluated_store, evidence):
     objects, models, reports = evaluated_store
     again, _ = evaluation.evaluate(objects, models[0], Policy())
     ok = again == reports[0][0] and again != reports[1][0]
-    assert evidence.record("evaluation id is reproducible", "model A evaluated twice, then B",
-                           {"first": reports[0][0], "again": again, "other": reports[1][0]},
-                           None, ok)
+    assert evidence.record(
+        "evaluation id is reproducible",
+        "model A evaluated twice, then B",
+        {"first": reports[0][0], "again": again, "other": reports[1][0]},
+        None,
+        ok,
+    )
 
 
 def _edited(report: dict, how: str) -> dict:
@@ -121,9 +156,13 @@ def test_verify_refuses_another_model_or_data_set(evaluated_store, evidence):
     evaluation.verify_report(elsewhere, model_id=models[0], policy=shifted)
     with pytest.raises(evaluation.EvaluationMismatch, match="data set") as other_data:
         evaluation.verify_report(elsewhere, model_id=models[0], policy=Policy())
-    evidence.record("binding refusals", "model B for A's report; split_seed 1 report",
-                    {"other_model": str(other_model.value), "other_data": str(other_data.value)},
-                    None, True)
+    evidence.record(
+        "binding refusals",
+        "model B for A's report; split_seed 1 report",
+        {"other_model": str(other_model.value), "other_data": str(other_data.value)},
+        None,
+        True,
+    )
 
 
 def test_rerun_catches_predictions_of_another_model(evaluated_store, evidence):
@@ -134,13 +173,19 @@ def test_rerun_catches_predictions_of_another_model(evaluated_store, evidence):
     forged["model_id"] = models[0]
     evaluation.verify_report(forged, model_id=models[0], policy=Policy())
     with pytest.raises(evaluation.EvaluationMismatch, match="Re-running model") as info:
-        evaluation.verify_report(forged, model_id=models[0], policy=Policy(),
-                                 model_dir=objects.get(models[0]))
-    verified = evaluation.verify_report(reports[0][1], model_id=models[0], policy=Policy(),
-                                        model_dir=objects.get(models[0]))
-    assert evidence.record("re-run verification", "forged vs genuine report of A",
-                           {"forged": str(info.value), "genuine_reran": verified.reran}, None,
-                           verified.reran)
+        evaluation.verify_report(
+            forged, model_id=models[0], policy=Policy(), model_dir=objects.get(models[0])
+        )
+    verified = evaluation.verify_report(
+        reports[0][1], model_id=models[0], policy=Policy(), model_dir=objects.get(models[0])
+    )
+    assert evidence.record(
+        "re-run verification",
+        "forged vs genuine report of A",
+        {"forged": str(info.value), "genuine_reran": verified.reran},
+        None,
+        verified.reran,
+    )
 
 
 def test_tampered_report_object_is_refused(evaluated_store, tmp_path, evidence):
@@ -153,5 +198,6 @@ def test_tampered_report_object_is_refused(evaluated_store, tmp_path, evidence):
     path.write_text(path.read_text().replace('"correct":', '"correct": ', 1))  # Same JSON value.
     with pytest.raises(store.TamperedObject):
         evaluation.load_report(copy_store, evaluation_id)
-    evidence.record("report bytes are its identity", "whitespace added", {"id": evaluation_id},
-                    None, True)
+    evidence.record(
+        "report bytes are its identity", "whitespace added", {"id": evaluation_id}, None, True
+    )

@@ -25,9 +25,14 @@ from engineering_release.config import Policy
 
 def approval_for(state, model_id: str, pem, **kw) -> dict:
     evaluation_id, _ = evaluation.evaluate(state.store, model_id, state.policy())
-    return signing.sign_approval(signing.load_private(pem), model_id=model_id,
-                                 evaluation_id=evaluation_id, policy=state.policy(),
-                                 signer=pem.stem, **kw)
+    return signing.sign_approval(
+        signing.load_private(pem),
+        model_id=model_id,
+        evaluation_id=evaluation_id,
+        policy=state.policy(),
+        signer=pem.stem,
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -42,24 +47,53 @@ def test_openssl_verifies_our_signatures(state, tmp_path, evidence):
     for name, seed in (("alice", 0), ("bob", 1)):
         _, pem = signing.generate_key(state.keys, name)
         approval = approval_for(state, models[seed], pem)
-        public = signing.load_private(pem).public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        public = (
+            signing.load_private(pem)
+            .public_key()
+            .public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
         (tmp_path / "pub.pem").write_bytes(public)
         (tmp_path / "sig").write_bytes(base64.b64decode(approval["signature"]))
         results = {}
-        for label, payload in (("as signed", signing.approval_payload(approval)),
-                               ("model id changed", signing.approval_payload(
-                                   {**approval, "model_id": models[1 - seed]}))):
+        for label, payload in (
+            ("as signed", signing.approval_payload(approval)),
+            (
+                "model id changed",
+                signing.approval_payload({**approval, "model_id": models[1 - seed]}),
+            ),
+        ):
             (tmp_path / "payload").write_bytes(payload)
             out = subprocess.run(
-                ["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", "pub.pem", "-rawin",
-                 "-in", "payload", "-sigfile", "sig"], cwd=tmp_path, capture_output=True,
-                text=True, check=False)
+                [
+                    "openssl",
+                    "pkeyutl",
+                    "-verify",
+                    "-pubin",
+                    "-inkey",
+                    "pub.pem",
+                    "-rawin",
+                    "-in",
+                    "payload",
+                    "-sigfile",
+                    "sig",
+                ],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             results[label] = out.returncode
         signing.verify_approval(approval, signing.read_keyring(state.keys))
         ok = results == {"as signed": 0, "model id changed": 1}
-        assert evidence.record("openssl verifies the Ed25519 approval", f"key {name}, seed {seed}",
-                               {"openssl_exit": results}, {"as signed": 0, "changed": 1}, ok)
+        assert evidence.record(
+            "openssl verifies the Ed25519 approval",
+            f"key {name}, seed {seed}",
+            {"openssl_exit": results},
+            {"as signed": 0, "changed": 1},
+            ok,
+        )
 
 
 def test_refused_approvals(state, evidence):
@@ -76,8 +110,10 @@ def test_refused_approvals(state, evidence):
         "expired key": (approval_for(state, models[0], expired), "expired"),
         "model id edited": ({**good, "model_id": models[1]}, "does not verify"),
         "evaluation id edited": ({**good, "evaluation_id": "0" * 64}, "does not verify"),
-        "policy edited": ({**good, "policy": {**good["policy"], "min_accuracy": 0.1}},
-                          "policy_sha256"),
+        "policy edited": (
+            {**good, "policy": {**good["policy"], "min_accuracy": 0.1}},
+            "policy_sha256",
+        ),
     }
     for label, (approval, message) in cases.items():
         with pytest.raises(signing.SignatureRefused, match=message) as info:
@@ -91,9 +127,13 @@ def test_refused_approvals(state, evidence):
     with pytest.raises(release.ReleaseRefused, match="not in the trusted keyring"):
         release.approve(state, models[0], eval_a, foreign, "mallory")
     after = state.ledger_path.read_bytes() if state.ledger_path.exists() else b""
-    assert evidence.record("refused approvals change nothing", "other model; foreign key",
-                           {"log_bytes_before": len(before), "after": len(after)}, None,
-                           before == after)
+    assert evidence.record(
+        "refused approvals change nothing",
+        "other model; foreign key",
+        {"log_bytes_before": len(before), "after": len(after)},
+        None,
+        before == after,
+    )
 
 
 def _chain_reference(lines: list[str]) -> list[str]:
@@ -102,8 +142,9 @@ def _chain_reference(lines: list[str]) -> list[str]:
     for line in lines:
         entry = json.loads(line)
         body = {k: entry[k] for k in ("seq", "kind", "prev", "body")}
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
-                                .encode()).hexdigest()
+        digest = hashlib.sha256(
+            json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
         out.append("ok" if entry["prev"] == prev and entry["hash"] == digest else "broken")
         prev = entry["hash"]
     return out
@@ -112,10 +153,20 @@ def _chain_reference(lines: list[str]) -> list[str]:
 def _build_log(state, models, pem) -> list[dict]:
     """approve A, approve B, release A, release B, rollback to A, release B."""
     entries_of = state.entries
-    a = release.approve(state, models[0], evaluation.evaluate(state.store, models[0],
-                                                              state.policy())[0], pem, "alice")
-    b = release.approve(state, models[1], evaluation.evaluate(state.store, models[1],
-                                                              state.policy())[0], pem, "alice")
+    a = release.approve(
+        state,
+        models[0],
+        evaluation.evaluate(state.store, models[0], state.policy())[0],
+        pem,
+        "alice",
+    )
+    b = release.approve(
+        state,
+        models[1],
+        evaluation.evaluate(state.store, models[1], state.policy())[0],
+        pem,
+        "alice",
+    )
     rel_a = ledger.append(state.ledger_path, "release", ledger.release_body(entries_of(), a))
     ledger.append(state.ledger_path, "release", ledger.release_body(entries_of(), b))
     ledger.append(state.ledger_path, "rollback", ledger.rollback_body(entries_of(), rel_a))
@@ -158,9 +209,13 @@ def test_chain_detects_edits_reorders_and_deletions(state, evidence):
         found = ledger.verify_chain(state.entries()) + registry.check(state.client, state.entries())
         reference = _chain_reference(out)
         detected_by_reference = "broken" in reference or len(out) < 6
-        assert evidence.record("damaged log detected", how,
-                               {"problems": found, "reference": reference}, None,
-                               bool(found) and detected_by_reference)
+        assert evidence.record(
+            "damaged log detected",
+            how,
+            {"problems": found, "reference": reference},
+            None,
+            bool(found) and detected_by_reference,
+        )
     state.ledger_path.write_text("\n".join(lines) + "\n")
     assert ledger.verify_chain(state.entries()) == []
 
@@ -182,15 +237,26 @@ def test_rollback_is_a_new_entry_pointing_at_an_approved_release(state, evidence
         and ledger.serving_model(after) == models[0]
         and ledger.previous_model(after) == models[1]
     )
-    assert evidence.record("rollback appends, never deletes", "after release B",
-                           {"to": entry["body"]["to"], "entries": len(after)}, None, ok)
+    assert evidence.record(
+        "rollback appends, never deletes",
+        "after release B",
+        {"to": entry["body"]["to"], "entries": len(after)},
+        None,
+        ok,
+    )
     approve_hash = entries[0]["hash"]
     with pytest.raises(ledger.LedgerError, match="earlier release"):
-        ledger.append(state.ledger_path, "rollback",
-                      {**ledger.rollback_body(after, target), "to": approve_hash})
+        ledger.append(
+            state.ledger_path,
+            "rollback",
+            {**ledger.rollback_body(after, target), "to": approve_hash},
+        )
     with pytest.raises(ledger.LedgerError, match="approve entry"):
-        ledger.append(state.ledger_path, "release", {"model_id": models[1], "approval": "0" * 64,
-                                                     "previous_model_id": models[0]})
+        ledger.append(
+            state.ledger_path,
+            "release",
+            {"model_id": models[1], "approval": "0" * 64, "previous_model_id": models[0]},
+        )
     assert state.entries() == after, "refused entries are not appended"
 
 
@@ -200,15 +266,23 @@ def test_registry_aliases_follow_the_log(state, evidence):
     entries = _build_log(state, models, pem)
     from mlflow import MlflowClient
 
-    independent = MlflowClient(tracking_uri=f"sqlite:///{state.root / 'registry.db'}",
-                               registry_uri=f"sqlite:///{state.root / 'registry.db'}")
+    independent = MlflowClient(
+        tracking_uri=f"sqlite:///{state.root / 'registry.db'}",
+        registry_uri=f"sqlite:///{state.root / 'registry.db'}",
+    )
     champion = independent.get_model_version_by_alias(registry.MODEL_NAME, "champion")
     previous = independent.get_model_version_by_alias(registry.MODEL_NAME, "previous")
-    ok = (champion.tags["model_id"] == entries[-1]["body"]["model_id"]
-          and previous.tags["model_id"] == entries[-1]["body"]["previous_model_id"])
-    assert evidence.record("aliases equal the log's serving and previous models",
-                           "after 4 releases and a rollback",
-                           {"champion": champion.version, "previous": previous.version}, None, ok)
+    ok = (
+        champion.tags["model_id"] == entries[-1]["body"]["model_id"]
+        and previous.tags["model_id"] == entries[-1]["body"]["previous_model_id"]
+    )
+    assert evidence.record(
+        "aliases equal the log's serving and previous models",
+        "after 4 releases and a rollback",
+        {"champion": champion.version, "previous": previous.version},
+        None,
+        ok,
+    )
     # An alias moved behind the log's back is reported, and sync moves it back.
     independent.set_registered_model_alias(registry.MODEL_NAME, "champion", previous.version)
     problems = registry.check(state.client, entries)
@@ -218,8 +292,13 @@ def test_registry_aliases_follow_the_log(state, evidence):
     # A truncated log is lost history: refused, never "synced" backwards.
     with pytest.raises(registry.RegistryError, match="lost entries"):
         registry.sync(state.client, entries[:-1])
-    evidence.record("moved alias reported and restored; truncation refused", "champion moved",
-                    {"problems": problems}, None, True)
+    evidence.record(
+        "moved alias reported and restored; truncation refused",
+        "champion moved",
+        {"problems": problems},
+        None,
+        True,
+    )
 
 
 def test_policy_is_part_of_what_is_signed(state, evidence):
@@ -228,5 +307,10 @@ def test_policy_is_part_of_what_is_signed(state, evidence):
     approval = approval_for(state, models[0], pem)
     assert approval["policy"] == Policy().to_dict()
     assert approval["policy_sha256"] == Policy().sha256() != Policy(min_accuracy=0.95).sha256()
-    evidence.record("policy bound by its digest", "default vs min_accuracy 0.95",
-                    {"policy_sha256": approval["policy_sha256"]}, None, True)
+    evidence.record(
+        "policy bound by its digest",
+        "default vs min_accuracy 0.95",
+        {"policy_sha256": approval["policy_sha256"]},
+        None,
+        True,
+    )

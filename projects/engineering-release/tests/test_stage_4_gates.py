@@ -67,8 +67,13 @@ def register_and_approve(state, model_dir: Path, pem: Path, policy: Policy | Non
     model_id, _ = release.register(state, model_dir)
     policy = policy or state.policy()
     evaluation_id, _ = evaluation.evaluate(state.store, model_id, policy)
-    approval = signing.sign_approval(signing.load_private(pem), model_id=model_id,
-                                     evaluation_id=evaluation_id, policy=policy, signer="approver")
+    approval = signing.sign_approval(
+        signing.load_private(pem),
+        model_id=model_id,
+        evaluation_id=evaluation_id,
+        policy=policy,
+        signer="approver",
+    )
     ledger.append(state.ledger_path, "approve", {"approval": approval})
     registry.sync(state.client, state.entries())
     return model_id
@@ -93,9 +98,13 @@ def test_gates_refuse_and_change_nothing(released, tmp_path, evidence):
         "threshold missed (strict policy)": (pem, eval_c, strict),
     }
     for key, evaluation_id, policy in approvals.values():
-        approval = signing.sign_approval(signing.load_private(key), model_id=c,
-                                         evaluation_id=evaluation_id, policy=policy,
-                                         signer=key.stem)
+        approval = signing.sign_approval(
+            signing.load_private(key),
+            model_id=c,
+            evaluation_id=evaluation_id,
+            policy=policy,
+            signer=key.stem,
+        )
         ledger.append(state.ledger_path, "approve", {"approval": approval})
     registry.sync(state.client, state.entries())
     heldout = data.heldout_set(0, 0.2)
@@ -104,27 +113,47 @@ def test_gates_refuse_and_change_nothing(released, tmp_path, evidence):
     before = snapshot(state)
     cases = [
         ("unknown id", default, "f" * 64, ["Unknown object id"]),
-        ("C under the default policy", default, c,
-         ["not in the trusted keyring", "data set", "another policy"]),
-        ("C under the strict policy", strict, c,
-         ["not in the trusted keyring", "below the policy's 0.999"]),
-        ("B, approved under the default policy, with the strict one in force", strict,
-         models[1], ["another policy"]),
+        (
+            "C under the default policy",
+            default,
+            c,
+            ["not in the trusted keyring", "data set", "another policy"],
+        ),
+        (
+            "C under the strict policy",
+            strict,
+            c,
+            ["not in the trusted keyring", "below the policy's 0.999"],
+        ),
+        (
+            "B, approved under the default policy, with the strict one in force",
+            strict,
+            models[1],
+            ["another policy"],
+        ),
     ]
     for label, policy, model_id, messages in cases:
         state.set_policy(policy)
         with pytest.raises((release.ReleaseRefused, release.StoreError)) as info:
             release.release(state, model_id)
         found = [m for m in messages if m in str(info.value)]
-        assert evidence.record("gate refused with every reason", label,
-                               {"message": str(info.value)[:600], "expected": messages},
-                               None, found == messages)
+        assert evidence.record(
+            "gate refused with every reason",
+            label,
+            {"message": str(info.value)[:600], "expected": messages},
+            None,
+            found == messages,
+        )
     state.set_policy(default)
     assert snapshot(state) == before, "a refused release changes nothing"
     # The threshold verdict agrees with an accuracy computed independently (NumPy).
-    assert evidence.record("threshold verdict vs NumPy accuracy", "min_accuracy 0.999",
-                           {"numpy_accuracy": accuracy}, {"min_accuracy": 0.999},
-                           accuracy < 0.999)
+    assert evidence.record(
+        "threshold verdict vs NumPy accuracy",
+        "min_accuracy 0.999",
+        {"numpy_accuracy": accuracy},
+        {"min_accuracy": 0.999},
+        accuracy < 0.999,
+    )
     # The same gates pass a sound approval: B under the policy it was approved under.
     assert release.release(state, models[1]).model_id == models[1]
 
@@ -138,9 +167,13 @@ def test_bad_candidates_leave_the_previous_release_serving(released, host, tmp_p
     wrong = source.golden_logits.copy()
     wrong[0, wrong[0].argmin()] += 0.01  # Beyond the tolerance; no prediction changes.
     bad_dir = checkpoint.write_artifact(
-        tmp_path / "bad", architecture=source.manifest["architecture"], params=source.params,
-        golden_inputs=source.golden_inputs, golden_logits=wrong,
-        training=source.manifest["training"])
+        tmp_path / "bad",
+        architecture=source.manifest["architecture"],
+        params=source.params,
+        golden_inputs=source.golden_inputs,
+        golden_logits=wrong,
+        training=source.manifest["training"],
+    )
     bad = register_and_approve(state, bad_dir, pem)
     before = snapshot(state)
     load = LoadGenerator(host.port, clients=2, max_requests=5000, max_seconds=120, rows=rows)
@@ -159,11 +192,20 @@ def test_bad_candidates_leave_the_previous_release_serving(released, host, tmp_p
     reference = numpy_predictions(state, models[0], rows)
     wrong_answers = sum(int(s.prediction != reference[s.row]) for s in samples)
     ok = served == {models[0]} and not failed and wrong_answers == 0
-    assert evidence.record("previous release keeps serving", "golden mismatch; readiness timeout",
-                           {"requests": len(samples), "failed": len(failed),
-                            "served_by": sorted(m[:12] for m in served if m),
-                            "wrong_vs_numpy": wrong_answers, "golden": str(golden.value)[:300],
-                            "slow": str(slow.value)[:300]}, None, ok)
+    assert evidence.record(
+        "previous release keeps serving",
+        "golden mismatch; readiness timeout",
+        {
+            "requests": len(samples),
+            "failed": len(failed),
+            "served_by": sorted(m[:12] for m in served if m),
+            "wrong_vs_numpy": wrong_answers,
+            "golden": str(golden.value)[:300],
+            "slow": str(slow.value)[:300],
+        },
+        None,
+        ok,
+    )
 
 
 def test_ten_releases_and_rollbacks_under_load_fail_nothing(released, host, evidence):
@@ -177,34 +219,63 @@ def test_ten_releases_and_rollbacks_under_load_fail_nothing(released, host, evid
     for i in range(10):
         before = ledger.serving_model(state.entries())
         started = time.perf_counter()
-        outcome = (release.release(state, models[1]) if i % 4 == 0 else
-                   release.rollback(state) if i % 2 == 1 else
-                   release.rollback(state, to=[e for e in state.entries()
-                                               if e["body"].get("model_id") == models[1]
-                                               and e["kind"] != "approve"][-1]["hash"][:12]))
+        outcome = (
+            release.release(state, models[1])
+            if i % 4 == 0
+            else release.rollback(state)
+            if i % 2 == 1
+            else release.rollback(
+                state,
+                to=[
+                    e
+                    for e in state.entries()
+                    if e["body"].get("model_id") == models[1] and e["kind"] != "approve"
+                ][-1]["hash"][:12],
+            )
+        )
         done = time.perf_counter()
         count = len(load.samples)
         load.wait_for(count + 10)
         after = [s for s in load.samples if s.start >= done]
-        operations.append({"op": outcome.kind, "from": before[:12], "to": outcome.model_id[:12],
-                           "seconds": done - started,
-                           "after_switch_served_by_new": all(s.model_id == outcome.model_id
-                                                             for s in after)})
+        operations.append(
+            {
+                "op": outcome.kind,
+                "from": before[:12],
+                "to": outcome.model_id[:12],
+                "seconds": done - started,
+                "after_switch_served_by_new": all(s.model_id == outcome.model_id for s in after),
+            }
+        )
         assert outcome.previous_model_id == before and outcome.model_id != before
     samples = load.stop()
     failed = [s for s in samples if s.status != 200]
-    wrong = sum(int(s.prediction != reference[s.model_id][s.row]) for s in samples
-                if s.model_id in reference)
+    wrong = sum(
+        int(s.prediction != reference[s.model_id][s.row])
+        for s in samples
+        if s.model_id in reference
+    )
     served = {s.model_id for s in samples}
-    ok = (not failed and wrong == 0 and served <= set(models.values())
-          and all(o["after_switch_served_by_new"] for o in operations)
-          and release.verify(state) == [])
+    ok = (
+        not failed
+        and wrong == 0
+        and served <= set(models.values())
+        and all(o["after_switch_served_by_new"] for o in operations)
+        and release.verify(state) == []
+    )
     latencies = sorted(s.end - s.start for s in samples)
-    assert evidence.record("no failed request during 10 releases and rollbacks", "2 clients",
-                           {"requests": len(samples), "failed": len(failed),
-                            "wrong_vs_numpy": wrong, "operations": operations,
-                            "p99_s": latencies[int(0.99 * (len(latencies) - 1))]},
-                           {"failed": 0}, ok)
+    assert evidence.record(
+        "no failed request during 10 releases and rollbacks",
+        "2 clients",
+        {
+            "requests": len(samples),
+            "failed": len(failed),
+            "wrong_vs_numpy": wrong,
+            "operations": operations,
+            "p99_s": latencies[int(0.99 * (len(latencies) - 1))],
+        },
+        {"failed": 0},
+        ok,
+    )
 
 
 def test_sigkill_at_seeded_moments_leaves_old_or_new(released_template, evidence):
@@ -214,8 +285,19 @@ def test_sigkill_at_seeded_moments_leaves_old_or_new(released_template, evidence
     points = random.Random(22).sample(release.CRASH_POINTS, 10)
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run(
-            [sys.executable, str(Path(__file__).with_name("kill_worker.py")), str(template),
-             models[1], tmp, *points], capture_output=True, text=True, timeout=900, check=False)
+            [
+                sys.executable,
+                str(Path(__file__).with_name("kill_worker.py")),
+                str(template),
+                models[1],
+                tmp,
+                *points,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs = [json.loads(line) for line in proc.stdout.splitlines()]
         assert sorted(r["point"] for r in runs) == sorted(points)
@@ -227,15 +309,22 @@ def test_sigkill_at_seeded_moments_leaves_old_or_new(released_template, evidence
             assert ledger.verify_chain(raw) == []
             serving = ledger.serving_model(raw)
             old = state.ledger_path.read_bytes() == old_log
-            new = (len(raw) == len(old_log.splitlines()) + 1 and serving == models[1]
-                   and state.ledger_path.read_bytes().startswith(old_log))
+            new = (
+                len(raw) == len(old_log.splitlines()) + 1
+                and serving == models[1]
+                and state.ledger_path.read_bytes().startswith(old_log)
+            )
             recovered = release.recover(state)
             problems = release.verify(state)
             champion = registry.state(state.client)["champion"]
             ok = (old != new) and problems == [] and champion == serving
-            assert evidence.record("SIGKILL leaves the old release or the new one",
-                                   run["point"], {"state": "old" if old else "new",
-                                   "recovered": recovered, "problems": problems}, None, ok)
+            assert evidence.record(
+                "SIGKILL leaves the old release or the new one",
+                run["point"],
+                {"state": "old" if old else "new", "recovered": recovered, "problems": problems},
+                None,
+                ok,
+            )
         # From an old state, the release simply goes through again.
         first_old = next(r for r in runs if (r["root"] / "ledger.jsonl").read_bytes() == old_log)
         state = release.State(first_old["root"])

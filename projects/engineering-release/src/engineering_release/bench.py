@@ -79,7 +79,10 @@ def _start_host(root: Path, echo) -> subprocess.Popen:
     with log.open("w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "engineering_release.cli", "--root", str(root), "serve"],
-            stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+        )
     deadline = time.monotonic() + 300
     from engineering_release import serve
 
@@ -103,19 +106,26 @@ def _stats(latencies: list[float]) -> dict:
     if not latencies:
         return {"n": 0}
     a = np.asarray(latencies)
-    return {"n": int(a.size), "median_s": float(np.median(a)), "p90_s": float(np.percentile(a, 90)),
-            "p99_s": p99(latencies), "max_s": float(a.max())}
+    return {
+        "n": int(a.size),
+        "median_s": float(np.median(a)),
+        "p90_s": float(np.percentile(a, 90)),
+        "p99_s": p99(latencies),
+        "max_s": float(a.max()),
+    }
 
 
-def _serving(state: release.State, models: list[str], switches: int, clients: int,
-             window_s: float, echo) -> dict:
+def _serving(
+    state: release.State, models: list[str], switches: int, clients: int, window_s: float, echo
+) -> dict:
     from engineering_release import serve
 
     host = serve.find_host(state.host_file)
     port = host.port
     host.close()
-    load = LoadGenerator(port, clients=clients, max_requests=10**6,
-                         max_seconds=60 + switches * (window_s * 2 + 30)).start()
+    load = LoadGenerator(
+        port, clients=clients, max_requests=10**6, max_seconds=60 + switches * (window_s * 2 + 30)
+    ).start()
     load.wait_for(50)
     steady, switch, ops = [], [], []
     for i in range(switches):
@@ -124,17 +134,27 @@ def _serving(state: release.State, models: list[str], switches: int, clients: in
         t1 = time.perf_counter()
         steady.append((t0, t1))
         serving = ledger.serving_model(state.entries())
-        outcome = (release.rollback(state) if ledger.previous_model(state.entries())
-                   and i % 2 == 1 else release.release(state, models[1] if serving == models[0]
-                                                       else models[0]))
+        outcome = (
+            release.rollback(state)
+            if ledger.previous_model(state.entries()) and i % 2 == 1
+            else release.release(state, models[1] if serving == models[0] else models[0])
+        )
         t2 = time.perf_counter()
         time.sleep(window_s / 4)  # The tail of the switch: the old backend drains and stops.
         t3 = time.perf_counter()
         switch.append((t1, t3))
-        ops.append({"kind": outcome.kind, "model_id": outcome.model_id[:12],
-                    "seconds": t2 - t1, **{k: round(v, 4) for k, v in outcome.timings.items()}})
-        echo(f"switch {i + 1}/{switches}: {outcome.kind} to {outcome.model_id[:12]} "
-             f"in {t2 - t1:.2f} s")
+        ops.append(
+            {
+                "kind": outcome.kind,
+                "model_id": outcome.model_id[:12],
+                "seconds": t2 - t1,
+                **{k: round(v, 4) for k, v in outcome.timings.items()},
+            }
+        )
+        echo(
+            f"switch {i + 1}/{switches}: {outcome.kind} to {outcome.model_id[:12]} "
+            f"in {t2 - t1:.2f} s"
+        )
     samples = load.stop()
 
     def window(spans: list[tuple[float, float]]) -> list:
@@ -142,13 +162,21 @@ def _serving(state: release.State, models: list[str], switches: int, clients: in
 
     steady_s, switch_s = window(steady), window(switch)
     odd, even = window(steady[0::2]), window(steady[1::2])
-    lat = {name: [s.end - s.start for s in group if s.status == 200]
-           for name, group in (("steady", steady_s), ("switch", switch_s), ("odd", odd),
-                               ("even", even))}
+    lat = {
+        name: [s.end - s.start for s in group if s.status == 200]
+        for name, group in (
+            ("steady", steady_s),
+            ("switch", switch_s),
+            ("odd", odd),
+            ("even", even),
+        )
+    }
     return {
-        "failed": {"steady": sum(s.status != 200 for s in steady_s),
-                   "switch": sum(s.status != 200 for s in switch_s),
-                   "total": sum(s.status != 200 for s in samples)},
+        "failed": {
+            "steady": sum(s.status != 200 for s in steady_s),
+            "switch": sum(s.status != 200 for s in switch_s),
+            "total": sum(s.status != 200 for s in samples),
+        },
         "requests": len(samples),
         "measurements": {f"requests/{k}": _stats(v) for k, v in lat.items()},
         "ratios": {
@@ -169,8 +197,9 @@ def _long_log(root: Path, models: list[str], entries: int, config: TrainConfig) 
             train.write_model(trained, Path(tmp) / "m")
             assert release.register(state, Path(tmp) / "m")[0] == model_id
     _, pem = signing.generate_key(state.keys, "bench")
-    approvals = [release.approve(state, m, release.evaluate(state, m)[0], pem, "bench")
-                 for m in models]
+    approvals = [
+        release.approve(state, m, release.evaluate(state, m)[0], pem, "bench") for m in models
+    ]
     rows = ledger.read(state.ledger_path)
     releases = {}
     while len(rows) < entries:
@@ -200,13 +229,26 @@ def _verify_timing(state: release.State, reps: int = 20) -> dict:
         start = time.perf_counter()
         release.verify(state)
         times.append(time.perf_counter() - start)
-    return {"first_call_s": first, "median_s": statistics.median(times),
-            "p90_s": float(np.percentile(times, 90)), "min_s": min(times), "max_s": max(times),
-            "n": reps, "entries": len(state.entries())}
+    return {
+        "first_call_s": first,
+        "median_s": statistics.median(times),
+        "p90_s": float(np.percentile(times, 90)),
+        "min_s": min(times),
+        "max_s": max(times),
+        "n": reps,
+        "entries": len(state.entries()),
+    }
 
 
-def run_bench(out: Path, *, switches: int = 10, clients: int = 4, verify_entries: int = 100,
-              window_s: float = 2.0, echo: Callable[[str], None] = print) -> dict:
+def run_bench(
+    out: Path,
+    *,
+    switches: int = 10,
+    clients: int = 4,
+    verify_entries: int = 100,
+    window_s: float = 2.0,
+    echo: Callable[[str], None] = print,
+) -> dict:
     config = TrainConfig.tiny()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "release"
@@ -223,16 +265,20 @@ def run_bench(out: Path, *, switches: int = 10, clients: int = 4, verify_entries
     ratios = serving.pop("ratios")
     verdicts = {
         "failed_requests": f"{serving['failed']['total']} failed of {serving['requests']} "
-                           f"({'goal met' if serving['failed']['total'] == 0 else 'GOAL MISSED'})",
+        f"({'goal met' if serving['failed']['total'] == 0 else 'GOAL MISSED'})",
         "steady_vs_switch_p99": f"{ratios['steady_vs_switch_p99']:.3f} vs goal >= 0.5: "
-                                f"{'met' if ratios['steady_vs_switch_p99'] >= 0.5 else 'MISSED'}",
+        f"{'met' if ratios['steady_vs_switch_p99'] >= 0.5 else 'MISSED'}",
         "verify_100_entries": f"median {verify['median_s']:.3f} s vs goal < 1 s: "
-                              f"{'met' if verify['median_s'] < 1.0 else 'MISSED'}",
+        f"{'met' if verify['median_s'] < 1.0 else 'MISSED'}",
     }
     report = {
         "identity": _identity(config),
-        "settings": {"switches": switches, "clients": clients, "window_s": window_s,
-                     "verify_entries": verify_entries},
+        "settings": {
+            "switches": switches,
+            "clients": clients,
+            "window_s": window_s,
+            "verify_entries": verify_entries,
+        },
         "measurements": {**serving.pop("measurements"), "verify/log": verify},
         "ratios": ratios,
         "serving": serving,
@@ -255,13 +301,18 @@ def _plot(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3))
     for i, name in enumerate(names):
         if m[name].get("n"):
-            ax.bar([i - 0.2, i + 0.2], [m[name]["median_s"] * 1e3, m[name]["p99_s"] * 1e3],
-                   width=0.35, color=["tab:blue", "tab:orange"])
+            ax.bar(
+                [i - 0.2, i + 0.2],
+                [m[name]["median_s"] * 1e3, m[name]["p99_s"] * 1e3],
+                width=0.35,
+                color=["tab:blue", "tab:orange"],
+            )
     ax.set_xticks(range(len(names)), ["steady", "during a switch"])
     ax.set_ylabel("latency (ms): median, p99")
-    ax.set_title(f"failed: {report['serving']['failed']['total']}, "
-                 f"steady_vs_switch_p99 {report['ratios']['steady_vs_switch_p99']:.2f}")
+    ax.set_title(
+        f"failed: {report['serving']['failed']['total']}, "
+        f"steady_vs_switch_p99 {report['ratios']['steady_vs_switch_p99']:.2f}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-

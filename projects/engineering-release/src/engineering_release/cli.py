@@ -78,8 +78,14 @@ def _errors():
             raise BadInput(str(err)) from None
         except ConfigError as err:
             raise BadInput(str(err)) from None
-        except (release.ReleaseRefused, gates.GateRefused, evaluation.EvaluationMismatch,
-                signing.SignatureRefused, ledger.LedgerError, registry.RegistryError) as err:
+        except (
+            release.ReleaseRefused,
+            gates.GateRefused,
+            evaluation.EvaluationMismatch,
+            signing.SignatureRefused,
+            ledger.LedgerError,
+            registry.RegistryError,
+        ) as err:
             raise Refused(str(err)) from None
 
     return mapping()
@@ -114,12 +120,18 @@ def register(ctx: click.Context, config_path: str | None, seed: int | None) -> N
         state = _state(ctx)
         from engineering_release import release, train
 
-        click.echo(f"training: hidden {config.hidden_size}, {config.num_epochs} epochs, "
-                   f"seed {config.seed} ...", err=True)
+        click.echo(
+            f"training: hidden {config.hidden_size}, {config.num_epochs} epochs, "
+            f"seed {config.seed} ...",
+            err=True,
+        )
         start = time.perf_counter()
         trained = train.train(config)
-        click.echo(f"trained in {time.perf_counter() - start:.1f} s; final epoch loss "
-                   f"{trained.epoch_losses[-1]:.4f}", err=True)
+        click.echo(
+            f"trained in {time.perf_counter() - start:.1f} s; final epoch loss "
+            f"{trained.epoch_losses[-1]:.4f}",
+            err=True,
+        )
         with tempfile.TemporaryDirectory() as tmp:
             train.write_model(trained, Path(tmp) / "model")
             model_id, version = release.register(state, Path(tmp) / "model")
@@ -137,15 +149,18 @@ def evaluate(ctx: click.Context, model_id: str) -> None:
 
         evaluation_id, report = release.evaluate(state, model_id)
         m = report["metrics"]
-        click.echo(f"accuracy {m['accuracy']:.4f} ({m['correct']}/{m['count']})  "
-                   f"min class recall {m['min_class_recall']:.4f}")
+        click.echo(
+            f"accuracy {m['accuracy']:.4f} ({m['correct']}/{m['count']})  "
+            f"min class recall {m['min_class_recall']:.4f}"
+        )
         click.echo(f"evaluation {evaluation_id}")
 
 
 @main.command()
 @click.argument("name")
-@click.option("--valid-days", type=click.FloatRange(min=0.0, min_open=True), default=365.0,
-              show_default=True)
+@click.option(
+    "--valid-days", type=click.FloatRange(min=0.0, min_open=True), default=365.0, show_default=True
+)
 @click.option("--untrusted", is_flag=True, help="Do not add the key to the keyring.")
 @click.pass_context
 def keygen(ctx: click.Context, name: str, valid_days: float, untrusted: bool) -> None:
@@ -155,20 +170,26 @@ def keygen(ctx: click.Context, name: str, valid_days: float, untrusted: bool) ->
     if not name.replace("-", "").replace("_", "").isalnum():
         raise BadInput(f"Key name `{name}` must be letters, digits, `-` and `_` only.")
     with _errors():
-        kid, path = signing.generate_key(ctx.obj["root"] / "keys", name, valid_days=valid_days,
-                                         trust=not untrusted)
+        kid, path = signing.generate_key(
+            ctx.obj["root"] / "keys", name, valid_days=valid_days, trust=not untrusted
+        )
     click.echo(f"key {kid} at {path}" + ("" if not untrusted else " (not trusted)"))
 
 
 @main.command()
 @click.argument("model_id")
 @click.argument("evaluation_id")
-@click.option("--key", "key_path", type=click.Path(dir_okay=False),
-              help=f"Private key PEM (default: keys/{DEFAULT_KEY}.pem, created if missing).")
+@click.option(
+    "--key",
+    "key_path",
+    type=click.Path(dir_okay=False),
+    help=f"Private key PEM (default: keys/{DEFAULT_KEY}.pem, created if missing).",
+)
 @click.option("--signer", default=None, help="Name recorded in the approval.")
 @click.pass_context
-def approve(ctx: click.Context, model_id: str, evaluation_id: str, key_path: str | None,
-            signer: str | None) -> None:
+def approve(
+    ctx: click.Context, model_id: str, evaluation_id: str, key_path: str | None, signer: str | None
+) -> None:
     """Verify EVALUATION_ID for MODEL_ID, sign the approval, append it to the log."""
     with _errors():
         state = _state(ctx)
@@ -178,12 +199,14 @@ def approve(ctx: click.Context, model_id: str, evaluation_id: str, key_path: str
             key_path = state.keys / f"{DEFAULT_KEY}.pem"
             if not Path(key_path).exists():
                 kid, _ = signing.generate_key(state.keys, DEFAULT_KEY)
-                click.echo(f"created signing key {kid} ({DEFAULT_KEY}), trusted for 365 days",
-                           err=True)
+                click.echo(
+                    f"created signing key {kid} ({DEFAULT_KEY}), trusted for 365 days", err=True
+                )
         elif not Path(key_path).is_file():
             raise BadInput(f"No key file at `{key_path}`.")
-        entry = release.approve(state, model_id, evaluation_id, Path(key_path),
-                                signer or Path(key_path).stem)
+        entry = release.approve(
+            state, model_id, evaluation_id, Path(key_path), signer or Path(key_path).stem
+        )
         click.echo(f"approved: log entry {entry['seq']} {entry['hash']}")
 
 
@@ -198,8 +221,13 @@ def _outcome(outcome) -> None:
 
 @main.command()
 @click.argument("model_id")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=120.0, show_default=True,
-              help="Seconds a candidate may take to become ready.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=120.0,
+    show_default=True,
+    help="Seconds a candidate may take to become ready.",
+)
 @click.pass_context
 def release(ctx: click.Context, model_id: str, timeout: float) -> None:
     """Release MODEL_ID: gates, candidate readiness, commit, registry, switch."""
@@ -260,13 +288,20 @@ def verify(ctx: click.Context) -> None:
         for line in problems:
             click.echo(f"problem: {line}", err=True)
         raise Refused(f"{len(problems)} problem(s) in {entries} log entries.")
-    click.echo(f"verified: {entries} log entries, {len(state.store.ids())} objects, "
-               f"registry agrees ({elapsed:.3f} s)")
+    click.echo(
+        f"verified: {entries} log entries, {len(state.store.ids())} objects, "
+        f"registry agrees ({elapsed:.3f} s)"
+    )
 
 
 @main.command()
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Router port on 127.0.0.1 (0: a free port).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Router port on 127.0.0.1 (0: a free port).",
+)
 @click.pass_context
 def serve(ctx: click.Context, port: int) -> None:
     """Run the serving host until SIGINT/SIGTERM; it follows the release log."""
@@ -275,8 +310,9 @@ def serve(ctx: click.Context, port: int) -> None:
     root = Path(ctx.obj["root"])
     root.mkdir(parents=True, exist_ok=True)
     host = Host(root, port=port).start(host_file=root / "host.json")
-    click.echo(f"serving host on http://127.0.0.1:{host.port} (follows {root / 'ledger.jsonl'})",
-               err=True)
+    click.echo(
+        f"serving host on http://127.0.0.1:{host.port} (follows {root / 'ledger.jsonl'})", err=True
+    )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         while True:
@@ -301,8 +337,9 @@ def set_policy(ctx: click.Context, path: str) -> None:
 
 
 @main.command()
-@click.option("--out", type=click.Path(dir_okay=False), default="runs/bench.json",
-              show_default=True)
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default="runs/bench.json", show_default=True
+)
 @click.option("--switches", type=click.IntRange(2, 100), default=10, show_default=True)
 @click.option("--clients", type=click.IntRange(1, 32), default=4, show_default=True)
 @click.option("--verify-entries", type=click.IntRange(2, 10_000), default=100, show_default=True)
@@ -311,8 +348,13 @@ def bench(out: str, switches: int, clients: int, verify_entries: int) -> None:
     _quiet_mlflow()
     from engineering_release.bench import run_bench
 
-    report = run_bench(Path(out), switches=switches, clients=clients,
-                       verify_entries=verify_entries, echo=lambda s: click.echo(s, err=True))
+    report = run_bench(
+        Path(out),
+        switches=switches,
+        clients=clients,
+        verify_entries=verify_entries,
+        echo=lambda s: click.echo(s, err=True),
+    )
     for name, value in report["ratios"].items():
         click.echo(f"{name:28s} {value:8.3f}")
     for name, value in report["verdicts"].items():
@@ -322,4 +364,3 @@ def bench(out: str, switches: int, clients: int, verify_entries: int) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
-

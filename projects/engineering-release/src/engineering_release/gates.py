@@ -99,8 +99,10 @@ def promotion_gate(
             problems.append("Approval was signed under another policy than the one in force.")
         age = now - signing.parse_iso(approval["signed_at"])
         if age > dt.timedelta(days=policy.approval_valid_days):
-            problems.append(f"Approval is {age.days} days old; the policy allows "
-                            f"{policy.approval_valid_days:g}.")
+            problems.append(
+                f"Approval is {age.days} days old; the policy allows "
+                f"{policy.approval_valid_days:g}."
+            )
         verified = None
         if not problems:
             try:
@@ -111,8 +113,9 @@ def promotion_gate(
         if verified is not None:
             problems += thresholds(verified.metrics, policy)
         if not problems:
-            return GatePassed(model_id, entry, verified, checks=["signature", "evaluation",
-                                                                 "thresholds"])
+            return GatePassed(
+                model_id, entry, verified, checks=["signature", "evaluation", "thresholds"]
+            )
         # --- end exercise ---
         reasons.append(f"Approval `{entry['hash'][:12]}`: " + " ".join(problems))
     raise GateRefused(model_id, reasons)

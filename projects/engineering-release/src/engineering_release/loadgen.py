@@ -42,8 +42,10 @@ class LoadGenerator:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._sent = 0
-        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True)
-                         for i in range(self.clients)]
+        self._threads = [
+            threading.Thread(target=self._client, args=(i,), daemon=True)
+            for i in range(self.clients)
+        ]
 
     def _client(self, index: int) -> None:
         import httpx
@@ -69,8 +71,9 @@ class LoadGenerator:
                 end = time.perf_counter()
                 prediction = body.get("predictions", [None])[0]
                 with self._lock:
-                    self.samples.append(Sample(start, end, status, body.get("model_id"),
-                                               prediction, row))
+                    self.samples.append(
+                        Sample(start, end, status, body.get("model_id"), prediction, row)
+                    )
 
     def start(self) -> "LoadGenerator":
         for t in self._threads:

@@ -202,8 +202,14 @@ def _readiness(state: State, model_id: str, host, timeout_s: float) -> dict:
     return {"where": f"host candidate on port {staged['port']}", **body}
 
 
-def _promote(state: State, kind: str, model_id: str, approve_entry: dict | None,
-             body_of, readiness_timeout_s: float) -> Outcome:
+def _promote(
+    state: State,
+    kind: str,
+    model_id: str,
+    approve_entry: dict | None,
+    body_of,
+    readiness_timeout_s: float,
+) -> Outcome:
     from engineering_release import gates, serve
 
     crashpoint("release-start")
@@ -214,7 +220,11 @@ def _promote(state: State, kind: str, model_id: str, approve_entry: dict | None,
         raise ReleaseRefused("The record does not verify; fix it first: " + " ".join(problems))
     try:
         passed = gates.promotion_gate(
-            state.store, entries, signing.read_keyring(state.keys), state.policy(), model_id,
+            state.store,
+            entries,
+            signing.read_keyring(state.keys),
+            state.policy(),
+            model_id,
             approve_entry=approve_entry,
         )
     except gates.GateRefused as err:
@@ -241,13 +251,20 @@ def _promote(state: State, kind: str, model_id: str, approve_entry: dict | None,
         if host is not None:
             host.close()
     t4 = time.perf_counter()
-    return Outcome(kind, passed.model_id, previous, entry, ready, switched,
-                   {"gates_s": t1 - t0, "readiness_s": t2 - t1, "commit_s": t3 - t2,
-                    "switch_s": t4 - t3})
+    return Outcome(
+        kind,
+        passed.model_id,
+        previous,
+        entry,
+        ready,
+        switched,
+        {"gates_s": t1 - t0, "readiness_s": t2 - t1, "commit_s": t3 - t2, "switch_s": t4 - t3},
+    )
 
 
 def release(state: State, model_id: str, *, readiness_timeout_s: float = 120.0) -> Outcome:
     """Releases `model_id`: gates, readiness, commit, registry, switch."""
+
     def body(entries: list[dict], passed) -> dict:
         return ledger.release_body(entries, passed.approve_entry)
 
@@ -272,8 +289,9 @@ def rollback(state: State, to: str | None = None, *, readiness_timeout_s: float 
     def body(entries: list[dict], passed) -> dict:
         return ledger.rollback_body(entries, target)
 
-    return _promote(state, "rollback", target["body"]["model_id"], approve_entry, body,
-                    readiness_timeout_s)
+    return _promote(
+        state, "rollback", target["body"]["model_id"], approve_entry, body, readiness_timeout_s
+    )
 
 
 # STATUS AND VERIFY -----------------------------------------------------------
@@ -295,8 +313,11 @@ def status(state: State) -> dict:
     if host is not None:
         try:
             snap = host.state()
-            out["host"] = {"port": host.port, "serving": snap["serving"],
-                           "candidates": list(snap["candidates"])}
+            out["host"] = {
+                "port": host.port,
+                "serving": snap["serving"],
+                "candidates": list(snap["candidates"]),
+            }
         finally:
             host.close()
     return out
@@ -339,8 +360,11 @@ def verify(state: State, *, host_wait_s: float = 30.0) -> list[str]:
                 )
         try:
             report = evaluation.load_report(state.store, approval["evaluation_id"])
-            evaluation.verify_report(report, model_id=approval["model_id"],
-                                     policy=Policy.model_validate(approval["policy"]))
+            evaluation.verify_report(
+                report,
+                model_id=approval["model_id"],
+                policy=Policy.model_validate(approval["policy"]),
+            )
         except (evaluation.EvaluationMismatch, StoreError) as err:
             problems.append(f"Entry {entry['seq']}: evaluation refused: {err}")
     problems += registry.check(state.client, entries)

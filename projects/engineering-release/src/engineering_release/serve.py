@@ -155,8 +155,12 @@ class Backend:
         return span(app)
 
     async def readyz(self, request: Request) -> JSONResponse:
-        body = {"status": self.status, "reason": self.reason, "model_id": self.model_id,
-                "self_test": self.self_test}
+        body = {
+            "status": self.status,
+            "reason": self.reason,
+            "model_id": self.model_id,
+            "self_test": self.self_test,
+        }
         return JSONResponse(body, status_code=200 if self.status == "ready" else 503)
 
     async def predict(self, request: Request) -> JSONResponse:
@@ -185,15 +189,22 @@ class Backend:
         self._server.stop()
 
     def describe(self) -> dict:
-        return {"model_id": self.model_id, "port": self.port, "status": self.status,
-                "reason": self.reason, "served": self.served, "inflight": self.inflight}
+        return {
+            "model_id": self.model_id,
+            "port": self.port,
+            "status": self.status,
+            "reason": self.reason,
+            "served": self.served,
+            "inflight": self.inflight,
+        }
 
 
 class Host:
     """The router and its backends; follows the release log under `root`."""
 
-    def __init__(self, root: str | Path, *, port: int = 0, reconcile_s: float = 0.25,
-                 follow_log: bool = True):
+    def __init__(
+        self, root: str | Path, *, port: int = 0, reconcile_s: float = 0.25, follow_log: bool = True
+    ):
         self.root = Path(root)
         self.store_root = self.root / "store"
         self.ledger_path = self.root / "ledger.jsonl"

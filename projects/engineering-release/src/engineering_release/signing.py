@@ -114,8 +114,15 @@ def load_private(pem_path: str | Path) -> Ed25519PrivateKey:
 
 def approval_payload(approval: dict) -> bytes:
     """The exact bytes an approval's signature covers."""
-    fields = ("model_id", "evaluation_id", "policy", "policy_sha256", "key_id", "signer",
-              "signed_at")
+    fields = (
+        "model_id",
+        "evaluation_id",
+        "policy",
+        "policy_sha256",
+        "key_id",
+        "signer",
+        "signed_at",
+    )
     return canonical_json({name: approval[name] for name in fields})
 
 

@@ -4,9 +4,12 @@ from its figure and a tolerance derived from the dtype's eps.
 
 Tolerances: the JVP/VJP identities hold to rounding, 50 eps; the central
 difference at the theory step to 100 eps^(2/3) (the error model's minimum,
-with room for |f|/|f'''| != 1). Finite differences are always judged against
-a float64 JVP of the same function (`reference`), so in float32 they measure
-how far float32 finite differences can be trusted.
+with room for |f|/|f'''| != 1), times |f| / |J u| where the JVP is
+smaller than f (round-off scales with |f|); a bound past 0.1 makes the check
+inconclusive, reported as such, not passed on figures it cannot resolve.
+Finite differences are always judged against a float64 JVP of the same
+function (`reference`), so in float32 they measure how far float32 finite
+differences can be trusted.
 
 Run: `derivative-audit audit FUNCTION [--dtype float32]`.
 """
@@ -71,12 +74,17 @@ def audit_problem(
     references = [
         np.asarray(jax.jvp(ref_fn, (x64,), (u.astype(jnp.float64),))[1], np.float64) for u in us
     ]
+    f_norm = float(np.linalg.norm(np.asarray(fn(x), np.float64)))
     for i in range(config.directions):
-        add(
-            f"central_difference[{i}]",
-            checks.fd_check(fn, x, us[i], references[i]),
-            tol["finite_difference"],
-        )
+        figures = checks.fd_check(fn, x, us[i], references[i])
+        # Round-off is eps |f| / h, so relative to |J u| it is amplified by |f| / |J u|
+        # (a vanishing JVP, e.g. through a long contracting recurrence). The bound
+        # grows with it; past 0.1 the check cannot resolve the JVP and says so.
+        amplification = max(1.0, f_norm / max(float(np.linalg.norm(references[i])), 1e-300))
+        figures["amplification"] = amplification
+        bound = tol["finite_difference"] * amplification
+        figures["conclusive"] = bound < 0.1
+        add(f"central_difference[{i}]", figures, bound if bound < 0.1 else float("inf"))
     steps = checks.sweep_steps(
         config.sweep_min_exponent, config.sweep_max_exponent, config.sweep_points_per_decade
     )
@@ -107,6 +115,13 @@ def verdict(results: list[dict], opinion: dict, sweep: dict, dtype: str) -> str:
         if not failed
         else f"{len(failed)} of {len(results)} checks FAILED ({', '.join(failed[:4])})"
     )
+    blind = [r for r in results if r["figures"].get("conclusive") is False]
+    if blind:
+        amp = min(r["figures"]["amplification"] for r in blind)
+        head += (
+            f"; {len(blind)} finite-difference checks inconclusive (|f| / |J u| >= {amp:.0e}: "
+            f"{dtype} differences cannot resolve a JVP this small)"
+        )
     return (
         f"{head}; check_grads {'agrees' if opinion['passed'] else 'DISAGREES'}; "
         f"{dtype} finite differences agree with the exact JVP to {worst_fd:.1e} at the "

@@ -11,7 +11,8 @@
 
 Every path is compiled apart (`lower` + `compile`, timed), called once, then
 timed warm with `block_until_ready`, the paths interleaved for `rounds`
-rounds (the order rotated every round). Ratios are medians, above 1 when the first path is faster.
+rounds (in a fresh seeded random order every round). Ratios are medians,
+above 1 when the first path is faster.
 """
 
 import hashlib
@@ -134,9 +135,11 @@ def run(
     times: dict[str, list[float]] = {name: [] for name in paths}
     say(f"timing {len(paths)} paths, {rounds} interleaved rounds")
     names = list(compiled)
-    for r in range(rounds):
-        # Rotate the order every round so that no path always follows the same one.
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    order_rng = np.random.default_rng(0)
+    for _ in range(rounds):
+        # A fresh order every round: a call right after a heavy one (the unrolled
+        # gradient, the full Hessian) pays for it, and no path may always be that one.
+        for name in order_rng.permutation(names):
             exe, args, _ = compiled[name]
             start = time.perf_counter()
             jax.block_until_ready(exe(*args))

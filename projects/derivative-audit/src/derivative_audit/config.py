@@ -42,7 +42,7 @@ class Config(BaseModel):
     n: int = Field(default=8, ge=2, le=256)
     """Input width of every suite function (x has shape `(n,)`)."""
 
-    scan_length: int = Field(default=12, ge=1, le=1000)
+    scan_length: int = Field(default=6, ge=1, le=1000)
     """Steps of the `scan_recurrence` suite function."""
 
     solver_iterations: int = Field(default=30, ge=1, le=1000)

@@ -25,6 +25,7 @@ from derivative_audit.config import Config
 
 UNROLLED_ITERATIONS = 100  # 0.6^100 ~ 1e-22: the unrolled solve is converged in float64
 LEARNING_RATE = 0.02
+MAX_CONTRACTION = 0.9  # the solver converges like 0.9^k at worst
 
 
 class TrainState(NamedTuple):
@@ -50,6 +51,10 @@ def train_step(
     loss, grads = jax.value_and_grad(loss_fn)(state.params, x, y, gradient)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    # Keep W a contraction (spectral norm <= MAX_CONTRACTION): otherwise the fixed
+    # point may stop existing or being unique, and neither gradient means anything.
+    norm = jnp.linalg.norm(params.w, ord=2)
+    params = params._replace(w=params.w * jnp.minimum(1.0, MAX_CONTRACTION / norm))
     return TrainState(params, opt_state, state.step + 1), loss
 
 

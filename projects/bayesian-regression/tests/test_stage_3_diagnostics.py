@@ -23,6 +23,10 @@ from bayesian_regression.config import Config
 
 CONFIG = Config.tiny()
 Z_LIMIT = 4.0
+# R-hat < 1.01 is the bar for a run that is kept (ESS in the thousands). These
+# test runs have 4 x 300 draws, where R-hat of converged chains still spreads by
+# about 0.005; a stuck or biased chain gives 1.05 and more (see the funnel).
+SHORT_RUN_RHAT = 1.02
 
 
 def _ar1(key, chains, n, phi, shift=None):
@@ -159,7 +163,7 @@ def test_sbc_rejects_a_miscalibrated_posterior(problem, evidence):
 
 def test_nuts_second_opinion(problem, hmc_draws, evidence):
     """NumPyro NUTS on the same posterior: its moments match the exact ones, its
-    R-hat is below 1.01, and its means agree with HMC's within their joint MCSE."""
+    R-hat is below SHORT_RUN_RHAT, and its means agree with HMC's within their joint MCSE."""
     mcmc = nuts.make_mcmc(4, 200, 300, CONFIG.target_accept)
     result = nuts.run_nuts(jax.random.key(31), mcmc, *problem.args)
     draws = np.asarray(result.positions, np.float64)
@@ -183,9 +187,9 @@ def test_nuts_second_opinion(problem, hmc_draws, evidence):
         "NumPyro NUTS vs exact and vs HMC",
         "4 NUTS chains x 300, 4 HMC chains x 300",
         observed,
-        {"abs_z": Z_LIMIT, "rhat": 1.01},
+        {"abs_z": Z_LIMIT, "rhat": SHORT_RUN_RHAT},
         z_exact["max_abs_z"] < Z_LIMIT
-        and max(rhat_nuts + rhat_hmc) < 1.01
+        and max(rhat_nuts + rhat_hmc) < SHORT_RUN_RHAT
         and bool(np.all(np.abs(z_between) < Z_LIMIT)),
     )
     assert ok, observed

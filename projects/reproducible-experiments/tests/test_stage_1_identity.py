@@ -53,6 +53,14 @@ def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
         calls["log_metric"] += 1
         return original_metric(self, *args, **kwargs)
 
+    # The commit the runs are made from (read before them: in a shared checkout,
+    # a commit made while the test runs must not count as a difference).
+    head = subprocess.run(
+        ["git", "-C", str(identity.PROJECT_DIR), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+    )
+    identity.code_identity()  # Computed once per process, now.
     runs = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(MlflowClient, "log_batch", counting_batch)
@@ -78,11 +86,6 @@ def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
         np.ascontiguousarray(bunch.data, "<f8").tobytes()
         + np.ascontiguousarray(bunch.target, "<i8").tobytes()
     ).hexdigest()
-    head = subprocess.run(
-        ["git", "-C", str(identity.PROJECT_DIR), "rev-parse", "HEAD"],
-        capture_output=True,
-        text=True,
-    )
     runtime = {
         "runtime.python": platform.python_version(),
         "runtime.jax": jax.__version__,

@@ -218,6 +218,24 @@ def mean_ci(values: np.ndarray, z: float = 1.96) -> tuple[float, float]:
     return float(values.mean()), float(z * se)
 
 
+def summarize_seeds(config: Config, result: dict[str, Any]) -> dict[str, Any]:
+    """The per-seed held-out figure (`eval/discounted_return` for the grid
+    world, `eval/episode_return` for CartPole, averaged over each seed's
+    evaluation episodes), their mean, 95% half-width and the worst seed."""
+    # --- exercise stage 4: Per seed: the mean held-out eval/ return; mean +- 95% CI. ---
+    per_seed_key = "eval/discounted_return" if config.env == "gridworld" else "eval/episode_return"
+    per_seed = result["eval"][per_seed_key].mean(axis=1)
+    mean, half = mean_ci(per_seed)
+    return {
+        "metric": per_seed_key,
+        "per_seed": per_seed.tolist(),
+        "mean": mean,
+        "ci95_half_width": half,
+        "worst_seed": int(per_seed.argmin()),
+    }
+    # --- end exercise ---
+
+
 def run_experiment(config: Config, progress=None) -> dict[str, Any]:
     """Trains `num_seeds` seeds (vmapped), evaluates each on held-out keys and,
     for the grid world, with the exact evaluator against the baselines."""
@@ -242,18 +260,7 @@ def run_experiment(config: Config, progress=None) -> dict[str, Any]:
         "params": out["params"],
         "devices": devices,
     }
-    # --- exercise stage 4: Per seed: the mean held-out eval/ return; mean +- 95% CI. ---
-    per_seed_key = "eval/discounted_return" if config.env == "gridworld" else "eval/episode_return"
-    per_seed = result["eval"][per_seed_key].mean(axis=1)
-    mean, half = mean_ci(per_seed)
-    result["summary"] = {
-        "metric": per_seed_key,
-        "per_seed": per_seed.tolist(),
-        "mean": mean,
-        "ci95_half_width": half,
-        "worst_seed": int(per_seed.argmin()),
-    }
-    # --- end exercise ---
+    result["summary"] = summarize_seeds(config, result)
     if config.env == "gridworld":
         env = GridWorld()
         P, R, terminal = env.transition_table()

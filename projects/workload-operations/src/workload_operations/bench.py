@@ -66,7 +66,8 @@ def _stats(times: list[float], compile_s: float, first_s: float) -> dict:
 
 def observation_cost(config: Config, *, reps: int = 20, chunk: int = 200) -> dict:
     """Median time of `chunk` steps: unobserved (twice, A/A) and observed."""
-    config = config.replace(steps_per_second=0.0, num_steps=(3 * reps + 2) * chunk)
+    # Every chunk, the two warm-up chunks and the batch used to compile.
+    config = config.replace(steps_per_second=0.0, num_steps=(3 * reps + 3) * chunk)
     dataset = data.make_dataset(config)
     state = train.create_train_state(config)
     iterator = data.iterator(config, dataset)

@@ -60,7 +60,8 @@ def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
         capture_output=True,
         text=True,
     )
-    identity.code_identity()  # Computed once per process, now.
+    identity._code_identity.cache_clear()  # Computed once per process: here, now.
+    identity.code_identity()
     runs = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(MlflowClient, "log_batch", counting_batch)

@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from dataclasses import dataclass
@@ -82,6 +83,9 @@ def run_env(copy: Path, cache_dir: Path) -> dict[str, str]:
 
 def run_pytest(copy: Path, nodes: list[str], cache_dir: Path, timeout: float = 2400) -> Run:
     """``pytest -x -q`` on ``nodes`` inside ``copy``; a timeout counts as exit 124."""
+    # A temporary folder of the run's own: pytest prunes all but its three newest
+    # numbered folders, which would delete a longer run's files under parallel runs.
+    basetemp = tempfile.mkdtemp(prefix="pytest-", dir=copy.parent)
     cmd = [
         sys.executable,
         "-m",
@@ -93,6 +97,7 @@ def run_pytest(copy: Path, nodes: list[str], cache_dir: Path, timeout: float = 2
         "--tb=short",
         "-o",
         "console_output_style=classic",
+        f"--basetemp={basetemp}",
         *nodes,
     ]
     start = time.perf_counter()

@@ -110,7 +110,9 @@ def test_ready_project_readme_has_a_stage_table(project: Path):
     for stage in manifest(project)["stages"]:
         for test in stage["tests"]:
             assert test in text, f"{project.name}/README.md does not name {test}"
-    assert "pip install -e" in text, "README gives the install command"
+    assert re.search(r"pip install (-c constraints\.txt )?-e", text), (
+        "README gives the install command"
+    )
     assert "pytest" in text, "README gives the test command"
 
 

@@ -194,7 +194,15 @@ def sft_run(config, splits, corpus):
     key_init, key_fit = jax.random.split(jax.random.key(config.seed))
     model = build(config, key=key_init)
     trained, history = fit(
-        model, sft.loss_fn, config, corpus, splits["train"], splits["heldout"],
-        steps=config.sft_steps, key=key_fit, objective="sft", ledger=ledger,
+        model,
+        sft.loss_fn,
+        config,
+        corpus,
+        splits["train"],
+        splits["heldout"],
+        steps=config.sft_steps,
+        key=key_fit,
+        objective="sft",
+        ledger=ledger,
     )
     return model, trained, history, ledger

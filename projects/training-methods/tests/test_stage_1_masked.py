@@ -72,8 +72,12 @@ def test_loss_equals_float64_enumeration(config, corpus, encoder, evidence, rate
     loss = float(mlm.mlm_loss(logits, c.labels, c.loss_mask))
     reference = _enumerated_loss(np.asarray(logits), np.asarray(c.labels), np.asarray(c.loss_mask))
     assert evidence.allclose(
-        "masked loss vs float64 per-position enumeration", f"mask_rate={rate}, {pattern}",
-        loss, reference, rtol=1e-5, atol=1e-6,
+        "masked loss vs float64 per-position enumeration",
+        f"mask_rate={rate}, {pattern}",
+        loss,
+        reference,
+        rtol=1e-5,
+        atol=1e-6,
     )
     # Padding and special tokens are never selected.
     selected = np.asarray(c.loss_mask)
@@ -97,7 +101,8 @@ def test_labels_outside_the_mask_change_neither_loss_nor_gradient(
     loss_a, grad_a = loss_and_grad(encoder, c.inputs, jnp.asarray(labels), c.loss_mask)
     loss_b, grad_b = loss_and_grad(encoder, c.inputs, jnp.asarray(changed), c.loss_mask)
     same_grad = all(
-        np.array_equal(x, y) for x, y in zip(jax.tree.leaves(grad_a), jax.tree.leaves(grad_b), strict=True)
+        np.array_equal(x, y)
+        for x, y in zip(jax.tree.leaves(grad_a), jax.tree.leaves(grad_b), strict=True)
     )
     # The check can fail: changing a SELECTED label does change the loss.
     sel = np.argwhere(mask)[0]
@@ -106,10 +111,16 @@ def test_labels_outside_the_mask_change_neither_loss_nor_gradient(
     loss_c, _ = loss_and_grad(encoder, c.inputs, jnp.asarray(moved), c.loss_mask)
     passed = float(loss_a) == float(loss_b) and same_grad and float(loss_c) != float(loss_a)
     assert evidence.record(
-        "labels at unselected and padded positions are ignored", f"mask_rate={rate}, {pattern}",
-        {"loss": float(loss_a), "loss_changed_unselected": float(loss_b),
-         "gradients_bitwise_equal": same_grad, "loss_changed_selected": float(loss_c)},
-        {"exact": True}, passed,
+        "labels at unselected and padded positions are ignored",
+        f"mask_rate={rate}, {pattern}",
+        {
+            "loss": float(loss_a),
+            "loss_changed_unselected": float(loss_b),
+            "gradients_bitwise_equal": same_grad,
+            "loss_changed_selected": float(loss_c),
+        },
+        {"exact": True},
+        passed,
     )
 
 
@@ -128,20 +139,28 @@ def test_corruption_split_matches_its_probabilities(config, corpus, evidence, ra
     observed = {
         "selected": n_sel / n_real,
         "mask": float(np.mean(inputs[sel] == 4)),
-        "changed_to_random": float(np.mean((inputs[sel] != 4) & (inputs[sel] != np.asarray(tokens)[sel]))),
+        "changed_to_random": float(
+            np.mean((inputs[sel] != 4) & (inputs[sel] != np.asarray(tokens)[sel]))
+        ),
         "unchanged": float(np.mean(inputs[sel] == np.asarray(tokens)[sel])),
     }
-    expected = {"selected": rate, "mask": 0.8, "changed_to_random": 0.1 * (s - 1) / s,
-                "unchanged": 0.1 + 0.1 / s}
+    expected = {
+        "selected": rate,
+        "mask": 0.8,
+        "changed_to_random": 0.1 * (s - 1) / s,
+        "unchanged": 0.1 + 0.1 / s,
+    }
     counts = {"selected": n_real, "mask": n_sel, "changed_to_random": n_sel, "unchanged": n_sel}
     ok = all(
         abs(observed[k] - p) <= 5 * np.sqrt(p * (1 - p) / counts[k]) for k, p in expected.items()
     )
     untouched = np.array_equal(inputs[~sel], np.asarray(tokens)[~sel])
     assert evidence.record(
-        "corruption split vs its probabilities (5 binomial sigma)", f"mask_rate={rate}",
+        "corruption split vs its probabilities (5 binomial sigma)",
+        f"mask_rate={rate}",
         {"observed": observed, "expected": expected, "unselected_untouched": untouched},
-        {"sigma": 5}, ok and untouched,
+        {"sigma": 5},
+        ok and untouched,
     )
 
 

@@ -41,7 +41,9 @@ def _views(model, tokens, prompt_len):
     return contrastive.encode(model, p), contrastive.encode(model, r)
 
 
-@pytest.mark.parametrize("source,temperature", [("random", 0.1), ("random", 1.0), ("encoder", 0.05)])
+@pytest.mark.parametrize(
+    "source,temperature", [("random", 0.1), ("random", 1.0), ("encoder", 0.05)]
+)
 def test_info_nce_equals_the_pair_loop(config, corpus, evidence, source, temperature):
     if source == "random":
         ka, kb = jax.random.split(jax.random.key(11))
@@ -52,12 +54,18 @@ def test_info_nce_equals_the_pair_loop(config, corpus, evidence, source, tempera
     loss = float(contrastive.info_nce(a, b, temperature))
     reference = _loop_reference(np.asarray(a), np.asarray(b), temperature)
     assert evidence.allclose(
-        "symmetric InfoNCE vs float64 loop over all pairs", f"{source} embeddings, T={temperature}",
-        loss, reference, rtol=2e-5, atol=1e-6,
+        "symmetric InfoNCE vs float64 loop over all pairs",
+        f"{source} embeddings, T={temperature}",
+        loss,
+        reference,
+        rtol=2e-5,
+        atol=1e-6,
     )
 
 
-_loss_and_grads = jax.jit(jax.value_and_grad(contrastive.info_nce, argnums=(0, 1)), static_argnums=2)
+_loss_and_grads = jax.jit(
+    jax.value_and_grad(contrastive.info_nce, argnums=(0, 1)), static_argnums=2
+)
 
 
 @pytest.mark.parametrize("temperature", [1e-3, 1e-4])
@@ -76,10 +84,17 @@ def test_low_temperature_stays_finite_and_exact(evidence, temperature):
     atol = 64 * float(np.finfo(np.float32).eps) / temperature
     close = abs(float(loss) - reference) <= atol + 1e-5 * abs(reference)
     assert evidence.record(
-        "InfoNCE at low temperature: finite, equal to the float64 loop", f"T={temperature}",
-        {"loss": float(loss), "reference": reference, "max_logit": 1 / temperature,
-         "naive_logsumexp_finite": bool(jnp.all(jnp.isfinite(naive))), "finite": finite},
-        {"atol": atol}, finite and close and not bool(jnp.all(jnp.isfinite(naive))),
+        "InfoNCE at low temperature: finite, equal to the float64 loop",
+        f"T={temperature}",
+        {
+            "loss": float(loss),
+            "reference": reference,
+            "max_logit": 1 / temperature,
+            "naive_logsumexp_finite": bool(jnp.all(jnp.isfinite(naive))),
+            "finite": finite,
+        },
+        {"atol": atol},
+        finite and close and not bool(jnp.all(jnp.isfinite(naive))),
     )
 
 
@@ -92,10 +107,14 @@ def test_duplicated_positives_are_reported(config, corpus, evidence, num_dupes):
     for dst in picks[num_dupes:]:
         tokens[dst] = tokens[picks[0]]
     found = contrastive.false_negatives(tokens)
-    brute = [(i, j) for i in range(32) for j in range(i + 1, 32) if np.array_equal(tokens[i], tokens[j])]
+    brute = [
+        (i, j) for i in range(32) for j in range(i + 1, 32) if np.array_equal(tokens[i], tokens[j])
+    ]
     assert evidence.record(
-        "false negatives vs brute-force comparison of every pair", f"{num_dupes} copies of one positive",
-        {"found": found, "brute_force": brute}, {"exact": True},
+        "false negatives vs brute-force comparison of every pair",
+        f"{num_dupes} copies of one positive",
+        {"found": found, "brute_force": brute},
+        {"exact": True},
         sorted(found) == brute and len(brute) >= num_dupes,
     )
 

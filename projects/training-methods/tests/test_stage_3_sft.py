@@ -52,18 +52,27 @@ def grad_fn():
 def test_response_mask_matches_token_types(corpus, other_corpus, evidence, which):
     data = corpus if which == "tiny" else other_corpus[1]
     tokens = data.tokens[:64]
-    mask = np.asarray(sft.response_mask(jnp.asarray(tokens[:, 1:]), jnp.asarray(data.prompt_len[:64])))
+    mask = np.asarray(
+        sft.response_mask(jnp.asarray(tokens[:, 1:]), jnp.asarray(data.prompt_len[:64]))
+    )
     reference = _reference_mask(tokens)
     assert evidence.record(
-        "response mask vs token types (after SEP, not padding)", which,
-        {"counted": int(mask.sum()), "reference_counted": int(reference.sum()),
-         "mismatches": int(np.sum(mask != reference))},
-        {"exact": True}, np.array_equal(mask, reference),
+        "response mask vs token types (after SEP, not padding)",
+        which,
+        {
+            "counted": int(mask.sum()),
+            "reference_counted": int(reference.sum()),
+            "mismatches": int(np.sum(mask != reference)),
+        },
+        {"exact": True},
+        np.array_equal(mask, reference),
     )
 
 
 @pytest.mark.parametrize("which", ["tiny", "lengths 1-4"])
-def test_prompt_labels_change_neither_loss_nor_gradient(config, corpus, other_corpus, grad_fn, evidence, which):
+def test_prompt_labels_change_neither_loss_nor_gradient(
+    config, corpus, other_corpus, grad_fn, evidence, which
+):
     cfg, data = (config, corpus) if which == "tiny" else other_corpus
     model = build(cfg, key=jax.random.key(3))
     tokens = jnp.asarray(data.tokens[:32])
@@ -73,8 +82,14 @@ def test_prompt_labels_change_neither_loss_nor_gradient(config, corpus, other_co
     # float64 enumeration of the stated reduction: mean over counted targets.
     logits = np.asarray(nnx.jit(lambda m, t: m(t[:, :-1]))(model, tokens), np.float64)
     m_np = np.asarray(mask)
-    ce = [np.log(np.sum(np.exp(logits[b, t] - logits[b, t].max()))) + logits[b, t].max() - logits[b, t, targets[b, t]]
-          for b in range(32) for t in range(targets.shape[1]) if m_np[b, t]]
+    ce = [
+        np.log(np.sum(np.exp(logits[b, t] - logits[b, t].max())))
+        + logits[b, t].max()
+        - logits[b, t, targets[b, t]]
+        for b in range(32)
+        for t in range(targets.shape[1])
+        if m_np[b, t]
+    ]
     enumerated = sum(ce) / len(ce)
     perturbed = targets.copy()
     prompt_pos = ~m_np & (targets >= NUM_SPECIAL)
@@ -82,16 +97,27 @@ def test_prompt_labels_change_neither_loss_nor_gradient(config, corpus, other_co
     perturbed[targets == PAD] = NUM_SPECIAL
     loss_p, grads_p = grad_fn(model, tokens, jnp.asarray(perturbed), mask)
     same = float(loss) == float(loss_p) and all(
-        np.array_equal(a, b) for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_p), strict=True)
+        np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_p), strict=True)
     )
     assert evidence.allclose(
-        "SFT loss (per-token mean over counted targets) vs float64 enumeration", which,
-        float(loss), enumerated, rtol=1e-5, atol=1e-6,
+        "SFT loss (per-token mean over counted targets) vs float64 enumeration",
+        which,
+        float(loss),
+        enumerated,
+        rtol=1e-5,
+        atol=1e-6,
     )
     assert evidence.record(
-        "perturbed prompt and padding labels leave loss and gradient bitwise equal", which,
-        {"loss": float(loss), "loss_perturbed": float(loss_p), "perturbed_positions": int(prompt_pos.sum())},
-        {"exact": True}, same and prompt_pos.sum() > 0,
+        "perturbed prompt and padding labels leave loss and gradient bitwise equal",
+        which,
+        {
+            "loss": float(loss),
+            "loss_perturbed": float(loss_p),
+            "perturbed_positions": int(prompt_pos.sum()),
+        },
+        {"exact": True},
+        same and prompt_pos.sum() > 0,
     )
 
 
@@ -105,19 +131,36 @@ def test_packed_examples_cannot_see_each_other(config, corpus, evidence, length)
     model = build(config, key=jax.random.key(4))
     n = 12
     packed = sft.pack(corpus.tokens[:n], corpus.prompt_len[:n], length)
-    logits = np.asarray(_packed_logits(model, *(jnp.asarray(packed[k]) for k in ("tokens", "segment_ids", "positions"))))
+    logits = np.asarray(
+        _packed_logits(
+            model, *(jnp.asarray(packed[k]) for k in ("tokens", "segment_ids", "positions"))
+        )
+    )
     # Change the first example of row 0 (every token but BOS).
     victim = packed["example"] == 0
     changed = packed["tokens"].copy()
     changed[victim & (np.arange(length)[None] > 0)] = NUM_SPECIAL + 1
-    logits_c = np.asarray(_packed_logits(model, jnp.asarray(changed), jnp.asarray(packed["segment_ids"]), jnp.asarray(packed["positions"])))
+    logits_c = np.asarray(
+        _packed_logits(
+            model,
+            jnp.asarray(changed),
+            jnp.asarray(packed["segment_ids"]),
+            jnp.asarray(packed["positions"]),
+        )
+    )
     others = (packed["example"] >= 0) & ~victim
     others_equal = np.array_equal(logits[others], logits_c[others])
     victim_moved = not np.array_equal(logits[victim], logits_c[victim])
     assert evidence.record(
-        "changing one packed example changes no logit of another", f"row length {length}",
-        {"other_tokens": int(others.sum()), "others_bitwise_equal": others_equal, "changed_example_moved": victim_moved},
-        {"exact": True}, others_equal and victim_moved,
+        "changing one packed example changes no logit of another",
+        f"row length {length}",
+        {
+            "other_tokens": int(others.sum()),
+            "others_bitwise_equal": others_equal,
+            "changed_example_moved": victim_moved,
+        },
+        {"exact": True},
+        others_equal and victim_moved,
     )
     # Each packed example gets the logits it gets alone (positions restart).
     alone = np.asarray(_packed_logits(model, jnp.asarray(corpus.tokens[:n]), None, None))
@@ -127,8 +170,12 @@ def test_packed_examples_cannot_see_each_other(config, corpus, evidence, length)
         k = int(span.sum())
         diffs.append(float(np.max(np.abs(logits[span] - alone[i, :k]))))
     assert evidence.allclose(
-        "packed example logits vs the example alone", f"row length {length}",
-        np.max(diffs), 0.0, rtol=0.0, atol=1e-4,
+        "packed example logits vs the example alone",
+        f"row length {length}",
+        np.max(diffs),
+        0.0,
+        rtol=0.0,
+        atol=1e-4,
     )
 
 
@@ -137,18 +184,36 @@ def test_sft_learns_the_task_reproducibly(config, splits, corpus, sft_run, evide
     before = evaluate(base, corpus, splits["heldout"])
     after = evaluate(trained, corpus, splits["heldout"])
     assert evidence.record(
-        "held-out answer accuracy and loss before/after SFT", f"{config.sft_steps} steps",
-        {"before": before, "after": after, "first_loss": history["loss"][0], "last_loss": history["loss"][-1]},
-        {"accuracy_after_min": 0.9}, after["answer_accuracy"] >= 0.9 and after["loss"] < before["loss"],
+        "held-out answer accuracy and loss before/after SFT",
+        f"{config.sft_steps} steps",
+        {
+            "before": before,
+            "after": after,
+            "first_loss": history["loss"][0],
+            "last_loss": history["loss"][-1],
+        },
+        {"accuracy_after_min": 0.9},
+        after["answer_accuracy"] >= 0.9 and after["loss"] < before["loss"],
     )
     # Same config and seed: bitwise-identical losses (a short rerun of the start).
     again = [
-        fit(base, sft.loss_fn, config, corpus, splits["train"], splits["heldout"], steps=8,
-            key=jax.random.split(jax.random.key(config.seed))[1], objective="sft")[1]["loss"]
+        fit(
+            base,
+            sft.loss_fn,
+            config,
+            corpus,
+            splits["train"],
+            splits["heldout"],
+            steps=8,
+            key=jax.random.split(jax.random.key(config.seed))[1],
+            objective="sft",
+        )[1]["loss"]
         for _ in range(2)
     ]
     assert evidence.record(
-        "same seed, same loss bits", "two 8-step reruns vs the session run",
+        "same seed, same loss bits",
+        "two 8-step reruns vs the session run",
         {"rerun_a": again[0], "rerun_b": again[1], "session": history["loss"][:8]},
-        {"exact": True}, again[0] == again[1] == history["loss"][:8],
+        {"exact": True},
+        again[0] == again[1] == history["loss"][:8],
     )

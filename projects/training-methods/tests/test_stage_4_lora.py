@@ -40,8 +40,16 @@ def runs(config, splits, shift, sft_run):
         k_init, k_fit = jax.random.split(key)
         adapted = lora.adapted_model(config, base, rank, key=k_init)
         trained, history = fit(
-            adapted, sft.loss_fn, config, shift, splits["train"], splits["heldout"],
-            steps=config.lora_steps, key=k_fit, objective=f"lora-r{rank}", wrt=nnx.LoRAParam,
+            adapted,
+            sft.loss_fn,
+            config,
+            shift,
+            splits["train"],
+            splits["heldout"],
+            steps=config.lora_steps,
+            key=k_fit,
+            objective=f"lora-r{rank}",
+            wrt=nnx.LoRAParam,
         )
         out[rank] = (adapted, trained, history)
     return out
@@ -54,9 +62,11 @@ def test_adapted_model_equals_the_base_bitwise_at_step_0(config, corpus, sft_run
     tokens = jnp.asarray(corpus.tokens[:32])
     a, b = np.asarray(_logits(base, tokens)), np.asarray(_logits(adapted, tokens))
     assert evidence.record(
-        "adapted logits vs base logits at step 0", f"rank {rank}",
+        "adapted logits vs base logits at step 0",
+        f"rank {rank}",
         {"bitwise_equal": bool(np.array_equal(a, b)), "max_abs_diff": float(np.max(np.abs(a - b)))},
-        {"exact": True}, np.array_equal(a, b),
+        {"exact": True},
+        np.array_equal(a, b),
     )
 
 
@@ -73,22 +83,35 @@ def test_only_the_adapters_train(config, sft_run, runs, evidence, rank):
     adapters = nnx.state(trained, nnx.LoRAParam)
     moved = not all(
         np.array_equal(x, y)
-        for x, y in zip(jax.tree.leaves(nnx.state(adapted, nnx.LoRAParam)), jax.tree.leaves(adapters), strict=True)
+        for x, y in zip(
+            jax.tree.leaves(nnx.state(adapted, nnx.LoRAParam)),
+            jax.tree.leaves(adapters),
+            strict=True,
+        )
     )
     opt_shapes = sorted(x.shape for x in jax.tree.leaves(history["opt_state"]) if x.ndim)
     adapter_shapes = sorted(x.shape for x in jax.tree.leaves(adapters))
     # q and v of every block: (d_model, d_model) each.
     expected_count = rank * 2 * config.d_model * len(lora.TARGETS) * config.num_layers
     passed = (
-        unchanged and moved and opt_shapes == sorted(adapter_shapes * 2)
+        unchanged
+        and moved
+        and opt_shapes == sorted(adapter_shapes * 2)
         and lora.count(adapters) == expected_count
     )
     assert evidence.record(
-        "base bitwise unchanged, adapters moved, optimizer state = adapters only", f"rank {rank}",
-        {"base_unchanged": unchanged, "adapters_moved": moved, "trainable": lora.count(adapters),
-         "expected_trainable": expected_count, "optimizer_arrays": len(opt_shapes),
-         "optimizer_bytes": lora.nbytes(history["opt_state"])},
-        {"exact": True}, passed,
+        "base bitwise unchanged, adapters moved, optimizer state = adapters only",
+        f"rank {rank}",
+        {
+            "base_unchanged": unchanged,
+            "adapters_moved": moved,
+            "trainable": lora.count(adapters),
+            "expected_trainable": expected_count,
+            "optimizer_arrays": len(opt_shapes),
+            "optimizer_bytes": lora.nbytes(history["opt_state"]),
+        },
+        {"exact": True},
+        passed,
     )
 
 
@@ -98,10 +121,19 @@ def test_merged_weights_give_the_unmerged_outputs(config, corpus, runs, evidence
     merged = lora.merge(trained)
     assert not nnx.state(merged, nnx.LoRAParam), "the merged model has no adapters left"
     tokens = jnp.asarray(corpus.tokens[:32])
-    a, b = np.asarray(_logits(trained, tokens), np.float64), np.asarray(_logits(merged, tokens), np.float64)
+    a, b = (
+        np.asarray(_logits(trained, tokens), np.float64),
+        np.asarray(_logits(merged, tokens), np.float64),
+    )
     # Merging reorders one sum of length d_ff per layer; errors compound over
     # 2 blocks and the head: 16 * eps * K * max|logit|, K = 4 * d_model.
-    tol = 16 * float(np.finfo(np.float32).eps) * 4 * config.d_model * max(1.0, float(np.max(np.abs(a))))
+    tol = (
+        16
+        * float(np.finfo(np.float32).eps)
+        * 4
+        * config.d_model
+        * max(1.0, float(np.max(np.abs(a))))
+    )
     assert evidence.allclose("merged vs unmerged logits", f"rank {rank}", b, a, rtol=0.0, atol=tol)
 
 
@@ -112,7 +144,9 @@ def test_ranks_compared_on_heldout(config, splits, shift, sft_run, runs, evidenc
         rank: {
             "trainable": lora.count(nnx.state(trained, nnx.LoRAParam)),
             "optimizer_bytes": lora.nbytes(history["opt_state"]),
-            "heldout_answer_accuracy": evaluate(trained, shift, splits["heldout"])["answer_accuracy"],
+            "heldout_answer_accuracy": evaluate(trained, shift, splits["heldout"])[
+                "answer_accuracy"
+            ],
         }
         for rank, (_, trained, history) in runs.items()
     }
@@ -121,17 +155,27 @@ def test_ranks_compared_on_heldout(config, splits, shift, sft_run, runs, evidenc
     # Every rank beats the base; capacity grows with rank (rank 1 on q and v
     # is too small for this adaptation in a few hundred steps, ~0.1 measured).
     accs = [table[r]["heldout_answer_accuracy"] for r in RANKS]
-    learned = all(a > base_acc for a in accs) and all(
-        b >= a - 0.05 for a, b in zip(accs, accs[1:], strict=False)
-    ) and accs[-1] >= 0.8
+    learned = (
+        all(a > base_acc for a in accs)
+        and all(b >= a - 0.05 for a, b in zip(accs, accs[1:], strict=False))
+        and accs[-1] >= 0.8
+    )
     assert evidence.record(
-        "ranks 1, 4, 16: parameters, optimizer bytes, held-out shift accuracy", f"{config.lora_steps} steps each",
-        {"ranks": table, "base_accuracy_on_shift": base_acc, "full_finetune_optimizer_bytes": full_bytes},
-        {"above_base": True, "non_decreasing_slack": 0.05, "rank16_min": 0.8}, grows and learned and table[4]["optimizer_bytes"] * 4 < full_bytes,
+        "ranks 1, 4, 16: parameters, optimizer bytes, held-out shift accuracy",
+        f"{config.lora_steps} steps each",
+        {
+            "ranks": table,
+            "base_accuracy_on_shift": base_acc,
+            "full_finetune_optimizer_bytes": full_bytes,
+        },
+        {"above_base": True, "non_decreasing_slack": 0.05, "rank16_min": 0.8},
+        grows and learned and table[4]["optimizer_bytes"] * 4 < full_bytes,
     )
 
 
 def test_a_rank_larger_than_the_layer_is_refused(config, sft_run):
     _, base, _, _ = sft_run
-    with pytest.raises(ValueError, match=r"LoRA rank `65` does not fit a layer of shape `\(64, 64\)`"):
+    with pytest.raises(
+        ValueError, match=r"LoRA rank `65` does not fit a layer of shape `\(64, 64\)`"
+    ):
         lora.adapted_model(config, base, 65, key=jax.random.key(0))

@@ -37,7 +37,10 @@ def setup(config, corpus):
     # A ragged batch: sorted by length, so micro-batches hold very different counts.
     order = np.argsort(corpus.prompt_len[:64], kind="stable")
     rows = np.concatenate([order[:4], order[-4:]])
-    batch = {"tokens": jnp.asarray(corpus.tokens[rows]), "prompt_len": jnp.asarray(corpus.prompt_len[rows])}
+    batch = {
+        "tokens": jnp.asarray(corpus.tokens[rows]),
+        "prompt_len": jnp.asarray(corpus.prompt_len[rows]),
+    }
     return token_loss_fn, params, batch
 
 
@@ -60,18 +63,33 @@ def test_per_token_and_per_sequence_means(corpus, setup, evidence, ragged):
     token_loss_fn, params, batch = setup
     if not ragged:  # every sequence of one length: the two means coincide
         rows = np.flatnonzero(corpus.prompt_len == 3)[:8]
-        batch = {"tokens": jnp.asarray(corpus.tokens[rows]), "prompt_len": jnp.asarray(corpus.prompt_len[rows])}
+        batch = {
+            "tokens": jnp.asarray(corpus.tokens[rows]),
+            "prompt_len": jnp.asarray(corpus.prompt_len[rows]),
+        }
     losses, mask = jax.jit(token_loss_fn)(params, batch)
     if ragged:  # one sequence with no counted token at all (e.g. a response cut away)
         mask = mask.at[0].set(False)
-    tok, seq = float(reductions.per_token_mean(losses, mask)), float(reductions.per_sequence_mean(losses, mask))
+    tok, seq = (
+        float(reductions.per_token_mean(losses, mask)),
+        float(reductions.per_sequence_mean(losses, mask)),
+    )
     ref_tok, ref_seq = _loops(np.asarray(losses, np.float64), np.asarray(mask))
     cond = "ragged lengths" if ragged else "equal lengths"
-    assert evidence.allclose("per-token mean vs float64 loop", cond, tok, ref_tok, rtol=1e-5, atol=1e-6)
-    assert evidence.allclose("per-sequence mean vs float64 loop", cond, seq, ref_seq, rtol=1e-5, atol=1e-6)
+    assert evidence.allclose(
+        "per-token mean vs float64 loop", cond, tok, ref_tok, rtol=1e-5, atol=1e-6
+    )
+    assert evidence.allclose(
+        "per-sequence mean vs float64 loop", cond, seq, ref_seq, rtol=1e-5, atol=1e-6
+    )
     differ = abs(ref_tok - ref_seq) > 1e-4
-    assert evidence.record("per-token and per-sequence means differ only on ragged batches", cond,
-                           {"per_token": ref_tok, "per_sequence": ref_seq}, None, differ == ragged)
+    assert evidence.record(
+        "per-token and per-sequence means differ only on ragged batches",
+        cond,
+        {"per_token": ref_tok, "per_sequence": ref_seq},
+        None,
+        differ == ragged,
+    )
 
 
 def _tolerance(full) -> float:
@@ -92,10 +110,16 @@ def test_accumulation_matches_the_full_batch_only_with_the_global_count(setup, e
     err_bad = reductions.max_abs_diff(bad, full)
     counts = [int(jnp.sum(token_loss_fn(params, m)[1])) for m in micros]
     assert evidence.record(
-        "accumulated vs full-batch gradient", f"{len(micros)} micro-batches of {micro}, counts {counts}",
-        {"global_count_max_abs_diff": err_good, "mean_of_means_max_abs_diff": err_bad,
-         "mean_of_means_relative_to_grad": err_bad / reductions.max_abs(full), "global_count": int(count)},
-        {"atol": tol}, err_good <= tol and err_bad > 100 * tol,
+        "accumulated vs full-batch gradient",
+        f"{len(micros)} micro-batches of {micro}, counts {counts}",
+        {
+            "global_count_max_abs_diff": err_good,
+            "mean_of_means_max_abs_diff": err_bad,
+            "mean_of_means_relative_to_grad": err_bad / reductions.max_abs(full),
+            "global_count": int(count),
+        },
+        {"atol": tol},
+        err_good <= tol and err_bad > 100 * tol,
     )
 
 
@@ -109,7 +133,9 @@ def test_sharded_accumulation_over_two_devices(setup, evidence):
     expected_count = int(jnp.sum(token_loss_fn(params, batch)[1]))
     err = reductions.max_abs_diff(sharded, full)
     assert evidence.record(
-        "batch split over 2 devices, global count by psum, vs full batch", "2 CPU devices",
+        "batch split over 2 devices, global count by psum, vs full batch",
+        "2 CPU devices",
         {"max_abs_diff": err, "count": int(count), "expected_count": expected_count},
-        {"atol": _tolerance(full)}, err <= _tolerance(full) and int(count) == expected_count,
+        {"atol": _tolerance(full)},
+        err <= _tolerance(full) and int(count) == expected_count,
     )

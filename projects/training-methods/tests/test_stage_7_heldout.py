@@ -25,8 +25,18 @@ def ledger(config, splits, corpus, sft_run):
     both = Ledger()
     both.read = {k: set(v) for k, v in sft_ledger.read.items()}
     model = sft_run[0]
-    fit(model, mlm.make_loss_fn(config.mask_rate, config.num_symbols), config, corpus, splits["train"],
-        splits["heldout"], steps=4, key=jax.random.key(70), objective="mlm", ledger=both)
+    fit(
+        model,
+        mlm.make_loss_fn(config.mask_rate, config.num_symbols),
+        config,
+        corpus,
+        splits["train"],
+        splits["heldout"],
+        steps=4,
+        key=jax.random.key(70),
+        objective="mlm",
+        ledger=both,
+    )
     return both
 
 
@@ -50,12 +60,19 @@ def test_no_heldout_id_enters_any_objective(splits, corpus, ledger, evidence):
     with pytest.raises(HeldoutLeak, match=str(int(splits["heldout"][0]))):
         batches(corpus, splits["heldout"][:10], splits["heldout"], 4, jax.random.key(0), 1)
     assert evidence.record(
-        "objective ledgers vs held-out ids", "sft + mlm; then one planted held-out id",
-        {"objectives": report["objectives"], "ids_read": {k: len(v) for k, v in ledger.read.items()},
-         "separated": report["separated"], "planted_flagged": flagged["leaked_ids"]["sft"]},
+        "objective ledgers vs held-out ids",
+        "sft + mlm; then one planted held-out id",
+        {
+            "objectives": report["objectives"],
+            "ids_read": {k: len(v) for k, v in ledger.read.items()},
+            "separated": report["separated"],
+            "planted_flagged": flagged["leaked_ids"]["sft"],
+        },
         {"exact": True},
-        report["separated"] and set(report["objectives"]) == {"sft", "mlm"}
-        and flagged["leaked_ids"]["sft"] == [int(splits["heldout"][3])] and not flagged["separated"],
+        report["separated"]
+        and set(report["objectives"]) == {"sft", "mlm"}
+        and flagged["leaked_ids"]["sft"] == [int(splits["heldout"][3])]
+        and not flagged["separated"],
     )
 
 
@@ -73,6 +90,7 @@ def test_duplicates_and_ngram_overlap_vs_brute_force(splits, corpus, ledger, evi
     tm, hm = _prompt_matrix(train), _prompt_matrix(held)
     # Exact duplicates: a held-out row equal to some training row (incl. the -1 padding).
     dup = [int(held.ids[i]) for i in range(len(hm)) if np.any(np.all(tm == hm[i], axis=1))]
+
     # n-grams as windows of the padded matrix that contain no padding.
     def windows(m):
         w = np.lib.stride_tricks.sliding_window_view(m, n, axis=1).reshape(-1, n)
@@ -82,11 +100,18 @@ def test_duplicates_and_ngram_overlap_vs_brute_force(splits, corpus, ledger, evi
     seen = np.array([np.any(np.all(tw == g, axis=1)) for g in hw])
     overlap = float(seen.mean())
     assert evidence.record(
-        "exact duplicates and n-gram overlap vs brute force", f"n={n}",
-        {"duplicates": len(dup), "audit_duplicates": report["exact_duplicates"], "ngram_overlap": overlap,
-         "audit_ngram_overlap": report["ngram_overlap"], "heldout_ngrams": len(hw)},
+        "exact duplicates and n-gram overlap vs brute force",
+        f"n={n}",
+        {
+            "duplicates": len(dup),
+            "audit_duplicates": report["exact_duplicates"],
+            "ngram_overlap": overlap,
+            "audit_ngram_overlap": report["ngram_overlap"],
+            "heldout_ngrams": len(hw),
+        },
         {"exact": True},
-        dup == report["duplicate_ids"] and abs(overlap - report["ngram_overlap"]) < 1e-12
+        dup == report["duplicate_ids"]
+        and abs(overlap - report["ngram_overlap"]) < 1e-12
         and report["heldout_ngrams"] == len(hw),
     )
 
@@ -118,10 +143,14 @@ def test_heldout_metrics_live_in_their_own_namespace(splits, corpus, ledger, sft
     metrics = heldout.heldout_metrics(trained, held, report["duplicate_ids"])
     greedy = _greedy_accuracy(trained, held)
     names_ok = all(k.startswith(heldout.NAMESPACE) for k in metrics) and {
-        "heldout/answer_accuracy", "heldout/loss", "heldout/dedup/answer_accuracy"} <= set(metrics)
+        "heldout/answer_accuracy",
+        "heldout/loss",
+        "heldout/dedup/answer_accuracy",
+    } <= set(metrics)
     counts_ok = metrics["heldout/dedup/examples"] == len(held.ids) - report["exact_duplicates"]
     assert evidence.record(
-        "held-out answer accuracy vs real greedy decoding; namespaced metrics", "the session's SFT model",
+        "held-out answer accuracy vs real greedy decoding; namespaced metrics",
+        "the session's SFT model",
         {"metrics": metrics, "greedy_accuracy": greedy, "duplicates": report["exact_duplicates"]},
         {"exact": True},
         names_ok and counts_ok and metrics["heldout/answer_accuracy"] == greedy,

@@ -72,7 +72,9 @@ def step_timings(config: Config, repetitions: int = 20) -> dict:
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(threads)
     tmodel = load_from_nnx(
-        TorchTransformer(vocab_size(config), config.seq_len, config.d_model, config.num_heads, config.num_layers),
+        TorchTransformer(
+            vocab_size(config), config.seq_len, config.d_model, config.num_heads, config.num_layers
+        ),
         model,
     )
     topt = torch.optim.AdamW(tmodel.parameters(), lr=config.learning_rate, weight_decay=0.0)
@@ -81,7 +83,9 @@ def step_timings(config: Config, repetitions: int = 20) -> dict:
 
     def torch_step():
         logits = tmodel(ttokens[:, :-1])
-        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ttokens[:, 1:], reduction="none")
+        ce = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), ttokens[:, 1:], reduction="none"
+        )
         loss = (ce * tmask).sum() / tmask.sum()
         topt.zero_grad()
         loss.backward()
@@ -105,7 +109,12 @@ def step_timings(config: Config, repetitions: int = 20) -> dict:
         jax_b += _timed(jax_step, 1)
 
     def summary(xs, **extra):
-        return {**extra, "median_s": float(np.median(xs)), "p90_s": float(np.percentile(xs, 90)), "n": len(xs)}
+        return {
+            **extra,
+            "median_s": float(np.median(xs)),
+            "p90_s": float(np.percentile(xs, 90)),
+            "n": len(xs),
+        }
 
     return {
         "threads": threads,
@@ -117,14 +126,23 @@ def step_timings(config: Config, repetitions: int = 20) -> dict:
 
 def identity(config: Config) -> dict:
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=False).stdout.strip() or "unknown"
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+            ).stdout.strip()
+            or "unknown"
+        )
     except OSError:
         commit = "unknown"
     return {
-        "jax": jax.__version__, "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else jax.__version__,
-        "torch": torch.__version__, "backend": jax.default_backend(), "devices": jax.device_count(),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""), "commit": commit, "machine": platform.machine(),
+        "jax": jax.__version__,
+        "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else jax.__version__,
+        "torch": torch.__version__,
+        "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "commit": commit,
+        "machine": platform.machine(),
         "config_sha256": hashlib.sha256(config.to_json().encode()).hexdigest(),
     }
 
@@ -143,8 +161,10 @@ def run(config: Config, out: Path, repetitions: int = 20) -> dict:
         },
         "ratios": {
             "full_vs_lora_optimizer_bytes": opt["full"] / opt["lora_r4"],
-            "jax_vs_torch_step": steps["torch_eager_step"]["median_s"] / steps["jax_step"]["median_s"],
-            "jax_vs_jax_control": steps["jax_step_control"]["median_s"] / steps["jax_step"]["median_s"],
+            "jax_vs_torch_step": steps["torch_eager_step"]["median_s"]
+            / steps["jax_step"]["median_s"],
+            "jax_vs_jax_control": steps["jax_step_control"]["median_s"]
+            / steps["jax_step"]["median_s"],
         },
         "targets": {"full_vs_lora_optimizer_bytes": 20.0, "jax_vs_torch_step": 1.2},
     }

@@ -36,5 +36,7 @@ def restore(path: str | Path, like: nnx.Module) -> nnx.Module:
         with ocp.StandardCheckpointer() as checkpointer:
             restored = checkpointer.restore(path, abstract)
     except (ValueError, KeyError) as err:
-        raise CheckpointError(f"The checkpoint at `{path}` does not fit this model: {err}") from None
+        raise CheckpointError(
+            f"The checkpoint at `{path}` does not fit this model: {err}"
+        ) from None
     return nnx.merge(graphdef, restored, rest)

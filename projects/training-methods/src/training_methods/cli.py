@@ -32,7 +32,9 @@ def _config(path: str | None) -> Config:
 def _write(lab: str, report: dict, losses: dict[str, list[float]] | None = None) -> Path:
     out = RUNS / lab
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=float) + "\n", encoding="utf-8")
+    (out / "report.json").write_text(
+        json.dumps(report, indent=1, default=float) + "\n", encoding="utf-8"
+    )
     if losses:
         import matplotlib
 
@@ -74,8 +76,19 @@ def _sft_model(config: Config, ledger=None):
         except checkpoint.CheckpointError as err:
             click.echo(f"{err} Training the SFT model again.", err=True)
     splits, corpus = _data(config)
-    trained, history = fit(model, sft.loss_fn, config, corpus, splits["train"], splits["heldout"],
-                           steps=config.sft_steps, key=key_fit, objective="sft", ledger=ledger, progress=True)
+    trained, history = fit(
+        model,
+        sft.loss_fn,
+        config,
+        corpus,
+        splits["train"],
+        splits["heldout"],
+        steps=config.sft_steps,
+        key=key_fit,
+        objective="sft",
+        ledger=ledger,
+        progress=True,
+    )
     return trained, history
 
 
@@ -84,8 +97,13 @@ def main() -> None:
     """Objective labs on a small NNX Transformer (see each subcommand's help)."""
 
 
-config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-                             help="JSON config file (default: the embedded default config).")
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="JSON config file (default: the embedded default config).",
+)
 
 
 @main.command()
@@ -104,8 +122,15 @@ def sft(config_path):
 
         shutil.rmtree(ckpt)
     checkpoint.save(ckpt, model)
-    _write("sft", {"heldout": evaluate(model, corpus, splits["heldout"]), "steps": config.sft_steps,
-                   "final_loss": history["loss"][-1]}, {"sft": history["loss"]})
+    _write(
+        "sft",
+        {
+            "heldout": evaluate(model, corpus, splits["heldout"]),
+            "steps": config.sft_steps,
+            "final_loss": history["loss"][-1],
+        },
+        {"sft": history["loss"]},
+    )
 
 
 def _train_sft(config):
@@ -115,8 +140,18 @@ def _train_sft(config):
 
     splits, corpus = _data(config)
     key_init, key_fit = jax.random.split(jax.random.key(config.seed))
-    return fit(build(config, key=key_init), sft_lab.loss_fn, config, corpus, splits["train"], splits["heldout"],
-               steps=config.sft_steps, key=key_fit, objective="sft", progress=True)
+    return fit(
+        build(config, key=key_init),
+        sft_lab.loss_fn,
+        config,
+        corpus,
+        splits["train"],
+        splits["heldout"],
+        steps=config.sft_steps,
+        key=key_fit,
+        objective="sft",
+        progress=True,
+    )
 
 
 @main.command()
@@ -131,12 +166,29 @@ def mlm(config_path):
     splits, corpus = _data(config)
     k_init, k_fit, k_eval = jax.random.split(jax.random.key(config.seed), 3)
     loss_fn = lab.make_loss_fn(config.mask_rate, config.num_symbols)
-    model, history = fit(build(config, key=k_init), loss_fn, config, corpus, splits["train"], splits["heldout"],
-                         steps=config.mlm_steps, key=k_fit, objective="mlm", progress=True)
+    model, history = fit(
+        build(config, key=k_init),
+        loss_fn,
+        config,
+        corpus,
+        splits["train"],
+        splits["heldout"],
+        steps=config.mlm_steps,
+        key=k_fit,
+        objective="mlm",
+        progress=True,
+    )
     held = corpus.take(splits["heldout"])
     loss, acc = loss_fn(model, {"tokens": jax.numpy.asarray(held["tokens"])}, k_eval)
-    _write("mlm", {"heldout/masked_loss": float(loss), "heldout/masked_accuracy": float(acc),
-                   "chance": 1 / config.num_symbols}, {"mlm": history["loss"]})
+    _write(
+        "mlm",
+        {
+            "heldout/masked_loss": float(loss),
+            "heldout/masked_accuracy": float(acc),
+            "chance": 1 / config.num_symbols,
+        },
+        {"mlm": history["loss"]},
+    )
 
 
 @main.command()
@@ -150,19 +202,37 @@ def contrastive(config_path):
     config = _config(config_path)
     splits, corpus = _data(config)
     k_init, k_fit = jax.random.split(jax.random.key(config.seed))
-    model, history = fit(build(config, key=k_init), lab.make_loss_fn(config.temperature), config, corpus,
-                         splits["train"], splits["heldout"], steps=config.contrastive_steps, key=k_fit,
-                         objective="contrastive", progress=True)
+    model, history = fit(
+        build(config, key=k_init),
+        lab.make_loss_fn(config.temperature),
+        config,
+        corpus,
+        splits["train"],
+        splits["heldout"],
+        steps=config.contrastive_steps,
+        key=k_fit,
+        objective="contrastive",
+        progress=True,
+    )
     held = corpus.take(splits["heldout"][:64])
-    _write("contrastive", {
-        "heldout/retrieval_accuracy_of_64": lab.retrieval_accuracy(model, held["tokens"], held["prompt_len"]),
-        "chance": 1 / 64, "false_negative_pairs_in_that_batch": len(lab.false_negatives(held["tokens"])),
-    }, {"contrastive": history["loss"]})
+    _write(
+        "contrastive",
+        {
+            "heldout/retrieval_accuracy_of_64": lab.retrieval_accuracy(
+                model, held["tokens"], held["prompt_len"]
+            ),
+            "chance": 1 / 64,
+            "false_negative_pairs_in_that_batch": len(lab.false_negatives(held["tokens"])),
+        },
+        {"contrastive": history["loss"]},
+    )
 
 
 @main.command(name="lora")
 @config_option
-@click.option("--rank", "ranks", type=int, multiple=True, help="Adapter rank (repeatable; default: config).")
+@click.option(
+    "--rank", "ranks", type=int, multiple=True, help="Adapter rank (repeatable; default: config)."
+)
 def lora_cmd(config_path, ranks):
     """Stage 4: LoRA from the SFT model to the shift task; ranks compared."""
     from flax import nnx
@@ -175,21 +245,37 @@ def lora_cmd(config_path, ranks):
     ranks = ranks or (config.lora_rank,)
     for rank in ranks:
         if not 1 <= rank <= config.d_model:
-            raise click.BadParameter(f"LoRA rank `{rank}` does not fit layers of width `{config.d_model}`.",
-                                     param_hint="--rank")
+            raise click.BadParameter(
+                f"LoRA rank `{rank}` does not fit layers of width `{config.d_model}`.",
+                param_hint="--rank",
+            )
     base, _ = _sft_model(config)
     splits, shift = _data(config, "shift")
     table, losses = {}, {}
     for rank in ranks:
         k_init, k_fit = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), rank))
-        trained, history = fit(lora.adapted_model(config, base, rank, key=k_init), sft_lab.loss_fn, config,
-                               shift, splits["train"], splits["heldout"], steps=config.lora_steps, key=k_fit,
-                               objective=f"lora-r{rank}", wrt=nnx.LoRAParam, progress=True)
-        table[rank] = {"trainable": lora.count(nnx.state(trained, nnx.LoRAParam)),
-                       "optimizer_bytes": lora.nbytes(history["opt_state"]),
-                       "heldout": evaluate(trained, shift, splits["heldout"])}
+        trained, history = fit(
+            lora.adapted_model(config, base, rank, key=k_init),
+            sft_lab.loss_fn,
+            config,
+            shift,
+            splits["train"],
+            splits["heldout"],
+            steps=config.lora_steps,
+            key=k_fit,
+            objective=f"lora-r{rank}",
+            wrt=nnx.LoRAParam,
+            progress=True,
+        )
+        table[rank] = {
+            "trainable": lora.count(nnx.state(trained, nnx.LoRAParam)),
+            "optimizer_bytes": lora.nbytes(history["opt_state"]),
+            "heldout": evaluate(trained, shift, splits["heldout"]),
+        }
         losses[f"rank {rank}"] = history["loss"]
-    _write("lora", {"base_on_shift": evaluate(base, shift, splits["heldout"]), "ranks": table}, losses)
+    _write(
+        "lora", {"base_on_shift": evaluate(base, shift, splits["heldout"]), "ranks": table}, losses
+    )
 
 
 @main.command()
@@ -205,12 +291,18 @@ def dpo(config_path):
     k_pairs, k_fit = jax.random.split(jax.random.key(config.seed))
     pairs = lab.make_pairs(held["tokens"], held["prompt_len"], config.num_symbols, k_pairs)
     before = lab.preference_metrics(lab.PolicyAndReference(base, base), pairs, config.dpo_beta)
-    trained, history = lab.train_dpo(config, base, corpus, splits["train"], splits["heldout"], key=k_fit,
-                                     progress=True)
-    _write("dpo", {"heldout_before": before,
-                   "heldout_after": lab.preference_metrics(trained, pairs, config.dpo_beta),
-                   "denominator": "pairs in the batch; log-probabilities summed over response tokens"},
-           {"dpo": history["loss"]})
+    trained, history = lab.train_dpo(
+        config, base, corpus, splits["train"], splits["heldout"], key=k_fit, progress=True
+    )
+    _write(
+        "dpo",
+        {
+            "heldout_before": before,
+            "heldout_after": lab.preference_metrics(trained, pairs, config.dpo_beta),
+            "denominator": "pairs in the batch; log-probabilities summed over response tokens",
+        },
+        {"dpo": history["loss"]},
+    )
 
 
 @main.command()
@@ -235,16 +327,22 @@ def reductions(config_path):
 
     order = np.argsort(corpus.prompt_len[:64], kind="stable")
     rows = np.concatenate([order[:4], order[-4:]])
-    batch = {"tokens": jax.numpy.asarray(corpus.tokens[rows]), "prompt_len": jax.numpy.asarray(corpus.prompt_len[rows])}
+    batch = {
+        "tokens": jax.numpy.asarray(corpus.tokens[rows]),
+        "prompt_len": jax.numpy.asarray(corpus.prompt_len[rows]),
+    }
     micros = [{k: v[i : i + 2] for k, v in batch.items()} for i in range(0, 8, 2)]
     full = lab.full_batch_grad(token_loss_fn, params, batch)
     good, _ = lab.accumulate_global(token_loss_fn, params, micros)
     bad = lab.accumulate_mean_of_means(token_loss_fn, params, micros)
-    _write("reductions", {
-        "global_count_vs_full_max_abs": lab.max_abs_diff(good, full),
-        "mean_of_means_vs_full_max_abs": lab.max_abs_diff(bad, full),
-        "full_grad_max_abs": lab.max_abs(full),
-    })
+    _write(
+        "reductions",
+        {
+            "global_count_vs_full_max_abs": lab.max_abs_diff(good, full),
+            "mean_of_means_vs_full_max_abs": lab.max_abs_diff(bad, full),
+            "full_grad_max_abs": lab.max_abs(full),
+        },
+    )
 
 
 @main.command()
@@ -266,8 +364,13 @@ def heldout(config_path):
 
     train, held = sub(splits["train"]), sub(splits["heldout"])
     report = lab.audit(ledger, train, held)
-    _write("heldout", {"audit": {k: v for k, v in report.items() if k != "duplicate_ids"},
-                       **lab.heldout_metrics(model, held, report["duplicate_ids"])})
+    _write(
+        "heldout",
+        {
+            "audit": {k: v for k, v in report.items() if k != "duplicate_ids"},
+            **lab.heldout_metrics(model, held, report["duplicate_ids"]),
+        },
+    )
 
 
 @main.command()
@@ -281,23 +384,33 @@ def parity(config_path):
 
     config = _config(config_path)
     tokens = generate(config, np.arange(16)).tokens
-    injections = {"clean": {}, "ln_epsilon=1e-6": {"ln_epsilon": 1e-6}, "tanh GELU": {"gelu_approximate": True},
-                  "attn_scale=1/sqrt(d_model)": {"attn_scale": 1 / math.sqrt(config.d_model)},
-                  "mask_offset=1": {"mask_offset": 1}}
+    injections = {
+        "clean": {},
+        "ln_epsilon=1e-6": {"ln_epsilon": 1e-6},
+        "tanh GELU": {"gelu_approximate": True},
+        "attn_scale=1/sqrt(d_model)": {"attn_scale": 1 / math.sqrt(config.d_model)},
+        "mask_offset=1": {"mask_offset": 1},
+    }
     out = {}
     for dtype in (np.float64, np.float32):
         for name, override in injections.items():
             r = lab.run_parity(config, tokens, dtype, key=jax.random.key(config.seed), **override)
             out[f"{np.dtype(dtype).name}/{name}"] = {
                 "first_mismatch": r["first_mismatch"],
-                "worst_max_abs_diff": max(x["max_abs_diff"] for x in r["layers"])}
+                "worst_max_abs_diff": max(x["max_abs_diff"] for x in r["layers"]),
+            }
     _write("parity", out)
 
 
 @main.command()
 @config_option
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=str(RUNS / "bench" / "bench.json"),
-              help="Where to write the JSON report.")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default=str(RUNS / "bench" / "bench.json"),
+    help="Where to write the JSON report.",
+)
 @click.option("--repetitions", type=click.IntRange(min=1), default=20, help="Timed calls per path.")
 def bench(config_path, out_path, repetitions):
     """Optimizer bytes (full vs LoRA r4) and one training step, JAX jit vs PyTorch eager."""
@@ -307,8 +420,15 @@ def bench(config_path, out_path, repetitions):
     report = lab.run(config, Path(out_path), repetitions)
     for name, value in report["ratios"].items():
         target = report["targets"].get(name)
-        verdict = "" if target is None else f" (target >= {target:g}: {'met' if value >= target else 'MISSED'})"
+        verdict = (
+            ""
+            if target is None
+            else f" (target >= {target:g}: {'met' if value >= target else 'MISSED'})"
+        )
         click.echo(f"{name:32s} {value:8.2f}{verdict}")
     m = report["measurements"]
-    click.echo(f"jax step compile {m['jax_step']['compile_s']:.2f} s, first call {m['jax_step']['first_call_s']:.3f} s")
+    click.echo(
+        f"jax step compile {m['jax_step']['compile_s']:.2f} s, "
+        f"first call {m['jax_step']['first_call_s']:.3f} s"
+    )
     click.echo(f"Wrote {out_path}")

@@ -27,7 +27,7 @@ def info_nce(a: jax.Array, b: jax.Array, temperature: float) -> jax.Array:
         raise ValueError(f"`a` and `b` must both be `(N, D)`, got `{a.shape}` and `{b.shape}`.")
     if not temperature > 0:
         raise ValueError(f"`temperature` must be positive, got `{temperature}`.")
-    # --- exercise stage 2: Normalise both sides, form the N x N logits over the temperature, and average the row-wise and column-wise cross-entropies with the diagonal as the target. ---
+    # --- exercise stage 2: Cosine logits over temperature; mean of row and column CE. ---
     a = a / jnp.linalg.norm(a, axis=-1, keepdims=True)
     b = b / jnp.linalg.norm(b, axis=-1, keepdims=True)
     logits = (a @ b.T) / jnp.asarray(temperature, a.dtype)
@@ -44,11 +44,13 @@ def false_negatives(content: np.ndarray) -> list[tuple[int, int]]:
     (e.g. token rows). Such a pair puts a true match among the negatives.
     """
     content = np.asarray(content).reshape(len(content), -1)
-    # --- exercise stage 2: Group the rows by exact content and return every pair (i, j), i < j, of rows in one group. ---
+    # --- exercise stage 2: Return every pair (i, j), i < j, of rows with equal content. ---
     groups: dict[bytes, list[int]] = {}
     for i, row in enumerate(content):
         groups.setdefault(row.tobytes(), []).append(i)
-    return [(g[x], g[y]) for g in groups.values() for x in range(len(g)) for y in range(x + 1, len(g))]
+    return [
+        (g[x], g[y]) for g in groups.values() for x in range(len(g)) for y in range(x + 1, len(g))
+    ]
     # --- end exercise ---
 
 
@@ -84,5 +86,7 @@ def retrieval_accuracy(model, tokens, prompt_len) -> float:
     """Fraction of prompts whose nearest response (cosine) is their own."""
     prompt, response = views(jnp.asarray(tokens), jnp.asarray(prompt_len))
     a, b = encode(model, prompt), encode(model, response)
-    sim = (a / jnp.linalg.norm(a, axis=-1, keepdims=True)) @ (b / jnp.linalg.norm(b, axis=-1, keepdims=True)).T
+    sim = (a / jnp.linalg.norm(a, axis=-1, keepdims=True)) @ (
+        b / jnp.linalg.norm(b, axis=-1, keepdims=True)
+    ).T
     return float(jnp.mean(jnp.argmax(sim, axis=1) == jnp.arange(len(tokens))))

@@ -52,8 +52,12 @@ class Corpus:
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Row indices of example `ids` in this corpus (ids must be present)."""
         index = np.searchsorted(self.ids, ids)
-        if np.any(index >= len(self.ids)) or np.any(self.ids[np.minimum(index, len(self.ids) - 1)] != ids):
-            raise KeyError(f"Example ids `{np.setdiff1d(ids, self.ids)[:5].tolist()}` are not in the corpus.")
+        if np.any(index >= len(self.ids)) or np.any(
+            self.ids[np.minimum(index, len(self.ids) - 1)] != ids
+        ):
+            raise KeyError(
+                f"Example ids `{np.setdiff1d(ids, self.ids)[:5].tolist()}` are not in the corpus."
+            )
         return index
 
     def take(self, ids: np.ndarray) -> dict[str, np.ndarray]:
@@ -78,15 +82,23 @@ def generate(config: Config, ids: np.ndarray, task: str = "reverse") -> Corpus:
     if task not in TASKS:
         raise ValueError(f"Unknown task `{task}`; known tasks: {', '.join(TASKS)}.")
     ids = np.asarray(ids, dtype=np.int32)
-    words = np.asarray(_draw(jax.random.key(config.data_seed), jnp.asarray(ids), config.max_len + 1))
-    lengths = config.min_len + (words[:, 0] % (config.max_len - config.min_len + 1)).astype(np.int32)
+    words = np.asarray(
+        _draw(jax.random.key(config.data_seed), jnp.asarray(ids), config.max_len + 1)
+    )
+    lengths = config.min_len + (words[:, 0] % (config.max_len - config.min_len + 1)).astype(
+        np.int32
+    )
     symbols = (words[:, 1:] % config.num_symbols).astype(np.int32)
     tokens = np.zeros((len(ids), config.seq_len), np.int32)
     for row, (length, sym) in enumerate(zip(lengths, symbols, strict=True)):
         prompt = sym[:length]
         response = prompt[::-1] if task == "reverse" else (prompt[::-1] + 1) % config.num_symbols
         tokens[row, : 2 * length + 3] = [
-            BOS, *(prompt + NUM_SPECIAL), SEP, *(response + NUM_SPECIAL), EOS
+            BOS,
+            *(prompt + NUM_SPECIAL),
+            SEP,
+            *(response + NUM_SPECIAL),
+            EOS,
         ]
     return Corpus(ids=ids, tokens=tokens, prompt_len=lengths)
 
@@ -125,14 +137,20 @@ def batches(
     rows = corpus.rows(np.asarray(ids, dtype=np.int32))
     epochs = -(-steps * batch_size // len(rows))
     order = np.concatenate(
-        [rows[np.asarray(jax.random.permutation(k, len(rows)))] for k in jax.random.split(key, epochs)]
+        [
+            rows[np.asarray(jax.random.permutation(k, len(rows)))]
+            for k in jax.random.split(key, epochs)
+        ]
     )[: steps * batch_size].reshape(steps, batch_size)
     ds = grain.MapDataset.source(order).map(
-        lambda r: {"id": corpus.ids[r], "tokens": corpus.tokens[r], "prompt_len": corpus.prompt_len[r]}
+        lambda r: {
+            "id": corpus.ids[r],
+            "tokens": corpus.tokens[r],
+            "prompt_len": corpus.prompt_len[r],
+        }
     )
     # In-memory data: 0 reader threads (Grain's default of 16 oversubscribes 2 cores).
     return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
-
 
 
 def valid_mask(tokens: np.ndarray | jax.Array) -> jax.Array:

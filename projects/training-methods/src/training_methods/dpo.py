@@ -50,7 +50,9 @@ def check_pairs(pairs: Pairs) -> None:
             )
 
 
-def make_pairs(tokens: np.ndarray, prompt_len: np.ndarray, num_symbols: int, key: jax.Array) -> Pairs:
+def make_pairs(
+    tokens: np.ndarray, prompt_len: np.ndarray, num_symbols: int, key: jax.Array
+) -> Pairs:
     """Chosen: the correct response. Rejected: the same response with one symbol
     changed to another symbol, at a position drawn from `key`."""
     from training_methods.data import NUM_SPECIAL
@@ -70,11 +72,20 @@ def make_pairs(tokens: np.ndarray, prompt_len: np.ndarray, num_symbols: int, key
 
 def pair_batch(batch: dict, step: int, num_symbols: int, key: jax.Array) -> dict:
     """A training batch of preference pairs (the `prepare` hook of `train.fit`)."""
-    pairs = make_pairs(batch["tokens"], batch["prompt_len"], num_symbols, jax.random.fold_in(key, step))
-    return {"id": batch["id"], "chosen": pairs.chosen, "rejected": pairs.rejected, "prompt_len": pairs.prompt_len}
+    pairs = make_pairs(
+        batch["tokens"], batch["prompt_len"], num_symbols, jax.random.fold_in(key, step)
+    )
+    return {
+        "id": batch["id"],
+        "chosen": pairs.chosen,
+        "rejected": pairs.rejected,
+        "prompt_len": pairs.prompt_len,
+    }
 
 
-def train_dpo(config, sft_model, corpus, train_ids, heldout_ids, *, key, ledger=None, progress=False):
+def train_dpo(
+    config, sft_model, corpus, train_ids, heldout_ids, *, key, ledger=None, progress=False
+):
     """DPO from the SFT model: the policy starts as a copy, the reference is a
     frozen copy. Returns `(PolicyAndReference, history)`."""
     from training_methods.train import fit
@@ -82,19 +93,30 @@ def train_dpo(config, sft_model, corpus, train_ids, heldout_ids, *, key, ledger=
     k_pairs, k_fit = jax.random.split(key)
     pair_model = PolicyAndReference(nnx.clone(sft_model), nnx.clone(sft_model))
     return fit(
-        pair_model, make_loss_fn(config.dpo_beta), config, corpus, train_ids, heldout_ids,
-        steps=config.dpo_steps, key=k_fit, objective="dpo", wrt=TRAINABLE, ledger=ledger,
+        pair_model,
+        make_loss_fn(config.dpo_beta),
+        config,
+        corpus,
+        train_ids,
+        heldout_ids,
+        steps=config.dpo_steps,
+        key=k_fit,
+        objective="dpo",
+        wrt=TRAINABLE,
+        ledger=ledger,
         progress=progress,
         prepare=lambda b, step: pair_batch(b, step, config.num_symbols, k_pairs),
     )
 
 
-def sequence_logps(model, tokens: jax.Array, prompt_len: jax.Array, normalize: bool = False) -> jax.Array:
+def sequence_logps(
+    model, tokens: jax.Array, prompt_len: jax.Array, normalize: bool = False
+) -> jax.Array:
     """`(B,)` log-probability of each response (and EOS) given its prompt."""
     logits = model(tokens[:, :-1])
     targets = tokens[:, 1:]
     mask = response_mask(targets, prompt_len)
-    # --- exercise stage 5: Sum the target-token log-probabilities over response positions only (divide by the count when normalize). ---
+    # --- exercise stage 5: Sum target log-probs over response positions (mean if normalize). ---
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], axis=-1)[..., 0]
     total = jnp.sum(jnp.where(mask, logp, 0.0), axis=1)
     if normalize:
@@ -113,7 +135,7 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta: flo
     """DPO from sequence log-probabilities `(B,)`; the reference gets no gradient."""
     ref_chosen = jax.lax.stop_gradient(ref_chosen)
     ref_rejected = jax.lax.stop_gradient(ref_rejected)
-    # --- exercise stage 5: Form the implicit rewards beta * (policy - reference) and average -log sigmoid of their difference. ---
+    # --- exercise stage 5: Rewards beta * (policy - ref); mean of -log_sigmoid of their gap. ---
     chosen_reward = beta * (policy_chosen - ref_chosen)
     rejected_reward = beta * (policy_rejected - ref_rejected)
     loss = -jnp.mean(jax.nn.log_sigmoid(chosen_reward - rejected_reward))
@@ -149,7 +171,9 @@ def make_loss_fn(beta: float, normalize: bool = False):
     return loss_fn
 
 
-def preference_metrics(pair_model: PolicyAndReference, pairs: Pairs, beta: float) -> dict[str, float]:
+def preference_metrics(
+    pair_model: PolicyAndReference, pairs: Pairs, beta: float
+) -> dict[str, float]:
     """Preference accuracy (ties 1/2) and mean reward margin over `pairs`."""
     out = _metrics(pair_model, *(jnp.asarray(x) for x in pairs), beta)
     margin = np.asarray(out.chosen_reward - out.rejected_reward, np.float64)
@@ -163,5 +187,7 @@ def preference_metrics(pair_model: PolicyAndReference, pairs: Pairs, beta: float
 @nnx.jit(static_argnums=4)
 def _metrics(pair_model, chosen, rejected, prompt_len, beta):
     loss_fn = make_loss_fn(beta)
-    _, out = loss_fn(pair_model, {"chosen": chosen, "rejected": rejected, "prompt_len": prompt_len}, None)
+    _, out = loss_fn(
+        pair_model, {"chosen": chosen, "rejected": rejected, "prompt_len": prompt_len}, None
+    )
     return out

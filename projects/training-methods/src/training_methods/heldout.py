@@ -23,7 +23,10 @@ NAMESPACE = "heldout/"
 
 def prompts(corpus: Corpus) -> list[tuple[int, ...]]:
     """Each example's prompt symbols (the answer is a function of them)."""
-    return [tuple(row[1 : n + 1].tolist()) for row, n in zip(corpus.tokens, corpus.prompt_len, strict=True)]
+    return [
+        tuple(row[1 : n + 1].tolist())
+        for row, n in zip(corpus.tokens, corpus.prompt_len, strict=True)
+    ]
 
 
 def ngrams(seq: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
@@ -36,7 +39,7 @@ def ngrams(seq: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
 def audit(ledger: Ledger, train: Corpus, heldout: Corpus, n: int = 3) -> dict:
     """Separation and contamination report (figures, and the verdict they imply)."""
     heldout_ids = set(heldout.ids.tolist())
-    # --- exercise stage 7: Intersect every objective's ledger with the held-out ids, find held-out prompts identical to a training prompt, and measure the held-out n-gram overlap. ---
+    # --- exercise stage 7: Find leaked ids, duplicate prompts and held-out n-gram overlap. ---
     leaks = {name: sorted(read & heldout_ids) for name, read in ledger.read.items()}
     train_prompts = set(prompts(train))
     held = prompts(heldout)
@@ -61,7 +64,7 @@ def audit(ledger: Ledger, train: Corpus, heldout: Corpus, n: int = 3) -> dict:
 def heldout_metrics(model, heldout: Corpus, duplicate_ids: list[int]) -> dict[str, float]:
     """Held-out metrics under `heldout/`: all examples and de-duplicated ones."""
     clean = np.setdiff1d(heldout.ids, np.asarray(duplicate_ids, dtype=np.int32))
-    # --- exercise stage 7: Evaluate on all held-out ids and on the de-duplicated ones, and return every figure under the held-out namespace. ---
+    # --- exercise stage 7: Evaluate all and de-duplicated held-out ids under the namespace. ---
     every = evaluate(model, heldout, heldout.ids)
     dedup = evaluate(model, heldout, clean)
     out = {f"{NAMESPACE}{k}": v for k, v in every.items()}

@@ -37,19 +37,25 @@ class LoRALinear(nnx.Module):
         self.lora_b = nnx.LoRAParam(jnp.zeros((rank, d_out), dtype))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        # --- exercise stage 4: Add the scaled low-rank update x @ A @ B to the frozen base layer's output. ---
-        return self.base(x) + (x @ self.lora_a[...] @ self.lora_b[...]) * jnp.asarray(self.scale, x.dtype)
+        # --- exercise stage 4: Add the scaled low-rank update x @ A @ B to the base output. ---
+        return self.base(x) + (x @ self.lora_a[...] @ self.lora_b[...]) * jnp.asarray(
+            self.scale, x.dtype
+        )
         # --- end exercise ---
 
 
-def apply_lora(model: nnx.Module, rank: int, alpha: float, *, key: jax.Array, targets=TARGETS) -> nnx.Module:
+def apply_lora(
+    model: nnx.Module, rank: int, alpha: float, *, key: jax.Array, targets=TARGETS
+) -> nnx.Module:
     """Wraps every `targets` Linear of every block in a `LoRALinear` (in place;
     returns `model`). Keys: one per adapted layer, split from `key`."""
     layers = [(block, name) for block in model.blocks for name in targets]
     keys = jax.random.split(key, len(layers))
     for (block, name), k in zip(layers, keys, strict=True):
         owner = block.attn if name in ("q", "k", "v", "o") else block
-        setattr(owner, name, LoRALinear(getattr(owner, name), rank, alpha, key=k))  # In-place update.
+        setattr(
+            owner, name, LoRALinear(getattr(owner, name), rank, alpha, key=k)
+        )  # In-place update.
     return model
 
 

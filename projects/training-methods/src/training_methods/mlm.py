@@ -41,11 +41,13 @@ def check_mask(mask: jax.Array, like: jax.Array, name: str = "mask") -> None:
 def corrupt(key: jax.Array, tokens: jax.Array, mask_rate: float, num_symbols: int) -> Corrupted:
     """BERT corruption of int32 `tokens` `(B, T)`; special tokens are never selected."""
     k_select, k_kind, k_random = jax.random.split(key, 3)
-    # --- exercise stage 1: Select real symbols with probability mask_rate, then replace 80% by MASK, 10% by a random symbol and keep 10%. ---
+    # --- exercise stage 1: Select real symbols at mask_rate; 80% MASK, 10% random, 10% kept. ---
     candidate = tokens >= NUM_SPECIAL
     selected = candidate & jax.random.bernoulli(k_select, mask_rate, tokens.shape)
     u = jax.random.uniform(k_kind, tokens.shape)
-    random_tokens = jax.random.randint(k_random, tokens.shape, NUM_SPECIAL, NUM_SPECIAL + num_symbols)
+    random_tokens = jax.random.randint(
+        k_random, tokens.shape, NUM_SPECIAL, NUM_SPECIAL + num_symbols
+    )
     inputs = jnp.where(selected & (u < 0.8), MASK, tokens)
     inputs = jnp.where(selected & (u >= 0.8) & (u < 0.9), random_tokens, inputs)
     # --- end exercise ---
@@ -59,7 +61,7 @@ def mlm_loss(logits: jax.Array, labels: jax.Array, loss_mask: jax.Array) -> jax.
     Denominator: the number of selected positions in the batch (at least 1).
     """
     check_mask(loss_mask, labels, "loss_mask")
-    # --- exercise stage 1: Average the per-position cross-entropy over the selected positions only. ---
+    # --- exercise stage 1: Average the cross-entropy over the selected positions only. ---
     per_token = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     per_token = jnp.where(loss_mask, per_token, 0.0)
     return jnp.sum(per_token) / jnp.maximum(jnp.sum(loss_mask), 1).astype(per_token.dtype)
@@ -80,6 +82,8 @@ def make_loss_fn(mask_rate: float, num_symbols: int):
     def loss_fn(model, batch, key):
         c = corrupt(key, batch["tokens"], mask_rate, num_symbols)
         logits = model(c.inputs, causal=False)
-        return mlm_loss(logits, c.labels, c.loss_mask), masked_accuracy(logits, c.labels, c.loss_mask)
+        return mlm_loss(logits, c.labels, c.loss_mask), masked_accuracy(
+            logits, c.labels, c.loss_mask
+        )
 
     return loss_fn

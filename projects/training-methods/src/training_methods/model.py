@@ -108,18 +108,33 @@ class Transformer(nnx.Module):
         # Small embeddings (GPT-2's 0.02) keep LayerNorm inputs small, which is
         # also where an epsilon mismatch shows.
         init = nnx.initializers.normal(0.02)
-        self.embed = nnx.Embed(vocab, d_model, embedding_init=init, param_dtype=dtype, dtype=dtype, rngs=rngs)
-        self.pos = nnx.Embed(max_len, d_model, embedding_init=init, param_dtype=dtype, dtype=dtype, rngs=rngs)
+        self.embed = nnx.Embed(
+            vocab, d_model, embedding_init=init, param_dtype=dtype, dtype=dtype, rngs=rngs
+        )
+        self.pos = nnx.Embed(
+            max_len, d_model, embedding_init=init, param_dtype=dtype, dtype=dtype, rngs=rngs
+        )
         self.blocks = nnx.List(
             [
-                Block(d_model, num_heads, 4 * d_model, ln_epsilon=ln_epsilon,
-                      gelu_approximate=gelu_approximate, dtype=dtype, rngs=rngs)
+                Block(
+                    d_model,
+                    num_heads,
+                    4 * d_model,
+                    ln_epsilon=ln_epsilon,
+                    gelu_approximate=gelu_approximate,
+                    dtype=dtype,
+                    rngs=rngs,
+                )
                 for _ in range(num_layers)
             ]
         )
-        self.ln_f = nnx.LayerNorm(d_model, epsilon=ln_epsilon, param_dtype=dtype, dtype=dtype, rngs=rngs)
+        self.ln_f = nnx.LayerNorm(
+            d_model, epsilon=ln_epsilon, param_dtype=dtype, dtype=dtype, rngs=rngs
+        )
         self.head = nnx.Linear(d_model, vocab, param_dtype=dtype, dtype=dtype, rngs=rngs)
-        self.attn_scale = attn_scale if attn_scale is not None else 1.0 / math.sqrt(d_model // num_heads)
+        self.attn_scale = (
+            attn_scale if attn_scale is not None else 1.0 / math.sqrt(d_model // num_heads)
+        )
         self.mask_offset = mask_offset
 
     def hidden(self, tokens, *, segment_ids=None, positions=None, causal=True, taps=None):
@@ -134,7 +149,9 @@ class Transformer(nnx.Module):
             segment_ids = (tokens != 0).astype(jnp.int32)
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        allowed = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
+        allowed = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (
+            segment_ids[:, None, :] != 0
+        )
         if causal:
             q = jnp.arange(t)[:, None]
             k = jnp.arange(t)[None, :]
@@ -150,7 +167,9 @@ class Transformer(nnx.Module):
     def __call__(self, tokens, *, segment_ids=None, positions=None, causal=True, taps=None):
         """Logits `(B, T, vocab)`; see `hidden` for the arguments."""
         logits = self.head(
-            self.hidden(tokens, segment_ids=segment_ids, positions=positions, causal=causal, taps=taps)
+            self.hidden(
+                tokens, segment_ids=segment_ids, positions=positions, causal=causal, taps=taps
+            )
         )
         _tap(taps, "logits", logits)
         return logits

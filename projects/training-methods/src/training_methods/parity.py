@@ -68,18 +68,35 @@ class TorchBlock(torch.nn.Module):
 class TorchTransformer(torch.nn.Module):
     """PyTorch twin of `model.Transformer` (same arguments, same taps)."""
 
-    def __init__(self, vocab, max_len, d_model=64, num_heads=4, num_layers=2, *, ln_epsilon=1e-5,
-                 gelu_approximate=False, attn_scale=None, mask_offset=0):
+    def __init__(
+        self,
+        vocab,
+        max_len,
+        d_model=64,
+        num_heads=4,
+        num_layers=2,
+        *,
+        ln_epsilon=1e-5,
+        gelu_approximate=False,
+        attn_scale=None,
+        mask_offset=0,
+    ):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, d_model)
         self.pos = torch.nn.Embedding(max_len, d_model)
         self.blocks = torch.nn.ModuleList(
-            [TorchBlock(d_model, num_heads, ln_epsilon=ln_epsilon, gelu_approximate=gelu_approximate)
-             for _ in range(num_layers)]
+            [
+                TorchBlock(
+                    d_model, num_heads, ln_epsilon=ln_epsilon, gelu_approximate=gelu_approximate
+                )
+                for _ in range(num_layers)
+            ]
         )
         self.ln_f = torch.nn.LayerNorm(d_model, eps=ln_epsilon)
         self.head = torch.nn.Linear(d_model, vocab)
-        self.attn_scale = attn_scale if attn_scale is not None else 1.0 / math.sqrt(d_model // num_heads)
+        self.attn_scale = (
+            attn_scale if attn_scale is not None else 1.0 / math.sqrt(d_model // num_heads)
+        )
         self.mask_offset = mask_offset
 
     def forward(self, tokens, taps=None):
@@ -87,7 +104,7 @@ class TorchTransformer(torch.nn.Module):
         b, t = tokens.shape
         seg = (tokens != 0).long()
         allowed = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
-        # --- exercise stage 8: Build the causal mask so that query i sees keys j <= i + mask_offset, as the Flax model does. ---
+        # --- exercise stage 8: Causal mask: query i sees keys j <= i + mask_offset. ---
         q = torch.arange(t)[:, None]
         k = torch.arange(t)[None, :]
         allowed = allowed & (k <= q + self.mask_offset)[None]
@@ -111,7 +128,7 @@ def load_from_nnx(torch_model: TorchTransformer, nnx_model: nnx.Module) -> Torch
         return torch.from_numpy(np.array(x[...], dtype=np.float64)).to(dtype)
 
     def linear(dst: torch.nn.Linear, src: nnx.Linear):
-        # --- exercise stage 8: Copy a Flax Linear into a torch Linear: the torch weight is the transposed kernel. ---
+        # --- exercise stage 8: Copy a Flax Linear: the torch weight is the kernel transposed. ---
         dst.weight.copy_(t(src.kernel).T)
         dst.bias.copy_(t(src.bias))
         # --- end exercise ---
@@ -160,11 +177,13 @@ def compare(
     """Layer-by-layer report and the first layer beyond its tolerance (or None)."""
     names = [n for n, _ in flax_taps]
     if names != [n for n, _ in torch_taps]:
-        raise ValueError(f"The two models tap different layers: `{names}` vs `{[n for n, _ in torch_taps]}`.")
+        raise ValueError(
+            f"The two models tap different layers: `{names}` vs `{[n for n, _ in torch_taps]}`."
+        )
     layers, first = [], None
     for (name, fx), (_, tx) in zip(flax_taps, torch_taps, strict=True):
         ref = tx.detach().numpy().astype(np.float64)
-        # --- exercise stage 8: Measure each layer's max absolute difference against its tolerance and remember the first layer that exceeds it. ---
+        # --- exercise stage 8: Keep the first layer whose difference exceeds its tolerance. ---
         diff = float(np.max(np.abs(np.asarray(fx, np.float64) - ref)))
         tol = tolerance(name, dtype, ref, d_model, seq_len)
         if first is None and not diff <= tol:
@@ -188,9 +207,15 @@ def run_parity(config, tokens: np.ndarray, dtype, *, key, **torch_overrides) -> 
     with jax.enable_x64(dtype == np.float64), jax.numpy_dtype_promotion("standard"):
         flax_model = build(config, key=key, dtype=jnp.dtype(dtype).type)
         values = layer_outputs(flax_model, jnp.asarray(tokens))
-        flax_taps = list(zip(tap_names(config.num_layers), [np.asarray(v) for v in values], strict=True))
+        flax_taps = list(
+            zip(tap_names(config.num_layers), [np.asarray(v) for v in values], strict=True)
+        )
     torch_model = TorchTransformer(
-        vocab_size(config), config.seq_len, config.d_model, config.num_heads, config.num_layers,
+        vocab_size(config),
+        config.seq_len,
+        config.d_model,
+        config.num_heads,
+        config.num_layers,
         **torch_overrides,
     ).to(torch.float64 if dtype == np.float64 else torch.float32)
     load_from_nnx(torch_model, flax_model)

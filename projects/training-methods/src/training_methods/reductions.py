@@ -28,14 +28,16 @@ from jax.sharding import PartitionSpec as P
 
 def per_token_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean over every counted token of the batch."""
-    # --- exercise stage 6: Divide the sum of counted losses by the number of counted tokens. ---
-    return jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(jnp.sum(mask), 1).astype(losses.dtype)
+    # --- exercise stage 6: Sum of counted losses over the number of counted tokens. ---
+    return jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(jnp.sum(mask), 1).astype(
+        losses.dtype
+    )
     # --- end exercise ---
 
 
 def per_sequence_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean over sequences (with a counted token) of each sequence's token mean."""
-    # --- exercise stage 6: Average each sequence over its own counted tokens, then average over the sequences that have any. ---
+    # --- exercise stage 6: Mean per sequence over its tokens, then over non-empty sequences. ---
     count = jnp.sum(mask, axis=1)
     seq = jnp.sum(jnp.where(mask, losses, 0.0), axis=1) / jnp.maximum(count, 1).astype(losses.dtype)
     has = count > 0
@@ -57,7 +59,7 @@ def sum_and_count(token_loss_fn: Callable, params, batch):
 def accumulate_global(token_loss_fn: Callable, params, micro_batches: list) -> tuple:
     """Accumulated gradient normalized by the global count; also returns the count."""
     step = jax.jit(lambda p, b: sum_and_count(token_loss_fn, p, b))
-    # --- exercise stage 6: Add up each micro-batch's summed-loss gradient and count, then divide by the global count. ---
+    # --- exercise stage 6: Add micro-batch gradient sums and counts; divide by the total. ---
     total, count = None, 0
     for batch in micro_batches:
         g, n = step(params, batch)
@@ -99,7 +101,7 @@ def sharded_grad(token_loss_fn: Callable, params, batch, mesh: Mesh):
         # already sum the gradient over devices and the psum below would double it.
         p = jax.tree.map(lambda x: jax.lax.pcast(x, "data", to="varying"), p)
         g, n = sum_and_count(token_loss_fn, p, b)
-        # --- exercise stage 6: Combine the per-device gradient sums and token counts with psum and normalize by the global count. ---
+        # --- exercise stage 6: psum the gradient sums and counts; divide by the global count. ---
         g = jax.lax.psum(g, "data")
         n = jax.lax.psum(n, "data")
         return jax.tree.map(lambda x: x / jnp.maximum(n, 1).astype(x.dtype), g), n
@@ -110,8 +112,10 @@ def sharded_grad(token_loss_fn: Callable, params, batch, mesh: Mesh):
 
 
 def max_abs_diff(a, b) -> float:
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
 
 
 def max_abs(a) -> float:

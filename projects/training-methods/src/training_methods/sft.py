@@ -29,7 +29,7 @@ def response_mask(targets: jax.Array, prompt_len: jax.Array) -> jax.Array:
     """
     pos = jnp.arange(targets.shape[1])[None, :]
     length = prompt_len[:, None]
-    # --- exercise stage 3: Mark the targets that are response tokens or the final EOS, never prompt, separator or padding. ---
+    # --- exercise stage 3: Mark response-token and EOS targets; never prompt, SEP or padding. ---
     token_index = pos + 1
     return (token_index >= length + 2) & (token_index <= 2 * length + 2)
     # --- end exercise ---
@@ -38,7 +38,7 @@ def response_mask(targets: jax.Array, prompt_len: jax.Array) -> jax.Array:
 def sft_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
     """Per-token mean cross-entropy over the counted targets of the batch."""
     check_mask(mask, targets)
-    # --- exercise stage 3: Sum the cross-entropy over counted targets and divide by the number of counted targets. ---
+    # --- exercise stage 3: Sum cross-entropy over counted targets; divide by their number. ---
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     total = jnp.sum(jnp.where(mask, ce, 0.0))
     return total / jnp.maximum(jnp.sum(mask), 1).astype(total.dtype)
@@ -67,13 +67,17 @@ def pack(tokens: np.ndarray, prompt_len: np.ndarray, length: int) -> dict[str, n
     for i, (seq, n) in enumerate(zip(tokens, prompt_len, strict=True)):
         real = seq[: 2 * int(n) + 3]
         if len(real) > length:
-            raise ValueError(f"Example {i} has {len(real)} tokens, more than the row `length` {length}.")
+            raise ValueError(
+                f"Example {i} has {len(real)} tokens, more than the row `length` {length}."
+            )
         if used + len(real) > length:
             rows.append([])
             used = 0
         rows[-1].append((i, real))
         used += len(real)
-    out = {k: np.zeros((len(rows), length), np.int32) for k in ("tokens", "segment_ids", "positions")}
+    out = {
+        k: np.zeros((len(rows), length), np.int32) for k in ("tokens", "segment_ids", "positions")
+    }
     out["example"] = np.full((len(rows), length), -1, np.int32)
     for r, row in enumerate(rows):
         start = 0
@@ -81,7 +85,7 @@ def pack(tokens: np.ndarray, prompt_len: np.ndarray, length: int) -> dict[str, n
             span = slice(start, start + len(real))
             out["tokens"][r, span] = real
             out["example"][r, span] = i
-            # --- exercise stage 3: Give each packed example its own segment id (from 1) and positions that restart at 0. ---
+            # --- exercise stage 3: Segment id k + 1 per example; positions restart at 0. ---
             out["segment_ids"][r, span] = k + 1
             out["positions"][r, span] = np.arange(len(real))
             # --- end exercise ---

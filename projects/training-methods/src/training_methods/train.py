@@ -138,7 +138,8 @@ def fit(
     """Trains `model` on `loss_fn` for `steps` batches of `train_ids`.
 
     `prepare(batch, step)`, if given, turns each host batch into the lab's
-    batch (e.g. preference pairs). Returns the trained model (a new object; `model` is left as it was) and a
+    batch (e.g. preference pairs). Returns the trained model (a new object;
+    `model` is left as it was) and a
     history `{"loss": [...], "opt_state": ..., "trainable": ...}`.
     """
     if tx is None:
@@ -151,7 +152,9 @@ def fit(
     key, k_data = jax.random.split(key)
     stream = batches(corpus, train_ids, heldout_ids, config.batch_size, k_data, steps)
     losses = []
-    with click.progressbar(length=steps, label=objective, file=None) if progress else _Null() as bar:
+    with (
+        click.progressbar(length=steps, label=objective, file=None) if progress else _Null() as bar
+    ):
         for _ in range(steps):
             batch = next(stream)
             if ledger is not None:

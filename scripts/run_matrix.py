@@ -11,6 +11,9 @@ closing line `N passed, N failed, N skipped`. A project's test files map to
 stages through its `project.toml`; files no stage declares show as
 `extra: <file>`.
 
+Pytest suites run two at a time (`MATRIX_JOBS=1` runs them one by one), each
+with its output printed in one piece when it ends.
+
 Exit status: 0 when every suite passed, 1 otherwise. A JSON copy of the table
 goes to `matrix-report.json`.
 
@@ -24,13 +27,17 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+JOBS = int(os.environ.get("MATRIX_JOBS", "2"))  # Pytest suites run side by side.
+PRINT_LOCK = threading.Lock()
 sys.path.insert(0, str(ROOT / "scripts"))
 from ready_projects import ready_projects  # noqa: E402
 
@@ -114,14 +121,27 @@ def run_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
     if suite.script:
         return run_script_suite(suite, report_dir)
     xml_path = report_dir / f"{suite.name}.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", f"--junitxml={xml_path}", *suite.args]
-    print(
-        f"\n=== {suite.name}: {' '.join(cmd[2:])} (in {suite.cwd.relative_to(ROOT) or '.'})",
-        flush=True,
-    )
+    # A temporary folder of the suite's own: pytest prunes all but its three newest
+    # numbered folders, which would delete a running suite's files under parallel suites.
+    basetemp = report_dir / f"tmp-{suite.name}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        f"--junitxml={xml_path}",
+        f"--basetemp={basetemp}",
+        *suite.args,
+    ]
+    header = f"=== {suite.name}: {' '.join(cmd[2:])} (in {suite.cwd.relative_to(ROOT) or '.'})"
+    print(f"{header} started", flush=True)
     start = time.perf_counter()
-    code = subprocess.call(cmd, cwd=suite.cwd)
+    log = report_dir / f"{suite.name}.log"
+    with log.open("w") as out:
+        code = subprocess.call(cmd, cwd=suite.cwd, stdout=out, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - start
+    with PRINT_LOCK:  # Each suite's output in one piece, even when suites run side by side.
+        print(f"\n{header}: exit {code} in {wall:.0f} s\n{log.read_text()}", flush=True)
     rows: dict[str, Row] = {}
     if xml_path.exists():
         for case in ET.parse(xml_path).getroot().iter("testcase"):
@@ -168,9 +188,15 @@ def main(argv: list[str]) -> int:
     all_rows: list[Row] = []
     codes: dict[str, int] = {}
     start = time.perf_counter()
+    # Pytest suites run two at a time (one per core: most of a suite's time is one
+    # Python thread); the two LEARNING.md checks, which run two jobs each, follow.
+    pytest_suites = [s for s in chosen if not s.script]
+    script_suites = [s for s in chosen if s.script]
     with tempfile.TemporaryDirectory() as tmp:
-        for suite in chosen:
-            rows, code = run_suite(suite, Path(tmp))
+        with ThreadPoolExecutor(max_workers=JOBS) as pool:
+            results = list(pool.map(lambda s: run_suite(s, Path(tmp)), pytest_suites))
+        results += [run_suite(s, Path(tmp)) for s in script_suites]
+        for suite, (rows, code) in zip(pytest_suites + script_suites, results, strict=True):
             all_rows += rows
             codes[suite.name] = code
     print_table(all_rows, codes)

@@ -1,5 +1,5 @@
 """`mlp-classifier bench`: the report keeps its format and the four paths do the
-same work. No speed is asserted here (BENCHMARKS.md: a test may run a benchmark
+same work. No speed is asserted here (a test may run a benchmark
 on a tiny size to check that it still works, never to assert a speed)."""
 
 import json

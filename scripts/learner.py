@@ -9,7 +9,7 @@ Commands:
       write the starter (default `learn/<id>/`); `--keep` leaves those
       stages' regions written (used by the progression check)
   python scripts/learner.py check [<id> ...] [--jobs N]
-      the progression check (default: every ready project): the starter fails
+      the progression check (default: the projects in learning_checked.txt): the starter fails
       stage 1 with the stage-1 message; with stages <= k written, stage k
       passes and stage k+1 fails with its own message; fully written, every
       source equals the reference. Exit 1 on any broken step.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from catalog_compiler.exercises import project_regions, source_files, stage_prefix, strip_source
 from catalog_compiler.starters import write_sources, write_starter
-from ready_projects import ready_projects
+from ready_projects import learning_checked, ready_projects
 from scratch import (
     ROOT,
     imports_from_copy,
@@ -208,7 +208,7 @@ def main(argv: list[str]) -> int:
         )
         return 0
     if args.command == "check":
-        projects = [project_folder(n) for n in args.projects] or ready_projects()
+        projects = [project_folder(n) for n in args.projects] or learning_checked()
         return check(projects, max(1, args.jobs), args.json)
     return publish(args.out)
 

@@ -26,6 +26,17 @@ def ready_projects() -> list[Path]:
     return folders
 
 
+def learning_checked() -> list[Path]:
+    """Ready projects listed in `scripts/learning_checked.txt`: those whose learner
+    progression and seeded bugs the matrix checks."""
+    listed = {
+        line.strip()
+        for line in (ROOT / "scripts" / "learning_checked.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    return [p for p in ready_projects() if p.name in listed]
+
+
 def install_spec(folder: Path) -> str:
     """`projects/<id>[extra,...]` with every optional extra the project declares."""
     with (folder / "pyproject.toml").open("rb") as f:

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 JOBS = int(os.environ.get("MATRIX_JOBS", "2"))  # Pytest suites run side by side.
 PRINT_LOCK = threading.Lock()
 sys.path.insert(0, str(ROOT / "scripts"))
-from ready_projects import ready_projects  # noqa: E402
+from ready_projects import learning_checked, ready_projects  # noqa: E402
 
 
 @dataclass
@@ -112,6 +112,12 @@ def run_script_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
     rows = [
         Row(suite.name, r["row"], passed=r["passed"], failed=r["failed"], seconds=r["seconds"])
         for r in json.loads(report.read_text())
+    ]
+    checked = {p.name for p in learning_checked()}
+    rows += [
+        Row(suite.name, f"{p.name} (not checked yet)", skipped=1)
+        for p in ready_projects()
+        if p.name not in checked
     ]
     return rows, code
 

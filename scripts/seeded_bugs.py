@@ -13,7 +13,8 @@ script applies each bug alone to a scratch copy of its project and runs
 
 Commands:
   python scripts/seeded_bugs.py [<id> ...] [--jobs N]   run the check (default:
-      every ready project); exit 1 on any survivor, broken or invalid entry
+      the projects in learning_checked.txt); exit 1 on any survivor, broken or
+      invalid entry
   python scripts/seeded_bugs.py --readme <id> ...        rewrite the README table
   python scripts/seeded_bugs.py --list <id>              print the table
   python scripts/seeded_bugs.py <id> --only a,b          apply only those bugs
@@ -33,7 +34,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ready_projects import ready_projects
+from ready_projects import learning_checked
 from scratch import ROOT, copy_project, imports_from_copy, package_name, run_pytest, stage_ids
 from scratch import manifest as read_manifest
 
@@ -278,7 +279,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path, help="also write per-project rows here")
     parser.add_argument("--only", default="", help="comma-separated bug ids to apply")
     args = parser.parse_args(argv)
-    projects = [ROOT / "projects" / n for n in args.projects] or ready_projects()
+    projects = [ROOT / "projects" / n for n in args.projects] or learning_checked()
     for project in projects:
         if not (project / "project.toml").is_file():
             print(f"No project `{project.name}` (a folder with project.toml).", file=sys.stderr)

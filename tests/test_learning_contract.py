@@ -100,3 +100,12 @@ def test_ready_project_selects_each_stage_by_marker(project: Path):
         assert f"@pytest.mark.stage{stage['id']}:" in done.stdout, (
             f"{project.name}: no `stage{stage['id']}` marker (tests/conftest.py registers them)"
         )
+
+
+def test_the_checked_list_names_only_ready_projects():
+    """`scripts/learning_checked.txt` (the projects whose progression and seeded bugs
+    the matrix runs) lists ready projects only, each once."""
+    lines = (ROOT / "scripts" / "learning_checked.txt").read_text(encoding="utf-8").splitlines()
+    listed = [x.strip() for x in lines if x.strip() and not x.startswith("#")]
+    assert len(listed) == len(set(listed)), listed
+    assert set(listed) <= {p.name for p in READY}, set(listed) - {p.name for p in READY}

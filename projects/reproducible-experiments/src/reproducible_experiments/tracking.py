@@ -45,6 +45,10 @@ LEASE_S = 30.0
 METRICS_PER_CALL = 1000  # MLflow's limit for one log_batch (MAX_METRICS_PER_BATCH).
 TAGS_PER_CALL = 100  # MLflow's limit for params, and for tags, in one log_batch.
 LOCK_RETRY_S = 60.0  # How long a write waits out SQLite lock conflicts.
+# Store calls under way in this process, and a SIGTERM that arrived during one
+# (one-element lists: module state the signal handler and the calls share).
+_STORE_CALLS = [0]
+_PENDING_TERMINATION = [False]
 
 
 class TrackingError(RuntimeError):
@@ -119,15 +123,24 @@ def _retrying(name: str) -> Any:
     """`MlflowClient.<name>`, retried while SQLite answers "database is locked"."""
 
     def method(self: "Client", *args: Any, **kwargs: Any) -> Any:
-        delay, deadline = 0.02, time.monotonic() + LOCK_RETRY_S
-        while True:
-            try:
-                return getattr(MlflowClient, name)(self, *args, **kwargs)
-            except MlflowException as err:
-                if not _locked(err) or time.monotonic() > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(2 * delay, 0.5)
+        _STORE_CALLS[0] += 1
+        try:
+            delay, deadline = 0.02, time.monotonic() + LOCK_RETRY_S
+            while True:
+                try:
+                    return getattr(MlflowClient, name)(self, *args, **kwargs)
+                except MlflowException as err:
+                    if not _locked(err) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(delay)
+                    delay = min(2 * delay, 0.5)
+        finally:
+            _STORE_CALLS[0] -= 1
+            if _STORE_CALLS[0] == 0 and _PENDING_TERMINATION[0]:
+                _PENDING_TERMINATION[0] = False
+                if threading.current_thread() is threading.main_thread():
+                    raise Terminated()
+                signal.raise_signal(signal.SIGTERM)  # The main thread's handler raises it.
 
     method.__name__ = name
     method.__doc__ = f"`MlflowClient.{name}`, retried while a SQLite store is locked."
@@ -465,6 +478,11 @@ def end_state(exc_type: type[BaseException] | None, exc: BaseException | None) -
 
 def _raise_terminated(signum: int, frame: Any) -> None:
     del signum, frame
+    if _STORE_CALLS[0]:
+        # Never interrupt a store write half-way: its open SQLite transaction would
+        # hold the lock against the end-state write. Raise once the call returns.
+        _PENDING_TERMINATION[0] = True
+        return
     raise Terminated()
 
 

@@ -112,6 +112,10 @@ class Injector:
         if self.fault is None or step != self.fault.step or self.fault.kind == "kill-during-save":
             return
         kind = self.fault.kind
+        if self.observer is not None:
+            # The last progress before the fault, written now rather than at the next
+            # reporter tick, so that every incident can show where the job was.
+            self.observer.emit(self.observer.heartbeat())
         self._announce()
         if kind == "memory":
             # Just past the limit (the group's other members count too), every page

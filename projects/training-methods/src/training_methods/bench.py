@@ -5,7 +5,8 @@ Ratios (above 1: the first is smaller or faster):
   - `full_vs_lora_optimizer_bytes`: AdamW state bytes, all parameters vs LoRA rank 4;
   - `jax_vs_torch_step`: median time of one SFT training step (forward,
     backward, AdamW) of the stage-8 Transformer, PyTorch eager over jitted JAX,
-    at the same thread count; timed calls interleaved (JAX, torch, JAX, ...);
+    at the same thread count; timed calls interleaved (A, torch, B, then B,
+    torch, A, ...: each JAX copy follows torch in half the repetitions);
   - `jax_vs_jax_control`: an A/A control, two interleaved copies of the JAX
     step (shows the noise of the machine; ~1 when quiet).
 Compilation is timed apart (`lower`, `compile`, first call).
@@ -102,11 +103,15 @@ def step_timings(config: Config, repetitions: int = 20) -> dict:
         jax.block_until_ready(loss)
         holder["state"] = new_state
 
+    # Interleaved A, torch, B then B, torch, A: a step right after torch's runs
+    # slower (its worker threads still hold the cores), so each JAX series
+    # follows torch in half the repetitions and the A/A control stays unbiased.
     jax_a, jax_b, torch_t = [], [], []
-    for _ in range(repetitions):  # interleaved: A, B, A', ...
-        jax_a += _timed(jax_step, 1)
+    for i in range(repetitions):
+        first, second = (jax_a, jax_b) if i % 2 == 0 else (jax_b, jax_a)
+        first += _timed(jax_step, 1)
         torch_t += _timed(torch_step, 1)
-        jax_b += _timed(jax_step, 1)
+        second += _timed(jax_step, 1)
 
     def summary(xs, **extra):
         return {

@@ -26,24 +26,20 @@ import time
 import tomllib
 from pathlib import Path
 
+import yaml
 from catalog_compiler.cli import find_root
 from catalog_compiler.pipeline import compile_catalog
 from catalog_compiler.report import counts
-from ruamel.yaml import YAML
-
-_yaml = YAML(typ="safe", pure=True)
-_yaml.default_flow_style = False
-_yaml.width = 4096
 
 
 def _load(file: Path):
-    return _yaml.load(file.read_text(encoding="utf-8"))
+    return yaml.safe_load(file.read_text(encoding="utf-8"))
 
 
 def _dump(data, file: Path) -> None:
     file.parent.mkdir(parents=True, exist_ok=True)
     with open(file, "w", encoding="utf-8") as f:
-        _yaml.dump(data, f)
+        yaml.safe_dump(data, f, default_flow_style=False, width=4096, sort_keys=False)
 
 
 def _toml_string(value: str) -> str:

@@ -18,9 +18,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+import yaml
 from catalog_compiler.route_text import route_text
 from catalog_compiler.site import write_site
-from ruamel.yaml import YAML
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_CATALOG = REPO.parent / "shared" / "reference" / "catalog.json"
@@ -134,10 +134,9 @@ def reference_inputs() -> dict:
     """The reference catalog with the repository's manifests and catalog lists."""
     if not REFERENCE_CATALOG.is_file():
         pytest.skip(f"reference catalog not present at {REFERENCE_CATALOG}")
-    yaml = YAML(typ="safe")
 
     def listed(name: str) -> list[dict]:
-        return yaml.load((REPO / "catalog" / f"{name}.yaml").read_text(encoding="utf-8"))[name]
+        return yaml.safe_load((REPO / "catalog" / f"{name}.yaml").read_text(encoding="utf-8"))[name]
 
     projects = [
         tomllib.loads(path.read_text(encoding="utf-8"))

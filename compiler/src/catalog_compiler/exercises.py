@@ -75,6 +75,8 @@ def find_regions(text: str, path: str = "<source>") -> list[Region]:
     current: re.Match[str] | None = None
     current_line = 0
     for number, line in enumerate(lines, start=1):
+        if "# ---" not in line:  # No marker, loose or exact, lacks it: skip the patterns.
+            continue
         opening, closing = OPEN.match(line), CLOSE.match(line)
         if opening:
             if current is not None:

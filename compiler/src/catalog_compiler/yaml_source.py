@@ -6,15 +6,18 @@ diagnostics found while reading: syntax errors (YML001), duplicate keys
 (YML002, the first value is kept), tabs in indentation (YML003), explicit
 tags and directives (YML005), files that are not regular UTF-8 text (FIL004, FIL005) and
 files beyond the loading limits (LIM001-LIM004, see ``limits.py``). The
-limits are enforced while composing (ruamel's own ``max_depth``, an alias
-count) and on the composed node graph before any alias is expanded, so a
-hostile file is refused early and cheaply.
+limits are enforced while composing (a depth and an alias count) and on the
+composed node graph before any alias is expanded, so a hostile file is
+refused early and cheaply.
 
-Scalars are resolved with YAML 1.1 rules on purpose, by ruamel's safe
-resolver and constructor: a plain ``NO``, ``yes``, ``1.10`` or
-``2001-12-14`` is then a boolean, number or date, exactly what PyYAML and
-many other readers make of it, so the schema pass can flag it (YML004)
-instead of the catalog meaning one thing here and another elsewhere.
+PyYAML reads the text: libyaml's C parser turns it into events and PyYAML's
+composer, limited here, builds the node graph; a file libyaml finds fault
+with is read again by PyYAML's pure-Python parser, which reports the first
+problem where it is (see `_compose`). Scalars are resolved with YAML 1.1 rules
+on purpose, by PyYAML's resolver and safe constructor: a plain ``NO``,
+``yes``, ``1.10`` or ``2001-12-14`` is then a boolean, number or date, as
+many readers make of it, so the schema pass can flag it (YML004) instead of
+the catalog meaning one thing here and another elsewhere.
 """
 
 from __future__ import annotations
@@ -24,17 +27,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
-from ruamel.yaml.composer import Composer, MaxDepthExceededError
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.events import (
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.error import MarkedYAMLError, YAMLError
+from yaml.events import (
     AliasEvent,
     CollectionStartEvent,
     DocumentStartEvent,
     ScalarEvent,
 )
-from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-from ruamel.yaml.reader import Reader
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.parser import Parser
+from yaml.reader import Reader
+from yaml.resolver import Resolver
+from yaml.scanner import Scanner
 
 from catalog_compiler import rules
 from catalog_compiler.diagnostics import START, Diagnostic, Position, pointer
@@ -80,33 +86,97 @@ class _Refused(Exception):
         self.rule, self.index, self.message = rule, index, message
 
 
+try:
+    from yaml._yaml import CParser as _EventParser  # libyaml's parser
+except ImportError:  # pragma: no cover - PyYAML built without libyaml.
+    _EventParser = None
+
+
+def _tag_text(tag: str) -> str:
+    """A tag as its author wrote the common shorthand: `!!int`, not its full URI."""
+    return tag.replace("tag:yaml.org,2002:", "!!", 1)
+
+
 class _LimitedComposer(Composer):
-    """ruamel's composer, refusing tags and directives and counting aliases as it goes."""
+    """PyYAML's composer, refusing tags and directives, too much depth and too
+    many aliases as it goes."""
+
+    depth = 0
+    aliases = 0
 
     def compose_document(self: Any) -> Any:
-        event = self.parser.peek_event()
+        event = self.peek_event()
         if isinstance(event, DocumentStartEvent) and (event.version or event.tags):
             directive = "%YAML" if event.version else "%TAG"
             raise _Refused(rules.YAML_TAG, -1, f"has a `{directive}` directive")
         return super().compose_document()
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.parser.peek_event()
+        event = self.peek_event()
         if isinstance(event, AliasEvent):
-            self.aliases = getattr(self, "aliases", 0) + 1
+            self.aliases += 1
             if self.aliases > MAX_ALIASES:
                 raise _Refused(
                     rules.TOO_MANY_ALIASES,
                     event.start_mark.index,
                     f"uses more than {MAX_ALIASES} aliases (`*{event.anchor}` is one too many)",
                 )
-        elif isinstance(event, ScalarEvent | CollectionStartEvent) and event.ctag is not None:
+            return super().compose_node(parent, index)
+        if isinstance(event, ScalarEvent | CollectionStartEvent) and event.tag is not None:
             raise _Refused(
                 rules.YAML_TAG,
                 event.start_mark.index,
-                f"has the explicit tag `{event.ctag.handle or ''}{event.ctag.suffix or ''}`",
+                f"has the explicit tag `{_tag_text(event.tag)}`",
             )
-        return super().compose_node(parent, index)
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _Refused(
+                rules.NESTING_TOO_DEEP,
+                event.start_mark.index,
+                f"nests lists or mappings more than {MAX_DEPTH} levels deep",
+            )
+        node = super().compose_node(parent, index)
+        self.depth -= 1
+        return node
+
+
+class _Loader(Reader, Scanner, Parser, _LimitedComposer, Resolver):
+    """PyYAML's pure-Python reader, scanner and parser, composed under the limits:
+    it meets every problem in source order, limits included."""
+
+    def __init__(self, text: str) -> None:
+        Reader.__init__(self, text)
+        Scanner.__init__(self)
+        Parser.__init__(self)
+        _LimitedComposer.__init__(self)
+        Resolver.__init__(self)
+
+
+if _EventParser is not None:
+
+    class _FastLoader(_LimitedComposer, _EventParser, Resolver):
+        """libyaml's events, composed in Python under the same limits."""
+
+        def __init__(self, text: str) -> None:
+            _EventParser.__init__(self, text)
+            _LimitedComposer.__init__(self)
+            Resolver.__init__(self)
+
+
+def _compose(text: str) -> Node | None:
+    """The root node of ``text`` (``None`` for an empty document).
+
+    libyaml reads ahead and keeps limits of its own (a flow nesting of 1000),
+    so when it finds any problem the pure-Python parser reads the text again
+    and reports the first problem where it is. A sound file, the common
+    case, is read once, by libyaml. Raises `_Refused` or `YAMLError`.
+    """
+    if _EventParser is not None:
+        try:
+            return _FastLoader(text).get_single_node()
+        except YAMLError:
+            pass
+    return _Loader(text).get_single_node()
 
 
 def _measure(root: Node) -> None:
@@ -157,14 +227,6 @@ def _measure(root: Node) -> None:
         stack.extend((child, False) for child in reversed(children))
 
 
-def _parser() -> YAML:
-    yaml = YAML(typ="safe", pure=True)
-    yaml.version = (1, 1)
-    yaml.max_depth = MAX_DEPTH
-    yaml.Composer = _LimitedComposer
-    return yaml
-
-
 _CONSTRUCTED = {
     "tag:yaml.org,2002:" + kind: word
     for kind, word in [
@@ -178,7 +240,7 @@ _CONSTRUCTED = {
 
 
 class NotText:
-    """A plain scalar that YAML 1.1 reads as a non-text ``kind`` ruamel cannot build.
+    """A plain scalar that YAML 1.1 reads as a non-text ``kind`` PyYAML cannot build.
 
     (``2001-13-45`` matches the timestamp pattern but is no date.) It stands
     in for the value so the schema pass still says "quote it".
@@ -196,18 +258,18 @@ class NotText:
 class _Builder:
     """Turns a composed node tree into plain data, recording positions."""
 
-    def __init__(self, doc: Document, lines: Lines, yaml: YAML) -> None:
+    def __init__(self, doc: Document, lines: Lines) -> None:
         self.doc = doc
         self.lines = lines
-        self.constructor = yaml.constructor
+        self.constructor = SafeConstructor()
         self.diagnostics: list[Diagnostic] = []
 
     def mark(self, node: Node) -> Position:
         return self.lines.position(node.start_mark.index)
 
     def scalar(self, node: ScalarNode) -> Any:
-        """Return a scalar's value as ruamel's safe constructor resolves it (YAML 1.1)."""
-        kind = _CONSTRUCTED.get(str(node.tag)) if node.style is None else None
+        """Return a scalar's value as PyYAML's safe constructor resolves it (YAML 1.1)."""
+        kind = _CONSTRUCTED.get(str(node.tag)) if not node.style else None
         if kind is None:
             return node.value
         try:
@@ -278,9 +340,6 @@ def _tab_diagnostics(path: str, text: str) -> list[Diagnostic]:
 def _syntax(path: str, lines: Lines, error: MarkedYAMLError) -> Diagnostic:
     mark = error.problem_mark or error.context_mark
     pos = lines.position(mark.index) if mark else START
-    if isinstance(error, MaxDepthExceededError):
-        message = f"`{path}` nests lists or mappings more than {MAX_DEPTH} levels deep."
-        return rules.NESTING_TOO_DEEP.at(path, pos, "", message)
     problem = error.problem or error.context or "unreadable YAML"
     if error.context and error.context_mark and error.problem:
         where = lines.position(error.context_mark.index)
@@ -300,9 +359,8 @@ def parse_yaml(text: str, path: str) -> tuple[Document | None, list[Diagnostic]]
     """Parse YAML ``text`` of the file shown as ``path`` (see the module docstring)."""
     lines = Lines(text)
     diagnostics = _tab_diagnostics(path, text)
-    yaml = _parser()
     try:
-        root = yaml.compose(text)
+        root = _compose(text)
         if root is not None:
             _measure(root)
     except _Refused as refused:
@@ -325,7 +383,7 @@ def parse_yaml(text: str, path: str) -> tuple[Document | None, list[Diagnostic]]
         return None, diagnostics
     doc = Document(path, None)
     if root is not None:
-        builder = _Builder(doc, lines, yaml)
+        builder = _Builder(doc, lines)
         doc.data = builder.build(root, "")
         diagnostics += builder.diagnostics
     return doc, diagnostics

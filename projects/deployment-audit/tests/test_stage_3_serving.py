@@ -127,7 +127,15 @@ def _batcher_scenario(max_queue_rows: int, sizes: list[int]) -> tuple[list, list
             asyncio.create_task(batcher.submit(np.full((n, data.NUM_FEATURES), i, np.float32)))
             for i, n in enumerate(sizes)
         ]
-        got = await asyncio.gather(*tasks, return_exceptions=True)
+        answers = asyncio.gather(*tasks, return_exceptions=True)
+        # A liveness guard, not a timing check: the batcher's loop only ends by failing.
+        await asyncio.wait({answers, runner}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        if runner.done():
+            runner.result()  # Raises the error that stopped the batcher.
+            raise AssertionError("the batcher stopped with requests unanswered")
+        if not answers.done():
+            raise AssertionError("the batcher left requests unanswered for 120 s")
+        got = answers.result()
         runner.cancel()
         return got, [(b["rows"], b["requests"]) for b in stats.batches]
 

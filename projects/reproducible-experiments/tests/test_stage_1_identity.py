@@ -241,9 +241,10 @@ def _git_here(repo, *args: str) -> bytes:
 
 def test_code_identity_sees_the_uncommitted_diff(evidence, tmp_path):
     """A scratch repository holding a copy of this package: the identity of the
-    clean tree, after an edit, after a new untracked file, and with the edit
-    reverted. Independent check: `git diff HEAD --binary` and `git rev-parse`
-    run here, the diff hashed here."""
+    clean tree, after an edit, after a new untracked file, after that file's
+    bytes change (its name does not), and with the edit reverted. Independent
+    check: `git diff HEAD --binary` and `git rev-parse` run here, the diff
+    hashed here."""
     import hashlib
     import shutil
 
@@ -265,24 +266,29 @@ def test_code_identity_sees_the_uncommitted_diff(evidence, tmp_path):
     )
     (package / "extra.py").write_text("VALUE = 1\n")
     seen["edited + untracked"] = identity.git_identity(project, package)
+    (package / "extra.py").write_text("VALUE = 2\n")  # Same name, other bytes.
+    seen["edited + untracked, changed"] = identity.git_identity(project, package)
     (package / "extra.py").unlink()
     edited.write_bytes(original)
     seen["reverted"] = identity.git_identity(project, package)
     observed = {k: {t: v for t, v in tags.items()} for k, tags in seen.items()}
     assert evidence.record(
         "code identity: the uncommitted diff and untracked files count",
-        "scratch repository: clean, edited, edited + untracked, reverted",
+        "scratch repository: clean, edited, edited + untracked (twice, other bytes), reverted",
         observed,
         None,
         all(tags["code.git_commit"] == commit for tags in seen.values())
-        and [seen[k]["code.git_dirty"] for k in seen] == ["false", "true", "true", "false"]
+        and [seen[k]["code.git_dirty"] for k in seen] == ["false", "true", "true", "true", "false"]
         and seen["clean"]["code.git_diff_sha256"] == hashlib.sha256(b"").hexdigest()
         and seen["edited"]["code.git_diff_sha256"] == hashlib.sha256(diff).hexdigest()
         and len(diff) > 0
         and len(
-            {seen[k]["code.git_diff_sha256"] for k in ("clean", "edited", "edited + untracked")}
+            {
+                seen[k]["code.git_diff_sha256"]
+                for k in ("clean", "edited", "edited + untracked", "edited + untracked, changed")
+            }
         )
-        == 3
+        == 4
         and seen["reverted"] == seen["clean"]
         and seen["edited"]["code.source_sha256"] != seen["clean"]["code.source_sha256"],
     ), observed

@@ -67,10 +67,27 @@ def damage(ckpt_dir: Path, how: str) -> int:
     return step
 
 
+def progress(request: pytest.FixtureRequest):
+    """A line on pytest's terminal, past its output capture: the sweep runs twelve jobs."""
+    plugins = request.config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capture = plugins.get_plugin("capturemanager")
+    if reporter is None or capture is None:
+        return lambda line: None
+
+    def say(line: str) -> None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"stage 3 recovery: {line}")
+
+    return say
+
+
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, request):
+    say = progress(request)
     root = tmp_path_factory.mktemp("recovery")
     cache = root / "jax-cache"  # Shared: every launch after the first loads its executables.
+    say("the uninterrupted reference job (2 processes x 4 devices) ...")
     reference = launch.launch(CONFIG, root / "reference", timeout_s=600, compilation_cache=cache)
     assert reference.returncodes == [0, 0], launch.read_output(root / "reference", 0, 0)
     job = root / "killed"
@@ -84,6 +101,11 @@ def sweep(tmp_path_factory):
             how = damages.pop(0)
             damaged = {"step": damage(job / "checkpoints", how), "how": how}
         kill_at = "" if point is None else ":".join(map(str, point))
+        say(
+            f"attempt {attempt + 1}/{NUM_KILLS + 1}: "
+            + ("runs to the end" if point is None else f"kill at {kill_at} (step:phase:process)")
+            + (f", step {damaged['step']} damaged first ({damaged['how']})" if damaged else "")
+        )
         result = launch.launch(
             CONFIG, job, attempt=attempt, kill_at=kill_at, timeout_s=600, compilation_cache=cache
         )

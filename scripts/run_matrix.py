@@ -11,8 +11,9 @@ closing line `N passed, N failed, N skipped`. A project's test files map to
 stages through its `project.toml`; files no stage declares show as
 `extra: <file>`.
 
-Pytest suites run two at a time (`MATRIX_JOBS=1` runs them one by one), each
-with its output printed in one piece when it ends.
+Pytest suites run one per core, two to four at a time (`MATRIX_JOBS=N` sets
+the number; 1 runs them one by one), each with its output printed in one
+piece when it ends; the two checks run as many jobs.
 
 Exit status: 0 when every suite passed, 1 otherwise. A JSON copy of the table
 goes to `matrix-report.json`.
@@ -36,7 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-JOBS = int(os.environ.get("MATRIX_JOBS", "2"))  # Pytest suites run side by side.
+# Pytest suites run side by side, one per core the process may use, from two
+# to four (a container's quota can hide behind a larger CPU set); the two
+# LEARNING.md checks run as many jobs each.
+JOBS = int(os.environ.get("MATRIX_JOBS") or min(4, max(2, len(os.sched_getaffinity(0)))))
 PRINT_LOCK = threading.Lock()
 sys.path.insert(0, str(ROOT / "scripts"))
 from ready_projects import learning_checked, ready_projects  # noqa: E402
@@ -103,7 +107,15 @@ def row_label(suite: Suite, classname: str, name: str) -> str:
 def run_script_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
     """Run one check script; its JSON report gives one row per project."""
     report = report_dir / f"{suite.name}.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / suite.script), *suite.args, "--json", str(report)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / suite.script),
+        *suite.args,
+        "--jobs",
+        str(JOBS),
+        "--json",
+        str(report),
+    ]
     print(f"\n=== {suite.name}: {' '.join(cmd[1:])}", flush=True)
     start = time.perf_counter()
     code = subprocess.call(cmd, cwd=suite.cwd)
@@ -194,8 +206,8 @@ def main(argv: list[str]) -> int:
     all_rows: list[Row] = []
     codes: dict[str, int] = {}
     start = time.perf_counter()
-    # Pytest suites run two at a time (one per core: most of a suite's time is one
-    # Python thread); the two LEARNING.md checks, which run two jobs each, follow.
+    # Pytest suites run JOBS at a time (one per core: most of a suite's time is one
+    # Python thread); the two LEARNING.md checks, which run JOBS jobs each, follow.
     pytest_suites = [s for s in chosen if not s.script]
     script_suites = [s for s in chosen if s.script]
     with tempfile.TemporaryDirectory() as tmp:

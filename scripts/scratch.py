@@ -76,6 +76,9 @@ def run_env(copy: Path, cache_dir: Path) -> dict[str, str]:
     )
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+    # Cache every program, not only those over JAX's default 1 s of compile:
+    # the runs of one check compile mostly the same small programs again.
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     env["EVIDENCE_DIR"] = str(copy / "evidence")
     env.setdefault("MPLBACKEND", "Agg")
     return env

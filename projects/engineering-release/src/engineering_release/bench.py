@@ -8,7 +8,11 @@ generator in this process does not share an interpreter with the router.
 Serving: `clients` threads send one-row requests for the whole run. Windows
 alternate, interleaved: a steady window (no release, `window_s` seconds),
 then a switch window (one release or rollback, from its start to its return
-plus `window_s / 4`), `switches` times. Reported: failed requests (non-200
+plus `window_s / 4`), `switches` times. The releases run in an operator
+process of their own (started once, before the windows), as an operator's
+`engineering-release release` would: the load generator's latencies count
+the serving path, not the release command's Python work in their own
+interpreter. Reported: failed requests (non-200
 or transport errors) in each kind of window, p50/p99 latency, and
 `steady_vs_switch_p99 = p99(steady) / p99(switch)` (1 means a switch costs
 nothing at p99; the goal, >= 0.5, means a switch at most doubles it). The
@@ -115,46 +119,83 @@ def _stats(latencies: list[float]) -> dict:
     }
 
 
+def _operator(root: str, conn) -> None:
+    """The release operator, in a process of its own: a release or rollback per
+    request on `conn`, answered with its outcome, until `None` arrives. Like an
+    operator's `engineering-release release`, it shares no interpreter with the
+    load generator, so its Python work never holds the clients' lock."""
+    state = release.State(Path(root))
+    release.verify(state)  # Warm: imports and the evaluation's programs, before any window.
+    conn.send("ready")
+    while (request := conn.recv()) is not None:
+        kind, model_id = request
+        try:
+            outcome = (
+                release.rollback(state) if kind == "rollback" else release.release(state, model_id)
+            )
+            conn.send(
+                {"kind": outcome.kind, "model_id": outcome.model_id, "timings": outcome.timings}
+            )
+        except Exception as err:  # noqa: BLE001 - reported to the bench, which stops.
+            conn.send({"error": f"{type(err).__name__}: {err}"})
+
+
 def _serving(
     state: release.State, models: list[str], switches: int, clients: int, window_s: float, echo
 ) -> dict:
+    import multiprocessing
+
     from engineering_release import serve
 
     host = serve.find_host(state.host_file)
     port = host.port
     host.close()
+    ours, theirs = multiprocessing.Pipe()
+    operator = multiprocessing.get_context("spawn").Process(
+        target=_operator, args=(str(state.root), theirs), daemon=True
+    )
+    operator.start()
+    if not ours.poll(300) or ours.recv() != "ready":
+        raise RuntimeError("The release operator process did not start within 300 s.")
     load = LoadGenerator(
         port, clients=clients, max_requests=10**6, max_seconds=60 + switches * (window_s * 2 + 30)
     ).start()
     load.wait_for(50)
     steady, switch, ops = [], [], []
-    for i in range(switches):
-        t0 = time.perf_counter()
-        time.sleep(window_s)
-        t1 = time.perf_counter()
-        steady.append((t0, t1))
-        serving = ledger.serving_model(state.entries())
-        outcome = (
-            release.rollback(state)
-            if ledger.previous_model(state.entries()) and i % 2 == 1
-            else release.release(state, models[1] if serving == models[0] else models[0])
-        )
-        t2 = time.perf_counter()
-        time.sleep(window_s / 4)  # The tail of the switch: the old backend drains and stops.
-        t3 = time.perf_counter()
-        switch.append((t1, t3))
-        ops.append(
-            {
-                "kind": outcome.kind,
-                "model_id": outcome.model_id[:12],
-                "seconds": t2 - t1,
-                **{k: round(v, 4) for k, v in outcome.timings.items()},
-            }
-        )
-        echo(
-            f"switch {i + 1}/{switches}: {outcome.kind} to {outcome.model_id[:12]} "
-            f"in {t2 - t1:.2f} s"
-        )
+    try:
+        for i in range(switches):
+            serving = ledger.serving_model(state.entries())
+            if ledger.previous_model(state.entries()) and i % 2 == 1:
+                request = ("rollback", None)
+            else:
+                request = ("release", models[1] if serving == models[0] else models[0])
+            t0 = time.perf_counter()
+            time.sleep(window_s)
+            t1 = time.perf_counter()
+            steady.append((t0, t1))
+            ours.send(request)
+            outcome = ours.recv()
+            t2 = time.perf_counter()
+            if "error" in outcome:
+                raise RuntimeError(f"The {request[0]} failed: {outcome['error']}")
+            time.sleep(window_s / 4)  # The tail of the switch: the old backend drains and stops.
+            t3 = time.perf_counter()
+            switch.append((t1, t3))
+            ops.append(
+                {
+                    "kind": outcome["kind"],
+                    "model_id": outcome["model_id"][:12],
+                    "seconds": t2 - t1,
+                    **{k: round(v, 4) for k, v in outcome["timings"].items()},
+                }
+            )
+            echo(
+                f"switch {i + 1}/{switches}: {outcome['kind']} to {outcome['model_id'][:12]} "
+                f"in {t2 - t1:.2f} s"
+            )
+    finally:
+        ours.send(None)
+        operator.join(60)
     samples = load.stop()
 
     def window(spans: list[tuple[float, float]]) -> list:

@@ -9,11 +9,11 @@ Serving: `clients` threads send one-row requests for the whole run. Windows
 alternate, interleaved: a steady window (no release, `window_s` seconds),
 then a switch window (one release or rollback, from its start to its return
 plus `window_s / 4`), `switches` times. The releases run in an operator
-process of their own (started once, before the windows), as an operator's
-`engineering-release release` would: the load generator's latencies count
-the serving path, not the release command's Python work in their own
-interpreter. Reported: failed requests (non-200
-or transport errors) in each kind of window, p50/p99 latency, and
+process of their own (started and warmed once, before the windows), as an
+operator's `engineering-release release` would: the load generator's
+latencies count the serving path, not the release command's Python work in
+their own interpreter. Reported: failed requests (non-200 or transport
+errors) in each kind of window, p50/p99 latency, and
 `steady_vs_switch_p99 = p99(steady) / p99(switch)` (1 means a switch costs
 nothing at p99; the goal, >= 0.5, means a switch at most doubles it). The
 A/A control `steady_vs_steady_p99` compares the odd and even steady windows:

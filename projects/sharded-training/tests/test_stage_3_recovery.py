@@ -21,15 +21,19 @@ idle, the survivor ends with exit code 1 and one message within the heartbeat
 timeout + 15 s; a checkpoint from another config is a clear error.
 """
 
+import inspect
 import json
 import random
 import shutil
 import threading
 from pathlib import Path
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
-from sharded_training import checkpoint, launch, train
+from sharded_training import checkpoint, launch, train, worker
 from sharded_training.config import Config
 
 CONFIG = Config.tiny()
@@ -59,11 +63,15 @@ def kill_points() -> list[tuple[int, str, int]]:
 
 
 def damage(ckpt_dir: Path, how: str) -> int:
+    """Damages the latest committed step as `how` says ("remove <file>" or "truncate
+    <file>", the file relative to the step) and returns that step."""
     step = checkpoint.committed_steps(ckpt_dir)[0]
-    if how.startswith("remove"):
-        (ckpt_dir / str(step) / "data" / "process_1-of-2.json").unlink()
+    verb, relative = how.split(" ", 1)
+    target = ckpt_dir / str(step) / relative
+    if verb == "remove":
+        target.unlink()
     else:
-        (ckpt_dir / str(step) / "state" / "_METADATA").write_text('{"tree_metadata": ')
+        target.write_text('{"tree_metadata": ')
     return step
 
 
@@ -123,6 +131,111 @@ def sweep(tmp_path_factory, request):
             }
         )
     return root / "reference", job, attempts
+
+
+@pytest.fixture(scope="module")
+def local_checkpoints(tmp_path_factory):
+    """The committed checkpoints of one in-process run (1 process x 8 devices)."""
+    workdir = tmp_path_factory.mktemp("local")
+    train.run(CONFIG, workdir)
+    return workdir / "checkpoints"
+
+
+@pytest.mark.parametrize("how", ["remove data/process_0-of-1.json", "truncate state/_METADATA"])
+def test_a_damaged_step_is_rejected_with_its_reason(evidence, local_checkpoints, tmp_path, how):
+    """`check_step` on a real checkpoint, before and after one item is damaged;
+    `find_restorable` then falls back to the previous step and moves the damaged one
+    aside. The multi-process sweep below repeats this through relaunches."""
+    ckpt = tmp_path / "checkpoints"
+    shutil.copytree(local_checkpoints, ckpt)
+    newest, previous = checkpoint.committed_steps(ckpt)[:2]
+    intact = checkpoint.check_step(ckpt, newest, CONFIG, 1, True)
+    damaged_step = damage(ckpt, how)
+    damaged = checkpoint.check_step(ckpt, damaged_step, CONFIG, 1, True)
+    restored, checks = checkpoint.find_restorable(ckpt, CONFIG, 1, primary=True)
+    item = how.split(" ", 1)[1].split("/")[0]
+    observed = {
+        "intact_ok": intact.ok,
+        "damaged_ok": damaged.ok,
+        "reason": damaged.reason,
+        "restored_step": restored,
+        "rejected_steps": [c.step for c in checks if not c.ok],
+        "moved_aside": (ckpt.parent / "rejected" / f"step_{damaged_step}").is_dir(),
+    }
+    assert evidence.record(
+        "check_step on a real checkpoint, intact and with one item damaged",
+        f"{how} in step {damaged_step}",
+        observed,
+        {"restored_step": previous, "reason_names_item": item},
+        intact.ok
+        and not damaged.ok
+        and f"`{item}`" in damaged.reason
+        and restored == previous
+        and observed["rejected_steps"] == [damaged_step]
+        and observed["moved_aside"],
+    ), observed
+
+
+def test_saves_are_written_in_the_background(evidence, tmp_path):
+    """`checkpoint.manager` saves asynchronously: `save` returns while the step is
+    still being written, and Orbax finalizes it on a thread of its own. Orbax's
+    `_finalize` (orbax-checkpoint pinned) is held until `save` has returned, so what
+    is observed is an order, not a race; a synchronous save finalizes on the caller's
+    thread, before `save` returns."""
+    mgr = checkpoint.manager(tmp_path / "ckpt", CONFIG)
+    caller, returned, seen = threading.current_thread(), threading.Event(), {}
+    finalize = mgr._finalize
+
+    def held_finalize(step, steps_to_remove):
+        seen["finalized_off_the_caller_thread"] = threading.current_thread() is not caller
+        if seen["finalized_off_the_caller_thread"]:
+            returned.wait()
+        return finalize(step, steps_to_remove)
+
+    mgr._finalize = held_finalize
+    state = {"w": np.arange(4096, dtype=np.float32)}
+    mgr.save(
+        1,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({"step": 1})
+        ),
+    )
+    seen["in_progress_when_save_returned"] = mgr.is_saving_in_progress()
+    returned.set()
+    mgr.wait_until_finished()
+    seen["committed_after_wait"] = checkpoint.committed_steps(tmp_path / "ckpt")
+    mgr.close()
+    expected = {
+        "finalized_off_the_caller_thread": True,
+        "in_progress_when_save_returned": True,
+        "committed_after_wait": [1],
+    }
+    assert evidence.record(
+        "checkpoint.manager's save returns before the step is finalized",
+        "one save of a 16 KiB state, Orbax's finalize held until save returns",
+        seen,
+        expected,
+        seen == expected,
+    ), seen
+
+
+def test_the_configured_heartbeat_reaches_jax_distributed(evidence):
+    """The worker's options for `jax.distributed.initialize` carry the configured
+    heartbeat timeout, under a name the installed JAX's `initialize` takes."""
+    config = CONFIG.model_copy(update={"heartbeat_timeout_s": 7})
+    argv = ["--config", "c.json", "--workdir", "w", "--process-id", "1", "--num-processes", "2"]
+    args = worker.build_parser().parse_args([*argv, "--coordinator", "127.0.0.1:9"])
+    options = worker.distributed_options(args, config)
+    inspect.signature(jax.distributed.initialize).bind(**options)
+    assert evidence.record(
+        "jax.distributed.initialize options vs the config",
+        "heartbeat_timeout_s = 7, process 1 of 2",
+        options,
+        {"heartbeat_timeout_seconds": 7, "process_id": 1, "num_processes": 2},
+        options.get("heartbeat_timeout_seconds") == 7
+        and options["process_id"] == 1
+        and options["num_processes"] == 2,
+    ), options
 
 
 def test_every_resumed_loss_and_the_final_state_are_bitwise_equal(evidence, sweep):

@@ -11,6 +11,7 @@ benchmark); the ratios are recorded, and the README gives the measured runs.
 """
 
 import json
+import statistics
 
 import jax
 import numpy as np
@@ -93,6 +94,52 @@ def test_trace_agrees_with_host_timers(evidence, report, variant):
         same_count and per_step_ok and compile_ok and nested_ok and iteration_ok and busy_ok,
     )
     assert full["trace"]["events_read"]["device_busy"] > 0
+
+
+def constructed_trace(durations_ns: list[int], gap_ns: int = 10_000) -> dict:
+    """A trace with known events: one `train_iteration` per duration, each holding one
+    event of every category (1, 2, 3, 4 ns), two overlapping device intervals (10..50
+    and 30..60 ns into the step: a union of 50 ns) and one Rendezvous (5 ns); plus a
+    long `input_wait` (prefetch) between the iterations that belongs to no step."""
+    host, busy, rendezvous = [], [], []
+    for i, d in enumerate(durations_ns):
+        s = (i + 1) * gap_ns
+        host.append(("train_iteration", s, s + d))
+        for k, c in enumerate(profile.CATEGORIES, start=1):
+            host.append((c, s + 60 + 4 * k, s + 60 + 5 * k))
+        busy += [(s + 10, s + 50), (s + 30, s + 60)]
+        rendezvous.append((s + 70, s + 75))
+        host.append(("input_wait", s + d + 100, s + d + 5_000))
+    return {"host": host, "device_busy": busy, "rendezvous": rendezvous, "collective_ops": []}
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 8])
+def test_breakdown_of_a_constructed_trace(evidence, steps_per_call):
+    """`breakdown` against a trace whose answer is known: the first two iterations are
+    warm-up (far slower) and must be left out of the median; each category counts
+    only its events inside the step (not the prefetch between steps); overlapping
+    device intervals count once; a call of K steps is divided by K."""
+    durations = [9_000, 8_000, 300, 100, 500, 200, 400]
+    trace = constructed_trace(durations)
+    found = profile.breakdown(trace, (0, 10**9), steps_per_call)
+    steady = durations[2:]
+    expected = {
+        "iteration": statistics.median(steady) / 1e9 / steps_per_call,
+        **{c: k / 1e9 / steps_per_call for k, c in enumerate(profile.CATEGORIES, start=1)},
+        "device_busy": 50 / 1e9 / steps_per_call,
+        "collective_wait": 5 / 1e9 / steps_per_call,
+        "all_reduce": 0.0,
+    }
+    got = found["per_step_s"]
+    assert evidence.record(
+        "breakdown of a constructed trace vs its known per-step figures",
+        f"{len(durations)} iterations, the first 2 warm-up; {steps_per_call} step(s) per call",
+        {"per_step_s": got, "iterations": found["iterations"]},
+        {"per_step_s": expected, "iterations": len(steady), "rel": 1e-9},
+        found["iterations"] == len(steady)
+        and set(got) == set(expected)
+        and all(got[c] == pytest.approx(v, rel=1e-9, abs=0) for c, v in expected.items()),
+    ), got
 
 
 def test_losses_unchanged_by_the_optimization(evidence, report):

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 STARTED = time.perf_counter()
 
@@ -159,7 +160,8 @@ def supervise(argv: list[str], process_id: int, heartbeat_timeout_s: int | None)
     return 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The worker's command line (what `launch` passes to every process)."""
     parser = argparse.ArgumentParser(prog="sharded_training.worker")
     parser.add_argument("--config", required=True)
     parser.add_argument("--workdir", required=True)
@@ -177,7 +179,25 @@ def main(argv: list[str] | None = None) -> int:
         help="Directory of JAX's persistent compilation cache (relaunches "
         "load the same executables instead of compiling them again).",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def distributed_options(args: argparse.Namespace, config: Any) -> dict[str, Any]:
+    """Keyword arguments of `jax.distributed.initialize` for this process of the job.
+
+    The configured heartbeat timeout goes with them: JAX's own default (100 s) would
+    leave the survivor of a dead peer waiting that long before it learns of it."""
+    return dict(
+        coordinator_address=args.coordinator,
+        num_processes=args.num_processes,
+        process_id=args.process_id,
+        initialization_timeout=args.init_timeout,
+        heartbeat_timeout_seconds=config.heartbeat_timeout_s,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.num_processes > 1 and os.environ.get(SUPERVISED) != "1":
         heartbeat = None
         with contextlib.suppress(Exception):
@@ -213,13 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             return fail(problem, 2)
         try:
-            jax.distributed.initialize(
-                coordinator_address=args.coordinator,
-                num_processes=args.num_processes,
-                process_id=args.process_id,
-                initialization_timeout=args.init_timeout,
-                heartbeat_timeout_seconds=config.heartbeat_timeout_s,
-            )
+            jax.distributed.initialize(**distributed_options(args, config))
         except Exception as err:  # jaxlib raises its own error types.
             first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
             return fail(

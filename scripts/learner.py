@@ -11,8 +11,9 @@ Commands:
   python scripts/learner.py check [<id> ...] [--jobs N]
       the progression check (default: the projects in learning_checked.txt): the starter fails
       stage 1 with the stage-1 message; with stages <= k written, stage k
-      passes and stage k+1 fails with its own message; fully written, every
-      source equals the reference. Exit 1 on any broken step.
+      passes and stage k+1 fails with its own message (one pytest run for
+      both); fully written, every source equals the reference. Exit 1 on any
+      broken step.
   python scripts/learner.py publish --out DIR
       every ready project's starter as a folder under DIR (`catalog-compile`
       puts the same starter, zipped, on the site: `site/learn/<id>.zip`)
@@ -94,36 +95,52 @@ def check_progression(project: Path, work: Path, cache: Path) -> Progression:
         result.problems.append("the copy's package is not the one Python imports")
         return result
 
-    def run(written: list[str], stage: str, expect: str) -> bool:
+    def run(written: list[str], passing: str | None, failing: str | None) -> None:
+        """One pytest run with the stages in ``written`` written: ``passing``'s tests
+        must all pass, then ``failing``'s must fail with their stage's message.
+
+        Both stages go to one `pytest -x` run, the passing stage's files first, so
+        the run stops at the first failure: one in the passing stage's files breaks
+        that step; none there and one in the failing stage's files, with its
+        stage's message, completes both. One run instead of two pays the start-up
+        and the session fixtures once."""
         write_sources(project, copy, set(written))
-        done = run_pytest(copy, stage_tests(project, stage), cache)
-        if expect == "pass":
-            ok, detail = done.code == 0, "" if done.code == 0 else _failure_detail(done.output)
-        else:
-            prefix = stage_prefix(stage)
-            ok = done.code == 1 and prefix in done.output
+        pass_files = stage_tests(project, passing) if passing else []
+        fail_files = stage_tests(project, failing) if failing else []
+        done = run_pytest(copy, pass_files + fail_files, cache)
+        first = done.first_failure.split("::")[0]
+        label = "+".join(written) or "none"
+        if passing:
+            ok = done.code == 0 or (done.code == 1 and first in fail_files)
+            detail = "" if ok else f"pytest exit {done.code}\n" + _failure_detail(done.output)
+            result.steps.append(Step(written, passing, "pass", done.code, done.seconds, ok, detail))
+        if failing:
+            prefix = stage_prefix(failing)
+            ok = done.code == 1 and first in fail_files and prefix in done.output
             detail = (
                 ""
                 if ok
                 else (
-                    f"expected a failure naming `{prefix}`; pytest exit {done.code}\n"
-                    + _failure_detail(done.output)
+                    f"expected a failure in {', '.join(fail_files)} naming `{prefix}`; "
+                    f"pytest exit {done.code}\n" + _failure_detail(done.output)
                 )
             )
-        result.steps.append(Step(written, stage, expect, done.code, done.seconds, ok, detail))
-        label = "+".join(written) or "none"
+            # The run's seconds are counted once, on the first step it decides.
+            seconds = 0.0 if passing else done.seconds
+            result.steps.append(Step(written, failing, "fail", done.code, seconds, ok, detail))
+        verdicts = ", ".join(
+            f"stage {s.stage} {s.expect} {'ok' if s.ok else 'BROKEN'}"
+            for s in result.steps[-(bool(passing) + bool(failing)) :]
+        )
         print(
-            f"  {project.name}: written {label:<12} stage {stage:<4} expect {expect:<4} "
-            f"exit {done.code}  {done.seconds:6.1f} s  {'ok' if ok else 'BROKEN'}",
+            f"  {project.name}: written {label:<12} exit {done.code}  {done.seconds:6.1f} s  "
+            f"{verdicts}",
             flush=True,
         )
-        return ok
 
-    run([], stages[0], "fail")
+    run([], None, stages[0])
     for k in range(len(stages) - 1):
-        written = stages[: k + 1]
-        run(written, stages[k], "pass")
-        run(written, stages[k + 1], "fail")
+        run(stages[: k + 1], stages[k], stages[k + 1])
     return result
 
 

@@ -194,14 +194,16 @@ def test_saves_are_written_in_the_background(evidence, tmp_path):
 
     mgr._finalize = held_finalize
     state = {"w": np.arange(4096, dtype=np.float32)}
-    mgr.save(
-        1,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({"step": 1})
-        ),
-    )
-    seen["in_progress_when_save_returned"] = mgr.is_saving_in_progress()
-    returned.set()
+    try:
+        mgr.save(
+            1,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({"step": 1})
+            ),
+        )
+        seen["in_progress_when_save_returned"] = mgr.is_saving_in_progress()
+    finally:  # Never leave Orbax's finalize thread waiting, whatever happened above.
+        returned.set()
     mgr.wait_until_finished()
     seen["committed_after_wait"] = checkpoint.committed_steps(tmp_path / "ckpt")
     mgr.close()

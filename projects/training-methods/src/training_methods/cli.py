@@ -431,4 +431,11 @@ def bench(config_path, out_path, repetitions):
         f"jax step compile {m['jax_step']['compile_s']:.2f} s, "
         f"first call {m['jax_step']['first_call_s']:.3f} s"
     )
+    for name, lim in report["limits"].items():
+        click.echo(
+            f"{name:5s} step: {lim['flop_per_s'] / 1e9:6.1f} GFLOP/s = "
+            f"{lim['fraction_of_matmul_rate']:.0%} of its dense-matmul rate; "
+            f"batch-independent part {lim['fixed_s'] * 1e3:.1f} ms "
+            f"({lim['fixed_share']:.0%} of the step)"
+        )
     click.echo(f"Wrote {out_path}")

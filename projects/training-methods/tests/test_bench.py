@@ -1,0 +1,82 @@
+"""The bench: its limit figures are computed from the timings (checked on
+constructed timings with a known answer), and the command runs end to end at
+a tiny size and writes the report (no speed is asserted here)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from training_methods.bench import step_limits
+from training_methods.cli import main
+
+TINY = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.json")
+
+
+def _timings(fixed_jax, per_jax, fixed_torch, per_torch, flops=6.4e8):
+    def step(fixed, per, batch):
+        return {"median_s": fixed + per * batch}
+
+    return {
+        "batch_size": 64,
+        "jax_step": {**step(fixed_jax, per_jax, 64), "flops": flops},
+        "torch_eager_step": step(fixed_torch, per_torch, 64),
+        "quarter_batch": {
+            "batch_size": 16,
+            "jax_step": step(fixed_jax, per_jax, 16),
+            "torch_eager_step": step(fixed_torch, per_torch, 16),
+        },
+        "matmul": {"jax_flop_per_s": 1e11, "torch_flop_per_s": 2e11},
+    }
+
+
+@pytest.mark.parametrize(
+    "fixed_jax, per_jax, fixed_torch, per_torch",
+    [(0.004, 0.0002, 0.008, 0.0001), (0.010, 0.0, 0.001, 0.0005)],
+)
+def test_limits_recover_the_fixed_and_per_example_parts(fixed_jax, per_jax, fixed_torch, per_torch):
+    limits = step_limits(_timings(fixed_jax, per_jax, fixed_torch, per_torch))
+    for name, fixed, per, rate in (
+        ("jax", fixed_jax, per_jax, 1e11),
+        ("torch", fixed_torch, per_torch, 2e11),
+    ):
+        full = fixed + 64 * per
+        got = limits[name]
+        assert math.isclose(got["fixed_s"], fixed, rel_tol=1e-9, abs_tol=1e-15)
+        assert math.isclose(got["per_example_s"], per, rel_tol=1e-9, abs_tol=1e-15)
+        assert math.isclose(got["fixed_share"], fixed / full, rel_tol=1e-9)
+        assert math.isclose(got["flop_per_s"], 6.4e8 / full, rel_tol=1e-12)
+        assert math.isclose(got["fraction_of_matmul_rate"], 6.4e8 / full / rate, rel_tol=1e-12)
+
+
+def test_bench_smoke(tmp_path):
+    config = json.loads(Path(TINY).read_text())
+    config.update(d_model=16, num_heads=2, num_layers=1, batch_size=8)
+    (tmp_path / "small.json").write_text(json.dumps(config))
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "--config",
+            str(tmp_path / "small.json"),
+            "--out",
+            str(out),
+            "--repetitions",
+            "2",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert set(report) >= {"identity", "measurements", "ratios", "targets", "met", "limits"}
+    for name, target in report["targets"].items():
+        assert report["met"][name] == (report["ratios"][name] >= target)
+    assert (
+        report["measurements"]["jax_step"]["flops"]
+        > (report["measurements"]["quarter_batch"]["jax_step"]["flops"])
+    )
+    for lim in report["limits"].values():
+        assert lim["flop_per_s"] > 0 and 0 < lim["fraction_of_matmul_rate"]
+    assert "batch-independent part" in result.output

@@ -70,6 +70,7 @@ def hmc_ranks(
     return jax.vmap(one)(jax.random.split(key_run, num_sims), starts, ys, truths)
 
 
+@functools.partial(jax.jit, static_argnums=(4, 5))
 def exact_ranks(
     key: jax.Array,
     x: jax.Array,

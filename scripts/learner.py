@@ -23,24 +23,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from catalog_compiler.exercises import project_regions, source_files, stage_prefix, strip_source
-from catalog_compiler.starters import write_sources, write_starter
+from catalog_compiler.starters import write_starter
 from ready_projects import learning_checked, ready_projects
-from scratch import (
-    ROOT,
-    imports_from_copy,
-    package_name,
-    run_pytest,
-    stage_ids,
-    stage_tests,
-)
+from schedule import Job, Worker, run_jobs
+from scratch import ROOT, run_pytest, stage_ids, stage_rows, stage_tests
+from warm_runner import WRONG_IMPORT
 
 
 @dataclass
@@ -61,6 +57,8 @@ class Progression:
     project: str
     steps: list[Step] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # Per stage (or `extra: <file>`), the stage tests' results over the runs.
+    rows: dict[str, Counts] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -72,48 +70,119 @@ def _failure_detail(output: str, limit: int = 600) -> str:
     return "\n".join(lines)[:limit] or output[-limit:]
 
 
-def check_progression(project: Path, work: Path, cache: Path) -> Progression:
-    """The progression check for one project, in a copy under ``work``."""
-    result = Progression(project.name)
+def static_problems(project: Path) -> list[str]:
+    """What is wrong with a project's regions before anything runs."""
+    problems = []
     stages = stage_ids(project)
-    regions = project_regions(project)
-    with_regions = {r.stage for r in regions}
+    with_regions = {r.stage for r in project_regions(project)}
     missing = [s for s in stages if s not in with_regions]
     if missing:
-        result.problems.append(f"stages without an exercise region: {', '.join(missing)}")
+        problems.append(f"stages without an exercise region: {', '.join(missing)}")
     unknown = sorted(with_regions - set(stages))
     if unknown:
-        result.problems.append(f"regions name stages the manifest lacks: {', '.join(unknown)}")
+        problems.append(f"regions name stages the manifest lacks: {', '.join(unknown)}")
     for source in source_files(project):
         text = source.read_text(encoding="utf-8")
         if strip_source(text, set(stages)) != text:
-            result.problems.append(f"{source.relative_to(project)}: fully written != reference")
-    if result.problems:
-        return result
-    copy = write_starter(project, work / project.name)
-    if not imports_from_copy(copy, package_name(project), cache):
-        result.problems.append("the copy's package is not the one Python imports")
-        return result
+            problems.append(f"{source.relative_to(project)}: fully written != reference")
+    return problems
 
-    def run(written: list[str], passing: str | None, failing: str | None) -> None:
-        """One pytest run with the stages in ``written`` written: ``passing``'s tests
-        must all pass, then ``failing``'s must fail with their stage's message.
 
-        Both stages go to one `pytest -x` run, the passing stage's files first, so
-        the run stops at the first failure: one in the passing stage's files breaks
-        that step; none there and one in the failing stage's files, with its
-        stage's message, completes both. One run instead of two pays the start-up
-        and the session fixtures once."""
-        write_sources(project, copy, set(written))
+@dataclass
+class Counts:
+    """One stage's test results in one run (from its junit report)."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+
+
+def junit_counts(xml: Path, stage_of: dict[str, str], only: set[str]) -> dict[str, Counts]:
+    """Per row label (a stage id, or `extra: <stem>`), the results of the test files
+    whose label is in ``only``; the report of a run that crashed counts nothing."""
+    counts: dict[str, Counts] = {}
+    if not xml.exists():
+        return counts
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        stem = next((p for p in parts if p.startswith("test_")), "(collection)")
+        label = stage_of.get(stem, f"extra: {stem}")
+        if label not in only:
+            continue
+        row = counts.setdefault(label, Counts())
+        row.seconds += float(case.get("time", 0.0))
+        if case.find("failure") is not None or case.find("error") is not None:
+            row.failed += 1
+        elif case.find("skipped") is not None:
+            row.skipped += 1
+        else:
+            row.passed += 1
+    return counts
+
+
+def extra_tests(project: Path) -> list[str]:
+    """The project's test files that no stage declares (CLI, bench, bad-input)."""
+    declared = {t for s in stage_ids(project) for t in stage_tests(project, s)}
+    return sorted(
+        p.relative_to(project).as_posix()
+        for p in (project / "tests").glob("test_*.py")
+        if p.relative_to(project).as_posix() not in declared
+    )
+
+
+def stage_run_job(project: Path, k: int, result: Progression, work: Path, cache: Path) -> Job:
+    """Run k of a project's progression, in a starter with stages 1..k written
+    (k = 0: the bare starter; k = n: the reference, every stage written).
+
+    Stage k's tests must all pass: that is both the learner's "stage k passes
+    with only stages <= k written" and, for each stage, the project suite's
+    verdict on those tests. A test that passes though it raised a stripped
+    region's error (it swallowed it) breaks the step: it did not run the
+    reference's code. Then, for k < n, stage k+1's first test must fail with
+    stage k+1's message; `-x` stops the run there, so that costs one test. Run n
+    adds the test files no stage declares and runs without `-x`, so that every
+    failure in the reference is reported. The job's result is its steps."""
+    stages = stage_ids(project)
+    written = stages[:k]
+    passing = stages[k - 1] if k else None
+    failing = stages[k] if k < len(stages) else None
+    label = "+".join(written) or "none"
+    stage_of = stage_rows(project)
+
+    def action(worker: Worker) -> list[Step]:
+        copy = write_starter(project, work / f"{project.name}--{label}", set(written))
         pass_files = stage_tests(project, passing) if passing else []
+        if failing is None:
+            pass_files += extra_tests(project)
         fail_files = stage_tests(project, failing) if failing else []
-        done = run_pytest(copy, pass_files + fail_files, cache)
+        xml = work / f"{project.name}--{label}.xml"
+        swallowed = work / f"{project.name}--{label}.swallowed.json"
+        try:
+            done = run_pytest(
+                copy,
+                pass_files + fail_files,
+                cache,
+                runner=worker.runner,
+                stop_first=failing is not None,
+                extra_args=(f"--junitxml={xml}",),
+                stripped_report=swallowed,
+            )
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
+        if done.code == WRONG_IMPORT:
+            raise RuntimeError(f"{project.name}: the copy's package is not the one Python imports")
+        rows = {stage_of.get(Path(f).stem, f"extra: {Path(f).stem}") for f in pass_files}
+        counts = junit_counts(xml, stage_of, rows)
+        entered = json.loads(swallowed.read_text()) if swallowed.exists() else {}
         first = done.first_failure.split("::")[0]
-        label = "+".join(written) or "none"
+        steps = []
         if passing:
-            ok = done.code == 0 or (done.code == 1 and first in fail_files)
+            ok = (done.code == 0 or (done.code == 1 and first in fail_files)) and not entered
             detail = "" if ok else f"pytest exit {done.code}\n" + _failure_detail(done.output)
-            result.steps.append(Step(written, passing, "pass", done.code, done.seconds, ok, detail))
+            for node, messages in entered.items():
+                detail += f"\n{node} passed though it raised: {'; '.join(messages)}"
+            steps.append(Step(written, passing, "pass", done.code, done.seconds, ok, detail))
         if failing:
             prefix = stage_prefix(failing)
             ok = done.code == 1 and first in fail_files and prefix in done.output
@@ -127,33 +196,45 @@ def check_progression(project: Path, work: Path, cache: Path) -> Progression:
             )
             # The run's seconds are counted once, on the first step it decides.
             seconds = 0.0 if passing else done.seconds
-            result.steps.append(Step(written, failing, "fail", done.code, seconds, ok, detail))
+            steps.append(Step(written, failing, "fail", done.code, seconds, ok, detail))
         verdicts = ", ".join(
-            f"stage {s.stage} {s.expect} {'ok' if s.ok else 'BROKEN'}"
-            for s in result.steps[-(bool(passing) + bool(failing)) :]
+            f"stage {s.stage} {s.expect} {'ok' if s.ok else 'BROKEN'}" for s in steps
         )
         print(
             f"  {project.name}: written {label:<12} exit {done.code}  {done.seconds:6.1f} s  "
             f"{verdicts}",
             flush=True,
         )
+        if done.code not in (0, 1) or any(not s.ok for s in steps):
+            print(f"--- {project.name}, written {label}: pytest output\n{done.output}", flush=True)
+        for row, c in counts.items():
+            total = result.rows.setdefault(row, Counts())
+            total.passed += c.passed
+            total.failed += c.failed
+            total.skipped += c.skipped
+            total.seconds += c.seconds
+        result.steps.extend(steps)
+        return steps
 
-    run([], None, stages[0])
-    for k in range(len(stages) - 1):
-        run(stages[: k + 1], stages[k], stages[k + 1])
-    return result
+    return Job(f"{project.name} written {label}", "stages", 30.0, action)
 
 
-def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="learner-") as tmp:
-        work, cache = Path(tmp) / "work", Path(tmp) / "jax-cache"
-        work.mkdir()
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(lambda p: check_progression(p, work, cache), projects))
+def progression_jobs(project: Path, work: Path, cache: Path) -> tuple[Progression, list[Job]]:
+    """The progression of one project (which is also its suite's run) and its jobs,
+    one per written state: none, stage 1, stages 1-2, ..., every stage."""
+    result = Progression(project.name, problems=static_problems(project))
+    if result.problems:
+        return result, []
+    n = len(stage_ids(project))
+    return result, [stage_run_job(project, k, result, work, cache) for k in range(n + 1)]
+
+
+def summarize(results: list[Progression], seconds: float, report: Path | None = None) -> int:
+    """Print the per-project table and every broken step; write the JSON rows."""
     broken = 0
     print(f"\n{'project':<28} {'steps':>5} {'broken':>6} {'seconds':>8}")
     for r in results:
+        r.steps.sort(key=lambda s: (len(s.written), s.expect == "fail"))
         bad = [s for s in r.steps if not s.ok]
         broken += len(bad) + len(r.problems)
         print(
@@ -168,7 +249,7 @@ def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
                 f"{s.expect}:\n      " + s.detail.replace("\n", "\n      ")
             )
     steps = sum(len(r.steps) for r in results)
-    print(f"progression: {steps} steps in {time.perf_counter() - start:.0f} s, {broken} broken")
+    print(f"progression: {steps} steps in {seconds:.0f} s, {broken} broken")
     if report is not None:
         rows = [
             {
@@ -181,6 +262,16 @@ def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
         ]
         report.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return 1 if broken else 0
+
+
+def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="learner-") as tmp:
+        work, cache = Path(tmp) / "work", Path(tmp) / "jax-cache"
+        work.mkdir()
+        planned = [progression_jobs(p, work, cache) for p in projects]
+        run_jobs([j for _, js in planned for j in js], jobs, cache)
+    return summarize([r for r, _ in planned], time.perf_counter() - start, report)
 
 
 def publish(out: Path) -> int:

@@ -2,23 +2,26 @@
 
 Runs, each in its own pytest process: the compiler tests, the repository
 contract tests, every `ready` project's tests (from inside the project folder,
-as a learner would), and the browser check of the built site; then the two
-checks of LEARNING.md over every ready project: the learner progression
-(`learner.py check`) and the seeded bugs (`seeded_bugs.py`), one row per
-project (passed = steps or bugs that behaved, failed = the others). Then prints one
-table, suite x stage, with passed / failed / skipped counts and seconds, and a
-closing line `N passed, N failed, N skipped`. A project's test files map to
-stages through its `project.toml`; files no stage declares show as
-`extra: <file>`.
+as a learner would), and the browser check of the built site; and the two
+checks of LEARNING.md over every checked project: the learner progression
+(`learner.py`) and the seeded bugs (`seeded_bugs.py`). Then prints one table,
+suite x stage, with passed / failed / skipped counts and seconds, each part's
+time (suites, learner, seeded bugs), and a closing line
+`N passed, N failed, N skipped`. A project's test files map to stages through
+its `project.toml`; files no stage declares show as `extra: <file>`.
 
-Pytest suites run one per core, two to four at a time (`MATRIX_JOBS=N` sets
-the number; 1 runs them one by one), each with its output printed in one
-piece when it ends; the two checks run as many jobs.
+One scheduler (`schedule.py`) runs everything, one job per core (two to four;
+`MATRIX_JOBS=N` sets the number), always the longest queued job next, using
+the job times in `matrix_estimates.json`: the suites first, and a project's
+check runs are queued when its suite ends. Check runs fork from a warm pytest
+server per worker (`warm_runner.py`). All runs share one JAX compilation
+cache, so a program the suites compiled is loaded, not compiled, by the checks.
+`--update-estimates` rewrites the estimates file from this run's times.
 
 Exit status: 0 when every suite passed, 1 otherwise. A JSON copy of the table
 goes to `matrix-report.json`.
 
-Usage: python scripts/run_matrix.py [SUITE ...]   (default: all suites)
+Usage: python scripts/run_matrix.py [--update-estimates] [SUITE ...]   (default: all suites)
 """
 
 from __future__ import annotations
@@ -32,18 +35,22 @@ import threading
 import time
 import tomllib
 import xml.etree.ElementTree as ET
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Pytest suites run side by side, one per core the process may use, from two
-# to four (a container's quota can hide behind a larger CPU set); the two
-# LEARNING.md checks run as many jobs each.
+# Jobs run side by side, one per core the process may use, from two to four (a
+# container's quota can hide behind a larger CPU set).
 JOBS = int(os.environ.get("MATRIX_JOBS") or min(4, max(2, len(os.sched_getaffinity(0)))))
 PRINT_LOCK = threading.Lock()
 sys.path.insert(0, str(ROOT / "scripts"))
+import learner  # noqa: E402
+import seeded_bugs  # noqa: E402
+from learner import Progression  # noqa: E402
 from ready_projects import learning_checked, ready_projects  # noqa: E402
+from schedule import Done, Job, run_jobs, warm_env  # noqa: E402
+
+ESTIMATES = ROOT / "scripts" / "matrix_estimates.json"
 
 
 @dataclass
@@ -87,7 +94,8 @@ def suites() -> list[Suite]:
     for project in ready_projects():
         found.append(Suite(project.name, project, [], stage_rows(project)))
     found.append(Suite("browser", ROOT, ["tests", "-m", "browser"]))
-    found.append(Suite("learner", ROOT, ["check"], script="learner.py"))
+    # The two checks are scheduled run by run (`learner.py`, `seeded_bugs.py`).
+    found.append(Suite("learner", ROOT, [], script="learner.py"))
     found.append(Suite("seeded-bugs", ROOT, [], script="seeded_bugs.py"))
     return found
 
@@ -104,40 +112,8 @@ def row_label(suite: Suite, classname: str, name: str) -> str:
     return f"extra: {stem}" if suite.rows else stem
 
 
-def run_script_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
-    """Run one check script; its JSON report gives one row per project."""
-    report = report_dir / f"{suite.name}.json"
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / suite.script),
-        *suite.args,
-        "--jobs",
-        str(JOBS),
-        "--json",
-        str(report),
-    ]
-    print(f"\n=== {suite.name}: {' '.join(cmd[1:])}", flush=True)
-    start = time.perf_counter()
-    code = subprocess.call(cmd, cwd=suite.cwd)
-    if not report.exists():
-        return [Row(suite.name, "(none)", failed=1, seconds=time.perf_counter() - start)], code
-    rows = [
-        Row(suite.name, r["row"], passed=r["passed"], failed=r["failed"], seconds=r["seconds"])
-        for r in json.loads(report.read_text())
-    ]
-    checked = {p.name for p in learning_checked()}
-    rows += [
-        Row(suite.name, f"{p.name} (not checked yet)", skipped=1)
-        for p in ready_projects()
-        if p.name not in checked
-    ]
-    return rows, code
-
-
-def run_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
+def run_suite(suite: Suite, report_dir: Path, cache: Path) -> tuple[list[Row], int]:
     """Run one pytest process; return its rows and its exit code."""
-    if suite.script:
-        return run_script_suite(suite, report_dir)
     xml_path = report_dir / f"{suite.name}.xml"
     # A temporary folder of the suite's own: pytest prunes all but its three newest
     # numbered folders, which would delete a running suite's files under parallel suites.
@@ -156,7 +132,9 @@ def run_suite(suite: Suite, report_dir: Path) -> tuple[list[Row], int]:
     start = time.perf_counter()
     log = report_dir / f"{suite.name}.log"
     with log.open("w") as out:
-        code = subprocess.call(cmd, cwd=suite.cwd, stdout=out, stderr=subprocess.STDOUT)
+        code = subprocess.call(
+            cmd, cwd=suite.cwd, stdout=out, stderr=subprocess.STDOUT, env=warm_env(cache)
+        )
     wall = time.perf_counter() - start
     with PRINT_LOCK:  # Each suite's output in one piece, even when suites run side by side.
         print(f"\n{header}: exit {code} in {wall:.0f} s\n{log.read_text()}", flush=True)
@@ -185,7 +163,7 @@ def print_table(rows: list[Row], codes: dict[str, int]) -> None:
     print("\n" + header)
     print("-" * len(header))
     for r in rows:
-        status = f"  (pytest exit {codes[r.suite]})" if codes[r.suite] else ""
+        status = f"  (exit {codes[r.suite]})" if codes.get(r.suite) else ""
         print(
             f"{r.suite:<28} {r.stage:<28} {r.passed:>6} {r.failed:>6} {r.skipped:>7} "
             f"{r.seconds:>8.1f}{status}"
@@ -193,42 +171,159 @@ def print_table(rows: list[Row], codes: dict[str, int]) -> None:
     print("-" * len(header))
 
 
+def print_parts(done: list[Done]) -> None:
+    """Each part's job count, job-seconds and span (first start to last end)."""
+    print(f"\n{'part':<14} {'jobs':>5} {'job-seconds':>12} {'span':>18}")
+    for part in ("suites", "stages", "seeded-bugs"):
+        mine = [d for d in done if d.job.part == part]
+        if not mine:
+            continue
+        first = min(d.started for d in mine)
+        last = max(d.started + d.seconds for d in mine)
+        print(
+            f"{part:<14} {len(mine):>5} {sum(d.seconds for d in mine):>12.0f} "
+            f"{f'{first:.0f}-{last:.0f} s':>18}"
+        )
+
+
+def load_estimates() -> dict[str, float]:
+    try:
+        return json.loads(ESTIMATES.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
 def main(argv: list[str]) -> int:
-    chosen = [s for s in suites() if not argv or s.name in argv]
-    unknown = set(argv) - {s.name for s in suites()}
+    update = "--update-estimates" in argv
+    argv = [a for a in argv if a != "--update-estimates"]
+    known = suites()
+    chosen = [s for s in known if not argv or s.name in argv]
+    unknown = set(argv) - {s.name for s in known}
     if unknown:
         print(
             f"Unknown suite(s): {', '.join(sorted(unknown))}. "
-            f"Known: {', '.join(s.name for s in suites())}.",
+            f"Known: {', '.join(s.name for s in known)}.",
             file=sys.stderr,
         )
         return 2
+    estimates = load_estimates()
+    names = {s.name for s in chosen}
+    run_bugs = "seeded-bugs" in names
+    checked = {p.name: p for p in learning_checked()}
+    project_suites = names & {p.name for p in ready_projects()}
+    if project_suites:  # The checks follow the project suites asked for, and only those.
+        checked = {n: p for n, p in checked.items() if n in project_suites}
+    # A checked project's suite runs as its learner progression: one run per written
+    # state, stage k's tests in the starter with stages <= k written (`learner.py`).
+    staged = set(checked) if (project_suites or "learner" in names) else set()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        report_dir = Path(tmp)
+        cache = report_dir / "jax-cache"
+        work = report_dir / "work"
+        work.mkdir()
+        progressions: list[Progression] = []
+        bugs, problems = seeded_bugs.load_all(list(checked.values())) if run_bugs else ([], [])
+        for problem in problems:
+            print(f"INVALID {problem}")
+        initial: list[Job] = []
+        for suite in (s for s in chosen if not s.script and s.name not in staged):
+            initial.append(
+                Job(
+                    suite.name,
+                    "suites",
+                    60.0,
+                    lambda w, s=suite: run_suite(s, report_dir, cache),
+                )
+            )
+        for name in sorted(staged):
+            progression, jobs = learner.progression_jobs(checked[name], work, cache)
+            progressions.append(progression)
+            initial += jobs
+        if run_bugs:
+            initial += [seeded_bugs.bug_job(b, work, cache) for b in bugs]
+        for job in initial:
+            job.estimate = estimates.get(f"{job.part}:{job.name}", job.estimate)
+
+        def on_done(done: Done, n: int, total: int) -> None:
+            if done.job.part == "seeded-bugs":
+                seeded_bugs.print_outcome(done.result, n, total)
+
+        done = run_jobs(initial, JOBS, cache, on_done)
     all_rows: list[Row] = []
     codes: dict[str, int] = {}
-    start = time.perf_counter()
-    # Pytest suites run JOBS at a time (one per core: most of a suite's time is one
-    # Python thread); the two LEARNING.md checks, which run JOBS jobs each, follow.
-    pytest_suites = [s for s in chosen if not s.script]
-    script_suites = [s for s in chosen if s.script]
-    with tempfile.TemporaryDirectory() as tmp:
-        with ThreadPoolExecutor(max_workers=JOBS) as pool:
-            results = list(pool.map(lambda s: run_suite(s, Path(tmp)), pytest_suites))
-        results += [run_suite(s, Path(tmp)) for s in script_suites]
-        for suite, (rows, code) in zip(pytest_suites + script_suites, results, strict=True):
-            all_rows += rows
-            codes[suite.name] = code
+    for d in sorted((d for d in done if d.job.part == "suites"), key=lambda d: d.job.name):
+        rows, code = d.result
+        all_rows += rows
+        codes[d.job.name] = code
+    for r in sorted(progressions, key=lambda r: r.project):
+        all_rows += [
+            Row(r.project, label, c.passed, c.failed, c.skipped, c.seconds)
+            for label, c in sorted(r.rows.items())
+        ]
+        codes[r.project] = 1 if any(c.failed for c in r.rows.values()) or not r.rows else 0
+    wall = time.perf_counter() - start
+    if progressions:
+        codes["learner"] = learner.summarize(progressions, wall)
+        all_rows += [
+            Row(
+                "learner",
+                r.project,
+                passed=sum(s.ok for s in r.steps),
+                failed=sum(not s.ok for s in r.steps) + len(r.problems),
+                seconds=sum(s.seconds for s in r.steps),
+            )
+            for r in sorted(progressions, key=lambda r: r.project)
+        ]
+    if run_bugs:
+        outcomes = [d.result for d in done if d.job.part == "seeded-bugs"]
+        codes["seeded-bugs"] = seeded_bugs.summarize(
+            list(checked.values()), outcomes, problems, len(bugs), wall
+        )
+        for project in checked:
+            mine = [o for o in outcomes if o.bug.project == project]
+            invalid = sum(p.startswith(project) for p in problems)
+            all_rows.append(
+                Row(
+                    "seeded-bugs",
+                    project,
+                    passed=sum(o.verdict == "caught" for o in mine),
+                    failed=sum(o.verdict != "caught" for o in mine) + invalid,
+                    seconds=sum(o.seconds for o in mine),
+                )
+            )
+    listed = {p.name for p in learning_checked()}
+    for check in ("learner", "seeded-bugs"):
+        if check in codes and not project_suites:
+            all_rows += [
+                Row(check, f"{p.name} (not checked yet)", skipped=1)
+                for p in ready_projects()
+                if p.name not in listed
+            ]
     print_table(all_rows, codes)
+    print_parts(done)
     passed = sum(r.passed for r in all_rows)
     failed = sum(r.failed for r in all_rows)
     skipped = sum(r.skipped for r in all_rows)
     bad = [name for name, code in codes.items() if code != 0]
     print(
-        f"matrix wall time {time.perf_counter() - start:.0f} s; "
+        f"matrix wall time {time.perf_counter() - start:.0f} s on {JOBS} jobs; "
         f"suites not passing: {', '.join(bad) if bad else 'none'}"
     )
+    timings = {f"suite:{d.job.name}": round(d.seconds, 1) for d in done if d.job.part == "suites"}
+    timings |= {
+        f"{d.job.part}:{d.job.name}": round(d.seconds, 1) for d in done if d.job.part != "suites"
+    }
     (ROOT / "matrix-report.json").write_text(
-        json.dumps({"rows": [r.__dict__ for r in all_rows], "exit_codes": codes}, indent=2) + "\n"
+        json.dumps(
+            {"rows": [r.__dict__ for r in all_rows], "exit_codes": codes, "job_seconds": timings},
+            indent=2,
+        )
+        + "\n"
     )
+    if update:
+        ESTIMATES.write_text(json.dumps(dict(sorted(timings.items())), indent=1) + "\n")
+        print(f"job times written to {ESTIMATES.relative_to(ROOT)}")
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if bad or failed else 0
 

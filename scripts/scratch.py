@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from catalog_compiler.starters import copy_project  # noqa: F401  (re-exported)
+from warm_runner import TIMED_OUT, WarmRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +45,11 @@ def stage_tests(project: Path, stage: str) -> list[str]:
         if s["id"] == stage:
             return list(s.get("tests", []))
     raise KeyError(f"Project `{project.name}` has no stage `{stage}`.")
+
+
+def stage_rows(project: Path) -> dict[str, str]:
+    """Map each declared test file's stem to its stage id, e.g. `1`."""
+    return {Path(t).stem: s["id"] for s in manifest(project)["stages"] for t in s.get("tests", [])}
 
 
 def package_name(project: Path) -> str:
@@ -84,16 +90,10 @@ def run_env(copy: Path, cache_dir: Path) -> dict[str, str]:
     return env
 
 
-def run_pytest(copy: Path, nodes: list[str], cache_dir: Path, timeout: float = 2400) -> Run:
-    """``pytest -x -q`` on ``nodes`` inside ``copy``; a timeout counts as exit 124."""
-    # A temporary folder of the run's own: pytest prunes all but its three newest
-    # numbered folders, which would delete a longer run's files under parallel runs.
-    basetemp = tempfile.mkdtemp(prefix="pytest-", dir=copy.parent)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-x",
+def pytest_args(nodes: list[str], basetemp: str, stop_first: bool = True) -> list[str]:
+    """``pytest [-x] -q`` on ``nodes``, as every check run calls it."""
+    return [
+        *(["-x"] if stop_first else []),
         "-q",
         "-p",
         "no:cacheprovider",
@@ -103,12 +103,55 @@ def run_pytest(copy: Path, nodes: list[str], cache_dir: Path, timeout: float = 2
         f"--basetemp={basetemp}",
         *nodes,
     ]
+
+
+def run_pytest(
+    copy: Path,
+    nodes: list[str],
+    cache_dir: Path,
+    timeout: float = 2400,
+    runner: WarmRunner | None = None,
+    stop_first: bool = True,
+    extra_args: tuple[str, ...] = (),
+    stripped_report: Path | None = None,
+) -> Run:
+    """``pytest -x -q`` on ``nodes`` inside ``copy``; a timeout counts as exit 124.
+
+    With a warm ``runner`` the run forks from its server (and the run itself
+    proves that the copy's package is the one imported: exit `WRONG_IMPORT`
+    otherwise); without one it is a fresh `python -m pytest` process."""
+    # A temporary folder of the run's own: pytest prunes all but its three newest
+    # numbered folders, which would delete a longer run's files under parallel runs.
+    basetemp = tempfile.mkdtemp(prefix="pytest-", dir=copy.parent)
+    args = [*extra_args, *pytest_args(nodes, basetemp, stop_first)]
+    env = run_env(copy, cache_dir)
+    if runner is not None:
+        log = Path(f"{basetemp}.log")  # Beside it: pytest empties its basetemp first.
+        changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        # Plugin modules the warm server imported (jaxtyping's) cannot have their
+        # asserts rewritten; pytest's warning about that says nothing of the tests.
+        quiet = ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
+        code, seconds = runner.run(
+            copy,
+            quiet + args,
+            changed,
+            log,
+            timeout,
+            package_name(copy),
+            copy / "src",
+            stripped_report,
+        )
+        output = log.read_text(encoding="utf-8", errors="replace")
+        log.unlink()
+        if code == TIMED_OUT:
+            output = f"timed out after {timeout:.0f} s\n{output}"
+        return Run(code, output, seconds)
     start = time.perf_counter()
     try:
         done = subprocess.run(
-            cmd,
+            [sys.executable, "-m", "pytest", *args],
             cwd=copy,
-            env=run_env(copy, cache_dir),
+            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -116,7 +159,7 @@ def run_pytest(copy: Path, nodes: list[str], cache_dir: Path, timeout: float = 2
         )
         code, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
-        code = 124
+        code = TIMED_OUT
         output = f"timed out after {timeout:.0f} s\n{exc.stdout or ''}"
     return Run(code, output, time.perf_counter() - start)
 

@@ -24,19 +24,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import re
+import shutil
 import sys
 import tempfile
-import threading
 import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ready_projects import learning_checked
-from scratch import ROOT, copy_project, imports_from_copy, package_name, run_pytest, stage_ids
+from schedule import Job, Worker, run_jobs
+from scratch import ROOT, copy_project, run_pytest, stage_ids
 from scratch import manifest as read_manifest
+from warm_runner import WRONG_IMPORT
 
 BEGIN, END = "<!-- seeded-bugs:begin -->", "<!-- seeded-bugs:end -->"
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -164,76 +165,51 @@ def _judge(bug: Bug, code: int, output: str, first_failure: str) -> tuple[str, s
     return "BROKEN", f"pytest exit {code}:\n{tail}"
 
 
-class Worker:
-    """One thread with one scratch copy per project, applying bugs one at a time."""
+def bug_job(
+    bug: Bug, work: Path, cache: Path, estimate: float = 9.0, folder: Path | None = None
+) -> Job:
+    """The job that applies ``bug`` alone to a fresh copy of its project (``folder``,
+    default `projects/<id>`) and runs its tests there, forked from the worker's warm
+    pytest server."""
+    source = folder or ROOT / "projects" / bug.project
 
-    def __init__(self, work: Path, cache: Path) -> None:
-        self.work, self.cache = work, cache
-        self.copies: dict[str, Path] = {}
-
-    def copy_of(self, project: str) -> Path:
-        if project not in self.copies:
-            dest = self.work / f"{project}-{threading.get_ident()}"
-            copy_project(ROOT / "projects" / project, dest)
-            if not imports_from_copy(dest, package_name(dest), self.cache):
-                raise RuntimeError(f"{project}: the copy's package is not the one Python imports")
-            self.copies[project] = dest
-        return self.copies[project]
-
-    def apply(self, bug: Bug) -> Outcome:
-        copy = self.copy_of(bug.project)
-        target = copy / bug.file
-        original = target.read_text(encoding="utf-8")
-        target.write_text(original.replace(bug.find, bug.replace, 1), encoding="utf-8")
+    def action(worker: Worker) -> Outcome:
+        copy = copy_project(source, work / f"{bug.project}--{bug.id}")
         try:
-            done = run_pytest(copy, list(bug.tests), self.cache, timeout=1800)
+            target = copy / bug.file
+            original = target.read_text(encoding="utf-8")
+            target.write_text(original.replace(bug.find, bug.replace, 1), encoding="utf-8")
+            done = run_pytest(copy, list(bug.tests), cache, timeout=1800, runner=worker.runner)
         finally:
-            target.write_text(original, encoding="utf-8")
+            shutil.rmtree(copy, ignore_errors=True)
+        if done.code == WRONG_IMPORT:
+            raise RuntimeError(f"{bug.project}: the copy's package is not the one Python imports")
         verdict, detail = _judge(bug, done.code, done.output, done.first_failure)
         return Outcome(bug, verdict, done.seconds, detail)
 
+    return Job(f"{bug.project}/{bug.id}", "seeded-bugs", estimate, action)
 
-def check(
-    projects: list[Path], jobs: int, report: Path | None = None, only: set[str] | None = None
+
+def print_outcome(outcome: Outcome, n: int, total: int) -> None:
+    bug = outcome.bug
+    print(
+        f"  [{n:>3}/{total}] {outcome.verdict:<8} "
+        f"{bug.project}/{bug.id} (stage {bug.stage}) {outcome.seconds:5.1f} s"
+        f"  {outcome.detail.splitlines()[0] if outcome.detail else ''}",
+        flush=True,
+    )
+
+
+def summarize(
+    projects: list[Path],
+    outcomes: list[Outcome],
+    problems: list[str],
+    expected: int,
+    seconds: float,
+    report: Path | None = None,
 ) -> int:
-    start = time.perf_counter()
-    bugs, problems = [], []
-    for project in projects:
-        found, bad = load_bugs(project)
-        bugs += [b for b in found if not only or b.id in only]
-        problems += bad
-    for problem in problems:
-        print(f"INVALID {problem}")
-    todo: queue.Queue[Bug] = queue.Queue()
-    for bug in bugs:
-        todo.put(bug)
-    outcomes: list[Outcome] = []
-    lock = threading.Lock()
-    with tempfile.TemporaryDirectory(prefix="seeded-bugs-") as tmp:
-        work, cache = Path(tmp), Path(tmp) / "jax-cache"
-
-        def drain() -> None:
-            worker = Worker(work, cache)
-            while True:
-                try:
-                    bug = todo.get_nowait()
-                except queue.Empty:
-                    return
-                outcome = worker.apply(bug)
-                with lock:
-                    outcomes.append(outcome)
-                    print(
-                        f"  [{len(outcomes):>3}/{len(bugs)}] {outcome.verdict:<8} "
-                        f"{bug.project}/{bug.id} (stage {bug.stage}) {outcome.seconds:5.1f} s"
-                        f"  {outcome.detail.splitlines()[0] if outcome.detail else ''}",
-                        flush=True,
-                    )
-
-        threads = [threading.Thread(target=drain) for _ in range(max(1, jobs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    """Print the per-project table and every bug not caught; write the JSON rows.
+    Exit status: 1 on any survivor, broken or invalid entry, or a bug not applied."""
     bad = [o for o in outcomes if o.verdict != "caught"]
     header = ("project", "bugs", "caught", "survived", "broken", "seconds")
     print("\n{:<28} {:>4} {:>6} {:>8} {:>6} {:>8}".format(*header))
@@ -250,7 +226,7 @@ def check(
             f"  {o.bug.why}\n  " + o.detail.replace("\n", "\n  ")
         )
     print(
-        f"seeded bugs: {len(outcomes)} applied in {time.perf_counter() - start:.0f} s, "
+        f"seeded bugs: {len(outcomes)} applied in {seconds:.0f} s, "
         f"{len(bad)} not caught, {len(problems)} invalid list entries"
     )
     if report is not None:
@@ -267,7 +243,35 @@ def check(
                 }
             )
         report.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    return 1 if bad or problems or len(outcomes) != len(bugs) else 0
+    return 1 if bad or problems or len(outcomes) != expected else 0
+
+
+def load_all(projects: list[Path], only: set[str] | None = None) -> tuple[list[Bug], list[str]]:
+    bugs, problems = [], []
+    for project in projects:
+        found, bad = load_bugs(project)
+        bugs += [b for b in found if not only or b.id in only]
+        problems += bad
+    return bugs, problems
+
+
+def check(
+    projects: list[Path], jobs: int, report: Path | None = None, only: set[str] | None = None
+) -> int:
+    start = time.perf_counter()
+    bugs, problems = load_all(projects, only)
+    for problem in problems:
+        print(f"INVALID {problem}")
+    with tempfile.TemporaryDirectory(prefix="seeded-bugs-") as tmp:
+        work, cache = Path(tmp), Path(tmp) / "jax-cache"
+        done = run_jobs(
+            [bug_job(b, work, cache) for b in bugs],
+            jobs,
+            cache,
+            lambda d, n, total: print_outcome(d.result, n, total),
+        )
+    outcomes = [d.result for d in done]
+    return summarize(projects, outcomes, problems, len(bugs), time.perf_counter() - start, report)
 
 
 def main(argv: list[str]) -> int:

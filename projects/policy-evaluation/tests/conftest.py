@@ -29,10 +29,14 @@ jax.config.update("jax_debug_key_reuse", True)
 # Two CPU devices, as `seed_shards = 2` configs need (the CPU backend starts later).
 jax.config.update("jax_num_cpu_devices", 2)
 # Tests build the same program through several `jit` objects (the CLI, the
-# library, the bench); a compilation cache private to this session compiles
-# each distinct program once. Nothing is kept between sessions.
+# library, the bench); a compilation cache compiles each distinct program once.
+# A cache named by `JAX_COMPILATION_CACHE_DIR` (the repository's matrix shares
+# one across all its runs) is used as it is; otherwise the cache is private to
+# this session and nothing is kept between sessions.
 _CACHE = tempfile.TemporaryDirectory(prefix="policy-evaluation-xla-cache-")
-jax.config.update("jax_compilation_cache_dir", _CACHE.name)
+jax.config.update(
+    "jax_compilation_cache_dir", os.environ.get("JAX_COMPILATION_CACHE_DIR") or _CACHE.name
+)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

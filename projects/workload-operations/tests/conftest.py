@@ -154,8 +154,10 @@ def evidence(request: pytest.FixtureRequest):
 @pytest.fixture(scope="session")
 def jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """JAX's persistent compilation cache for the jobs the tests start: the first
-    job compiles, the others load. `WO_JAX_CACHE` names a folder kept across runs."""
-    kept = os.environ.get("WO_JAX_CACHE")
+    job compiles, the others load. `WO_JAX_CACHE`, else `JAX_COMPILATION_CACHE_DIR`
+    (the folder the repository's matrix shares across its runs), names a folder
+    kept across runs."""
+    kept = os.environ.get("WO_JAX_CACHE") or os.environ.get("JAX_COMPILATION_CACHE_DIR")
     return Path(kept) if kept else tmp_path_factory.mktemp("jax-cache")
 
 

@@ -1,0 +1,143 @@
+"""One scheduler for the matrix: jobs run longest first, one per core.
+
+A `Job` has an estimate (seconds), a part (`suites`, `learner`,
+`seeded-bugs`) and an action that a `Worker` runs; the action may return
+follow-up jobs (a project's checks, queued when its suite ends). `run_jobs`
+runs every job with ``jobs`` worker threads, always taking the longest
+queued job next (longest-processing-time-first packs the tail tight), and
+returns each job's result and seconds.
+
+Each worker owns one warm pytest server (`warm_runner`), started on its first
+check run, so no two threads ever share one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warm_runner import WarmRunner
+
+_SEQ = itertools.count()
+
+
+@dataclass(order=True)
+class Job:
+    sort_key: tuple = field(init=False, repr=False)
+    name: str = field(compare=False)
+    part: str = field(compare=False)
+    estimate: float = field(compare=False)
+    action: Callable[[Worker], Any] = field(compare=False, repr=False)
+    # Follow-up jobs to queue once this one has finished, given its result.
+    then: Callable[[Any], list[Job]] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.sort_key = (-self.estimate, next(_SEQ))
+
+
+@dataclass
+class Done:
+    job: Job
+    result: Any
+    seconds: float
+    started: float  # Seconds since the schedule began.
+
+
+def warm_env(cache_dir: Path) -> dict[str, str]:
+    """The environment a warm server starts with: what JAX reads at import."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+    # Cache every program, not only those over JAX's default 1 s of compile:
+    # the runs of one check compile mostly the same small programs again.
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    env.setdefault("MPLBACKEND", "Agg")
+    return env
+
+
+class Worker:
+    """One scheduler thread's resources: a warm pytest server, started lazily."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = cache_dir
+        self._runner: WarmRunner | None = None
+
+    @property
+    def runner(self) -> WarmRunner:
+        if self._runner is None:
+            self._runner = WarmRunner(warm_env(self.cache_dir))
+        return self._runner
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+
+
+def run_jobs(
+    initial: list[Job],
+    jobs: int,
+    cache_dir: Path,
+    on_done: Callable[[Done, int, int], None] | None = None,
+) -> list[Done]:
+    """Run ``initial`` and every follow-up, ``jobs`` at a time, longest first.
+    ``on_done(done, finished, queued_so_far)`` is called under a lock as each ends."""
+    heap: list[Job] = list(initial)
+    heapq.heapify(heap)
+    cond = threading.Condition()
+    running = 0
+    total = len(heap)
+    finished: list[Done] = []
+    errors: list[BaseException] = []
+    start = time.perf_counter()
+
+    def work() -> None:
+        nonlocal running, total
+        worker = Worker(cache_dir)
+        try:
+            while True:
+                with cond:
+                    while not heap and running and not errors:
+                        cond.wait()
+                    if not heap or errors:
+                        return
+                    job = heapq.heappop(heap)
+                    running += 1
+                began = time.perf_counter()
+                try:
+                    result = job.action(worker)
+                    follow = job.then(result) if job.then else []
+                except BaseException as exc:  # noqa: BLE001 - reported once all stop
+                    with cond:
+                        errors.append(exc)
+                        running -= 1
+                        cond.notify_all()
+                    return
+                done = Done(job, result, time.perf_counter() - began, began - start)
+                with cond:
+                    running -= 1
+                    for j in follow:
+                        heapq.heappush(heap, j)
+                    total += len(follow)
+                    finished.append(done)
+                    if on_done:
+                        on_done(done, len(finished), total)
+                    cond.notify_all()
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=work) for _ in range(max(1, jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return finished

@@ -1,0 +1,224 @@
+"""Negative controls for the matrix's shortcuts: its checks, run through the warm,
+forked path, still fail where they must.
+
+The toy project in `fixtures/toy-project` has two stages, one region each. The
+tests copy it, damage the copy, and run the learner progression and seeded-bug
+jobs on it with one warm pytest server: a broken stage breaks its step, a stage
+test that reaches a later region breaks the earlier step, a bug is caught, a
+bug no test sees survives, a bug that breaks the import is broken, and a copy
+whose package is imported from elsewhere is refused. The server itself refuses
+to fork once a JAX backend runs, and kills a run past its timeout.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import learner  # noqa: E402
+import seeded_bugs  # noqa: E402
+from schedule import Job, Worker, run_jobs  # noqa: E402
+from scratch import run_pytest  # noqa: E402
+from warm_runner import TIMED_OUT, WRONG_IMPORT  # noqa: E402
+
+TOY = Path(__file__).resolve().parent / "fixtures" / "toy-project"
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory):
+    """One warm server for the module's runs."""
+    w = Worker(tmp_path_factory.mktemp("jax-cache"))
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    """A copy of the toy project this test may damage."""
+    return Path(shutil.copytree(TOY, tmp_path / "toy-project"))
+
+
+def progression(project: Path, tmp_path: Path, worker: Worker) -> learner.Progression:
+    result, jobs = learner.progression_jobs(project, tmp_path, tmp_path / "cache")
+    for job in jobs:
+        job.action(worker)
+    learner.summarize([result], 0.0)
+    return result
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def test_the_sound_toy_passes_every_step(toy: Path, tmp_path: Path, worker: Worker):
+    result = progression(toy, tmp_path, worker)
+    # Starter fails stage 1; stage 1 written: stage 1 passes and stage 2 fails;
+    # all written: stage 2 passes.
+    assert [(s.stage, s.expect, s.ok) for s in result.steps] == [
+        ("1", "fail", True),
+        ("1", "pass", True),
+        ("2", "fail", True),
+        ("2", "pass", True),
+    ]
+    assert result.ok
+    # The runs are also the suite: each stage's tests counted once, from the
+    # written state in which they must pass (stage 2's failure at stage 1 is
+    # the expected one, not counted).
+    assert {k: (c.passed, c.failed) for k, c in result.rows.items()} == {
+        "1": (1, 0),
+        "2": (1, 0),
+    }
+
+
+def test_a_stage_test_that_swallows_a_later_region_breaks(toy: Path, tmp_path: Path, worker):
+    test = toy / "tests/test_stage_1_sum.py"
+    test.write_text(
+        test.read_text()
+        + textwrap.dedent(
+            """
+
+            def test_swallows_what_the_stage_2_region_raises():
+                from toy_project.core import mean
+
+                try:
+                    mean([2.0])
+                except NotImplementedError:
+                    pass
+            """
+        )
+    )
+    result = progression(toy, tmp_path, worker)
+    first_pass = next(s for s in result.steps if s.expect == "pass")
+    # The test passed, but it ran no reference code for stage 2: not proof.
+    assert not first_pass.ok
+    assert "test_swallows_what_the_stage_2_region_raises passed though it raised" in (
+        first_pass.detail
+    )
+    assert "Stage 2 exercise:" in first_pass.detail
+    # With every stage written nothing is raised, and the same test passes.
+    assert result.steps[-1].ok
+
+
+def test_a_broken_stage_breaks_its_pass_step(toy: Path, tmp_path: Path, worker: Worker):
+    edit(toy / "src/toy_project/core.py", "result += value", "result += 2 * value")
+    # The reference is still the fully written starter, so only the run can see it.
+    result = progression(toy, tmp_path, worker)
+    broken = [(s.stage, s.expect) for s in result.steps if not s.ok]
+    assert broken == [("1", "pass"), ("2", "fail"), ("2", "pass")]
+    assert "test_total_matches_the_builtin_sum" in result.steps[1].detail
+    assert result.rows["1"].failed == 1
+
+
+def test_a_stage_test_that_enters_a_later_region_breaks(toy: Path, tmp_path: Path, worker):
+    test = toy / "tests/test_stage_1_sum.py"
+    test.write_text(
+        test.read_text()
+        + textwrap.dedent(
+            """
+
+            def test_reaches_the_stage_2_region():
+                from toy_project.core import mean
+
+                assert mean([2.0]) == 2.0
+            """
+        )
+    )
+    result = progression(toy, tmp_path, worker)
+    assert not result.ok
+    first_pass = next(s for s in result.steps if s.expect == "pass")
+    assert not first_pass.ok and "Stage 2 exercise:" in first_pass.detail
+
+
+def bug(find: str, replace: str, stage: str = "2") -> seeded_bugs.Bug:
+    tests = (f"tests/test_stage_{stage}_{'mean' if stage == '2' else 'sum'}.py",)
+    return seeded_bugs.Bug(
+        "toy-project", "b", stage, "src/toy_project/core.py", find, replace, "why", tests
+    )
+
+
+@pytest.mark.parametrize(
+    ("find", "replace", "stage", "verdict"),
+    [
+        ("/ len(values)", "/ (len(values) + 1)", "2", "caught"),
+        ("result = 0.0", "result = 0", "1", "SURVIVED"),
+        ('"""Stage 1 sums', 'import no_such_module_anywhere\n"""Stage 1 sums', "1", "BROKEN"),
+    ],
+)
+def test_seeded_bug_verdicts_through_the_forked_path(
+    tmp_path: Path, worker: Worker, find: str, replace: str, stage: str, verdict: str
+):
+    job = seeded_bugs.bug_job(bug(find, replace, stage), tmp_path, worker.cache_dir, folder=TOY)
+    outcome = job.action(worker)
+    assert outcome.verdict == verdict, outcome.detail
+    # The bug was applied to a scratch copy, never to the project itself.
+    assert find in (TOY / "src/toy_project/core.py").read_text()
+
+
+def test_a_copy_whose_package_comes_from_elsewhere_is_refused(toy: Path, worker: Worker):
+    # A package of the same name at the copy's root shadows `src/`.
+    shutil.copytree(toy / "src/toy_project", toy / "toy_project")
+    done = run_pytest(toy, ["tests/test_stage_1_sum.py"], worker.cache_dir, runner=worker.runner)
+    assert done.code == WRONG_IMPORT, done.output
+    assert "not from" in done.output
+
+
+def test_a_run_past_its_timeout_is_killed_with_its_children(toy: Path, worker: Worker):
+    marker = toy / "child-alive"
+    (toy / "tests/test_stage_1_sum.py").write_text(
+        textwrap.dedent(
+            f"""
+            import subprocess, sys, time
+
+            def test_hangs():
+                subprocess.Popen([sys.executable, "-c",
+                    "import time; time.sleep(4); open({str(marker)!r}, 'w')"])
+                time.sleep(60)
+            """
+        )
+    )
+    done = run_pytest(
+        toy, ["tests/test_stage_1_sum.py"], worker.cache_dir, timeout=2, runner=worker.runner
+    )
+    assert done.code == TIMED_OUT
+    # The grandchild was in the run's process group and died with it.
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(4)"], check=True)
+    assert not marker.exists()
+
+
+def test_the_warm_server_refuses_to_fork_once_a_backend_runs():
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import jax, warm_runner; "
+        "jax.numpy.zeros(1).block_until_ready(); warm_runner.assert_forkable()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "scripts")], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "JAX backend started" in done.stderr
+
+
+def test_the_scheduler_runs_longest_first_and_queues_follow_ups(tmp_path: Path):
+    order: list[str] = []
+
+    def job(name: str, estimate: float, then=None) -> Job:
+        return Job(name, "suites", estimate, lambda w: order.append(name), then)
+
+    follow = [job("follow-up", 100.0)]
+    done = run_jobs(
+        [job("short", 1.0), job("long", 5.0, lambda _r: follow), job("mid", 3.0)],
+        1,
+        tmp_path,
+    )
+    # One worker: longest first; the follow-up, though longest of all, only
+    # exists once its parent has finished.
+    assert order == ["long", "follow-up", "mid", "short"]
+    assert len(done) == 4

@@ -20,6 +20,7 @@ import numpy as np
 from scipy import stats
 
 from bayesian_regression import hmc, model
+from bayesian_regression.data import DataError, check_array, check_count
 from bayesian_regression.model import Prior
 
 
@@ -46,7 +47,12 @@ def ranks_of(truth: jax.Array, draws: jax.Array) -> jax.Array:
     return jnp.sum(draws < truth[None, :], axis=0)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+def _check_design(x, prior) -> jax.Array:
+    x = jnp.asarray(check_array(x, "x", ndim=2, floating=True))
+    model.check_prior(prior, x.shape[1])
+    return x
+
+
 def hmc_ranks(
     key: jax.Array,
     x: jax.Array,
@@ -57,7 +63,28 @@ def hmc_ranks(
     thin: int,
 ) -> jax.Array:
     """Ranks `(num_sims, d + 1)` in `[0, num_ranks]` from one HMC chain per data set
-    (`num_warmup` adaptation iterations, then `num_ranks * thin` draws thinned)."""
+    (`num_warmup` adaptation iterations, then `num_ranks * thin` draws thinned).
+    The design, the prior and the counts are checked before anything compiles."""
+    x = _check_design(x, prior)
+    counts = [
+        check_count(num_sims, "num_sims"),
+        check_count(num_warmup, "num_warmup", minimum=0),
+        check_count(num_ranks, "num_ranks"),
+        check_count(thin, "thin"),
+    ]
+    return _hmc_ranks(key, x, prior, *counts)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+def _hmc_ranks(
+    key: jax.Array,
+    x: jax.Array,
+    prior: Prior,
+    num_sims: int,
+    num_warmup: int,
+    num_ranks: int,
+    thin: int,
+) -> jax.Array:
     key_sim, key_init, key_run = jax.random.split(key, 3)
     truths, ys = jax.vmap(lambda k: simulate(k, x, prior))(jax.random.split(key_sim, num_sims))
     starts = hmc.initial_positions(key_init, num_sims, truths.shape[1])
@@ -70,7 +97,6 @@ def hmc_ranks(
     return jax.vmap(one)(jax.random.split(key_run, num_sims), starts, ys, truths)
 
 
-@functools.partial(jax.jit, static_argnums=(4, 5))
 def exact_ranks(
     key: jax.Array,
     x: jax.Array,
@@ -80,7 +106,23 @@ def exact_ranks(
     num_ranks: int,
 ) -> jax.Array:
     """Ranks from exact posterior draws computed under `inference_prior` (equal to
-    `prior` for a calibrated control; a different one to show miscalibration)."""
+    `prior` for a calibrated control; a different one to show miscalibration).
+    The design, both priors and the counts are checked before anything compiles."""
+    x = _check_design(x, prior)
+    model.check_prior(inference_prior, x.shape[1])
+    num_sims, num_ranks = check_count(num_sims, "num_sims"), check_count(num_ranks, "num_ranks")
+    return _exact_ranks(key, x, prior, inference_prior, num_sims, num_ranks)
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _exact_ranks(
+    key: jax.Array,
+    x: jax.Array,
+    prior: Prior,
+    inference_prior: Prior,
+    num_sims: int,
+    num_ranks: int,
+) -> jax.Array:
     key_sim, key_post = jax.random.split(key)
     truths, ys = jax.vmap(lambda k: simulate(k, x, prior))(jax.random.split(key_sim, num_sims))
 
@@ -95,8 +137,17 @@ def uniformity_test(ranks, num_ranks: int, num_bins: int | None = None) -> Unifo
     """Pearson chi-square test that `ranks` (integers in `[0, num_ranks]`) are
     uniform. H0: every rank is equally likely; the bins group the
     `num_ranks + 1` ranks evenly (`num_bins` must divide `num_ranks + 1`)."""
-    ranks = np.asarray(ranks).ravel()
-    num_bins = num_ranks + 1 if num_bins is None else num_bins
+    num_ranks = check_count(num_ranks, "num_ranks")
+    num_bins = num_ranks + 1 if num_bins is None else check_count(num_bins, "num_bins")
+    ranks = np.asarray(check_array(ranks, "ranks")).ravel()
+    if ranks.size == 0:
+        raise DataError("`ranks` is empty: there is nothing to test.")
+    if np.any(ranks != np.round(ranks)) or ranks.min() < 0 or ranks.max() > num_ranks:
+        bad = ranks[(ranks != np.round(ranks)) | (ranks < 0) | (ranks > num_ranks)][0]
+        raise DataError(
+            f"`ranks` must be whole numbers in `[0, {num_ranks}]`, but one of them is `{bad}`."
+        )
+    ranks = ranks.astype(np.int64)
     if (num_ranks + 1) % num_bins:
         raise ValueError(
             f"`num_bins` `{num_bins}` must divide `num_ranks + 1` = `{num_ranks + 1}`."

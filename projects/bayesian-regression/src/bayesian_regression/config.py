@@ -114,17 +114,19 @@ class Config(BaseModel):
         return json.dumps(self.model_dump(), indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "Config":
-        """Parses and validates a config; raises `ConfigError` naming the bad field."""
+    def from_json(cls, text: str, source: str | Path | None = None) -> "Config":
+        """Parses and validates a config; raises `ConfigError` naming the bad field
+        (and the file `source`, when given)."""
         try:
             return cls.model_validate_json(text)
         except pydantic.ValidationError as err:
             problems = "; ".join(
                 f"`{'.'.join(str(p) for p in e['loc']) or 'config'}`: {e['msg']}"
-                + (f" (got `{e['input']}`)" if e["type"] != "missing" else "")
+                + (f" (got `{_shown(e['input'])}`)" if e["type"] not in _NO_INPUT else "")
                 for e in err.errors()
             )
-            raise ConfigError(f"Invalid config: {problems}.") from None
+            where = "" if source is None else f" file `{source}`"
+            raise ConfigError(f"Invalid config{where}: {problems}.") from None
 
     def replace(self, **changes: object) -> "Config":
         """A validated copy with `changes` applied."""
@@ -136,11 +138,27 @@ class Config(BaseModel):
             ) from None
 
 
+# Errors whose input is not worth repeating: a missing field has none, and the
+# input of unparsable JSON is the whole file.
+_NO_INPUT = ("missing", "json_invalid", "json_type")
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """A value as one short line, for an error message."""
+    text = " ".join(repr(value).split()) if isinstance(value, str) else " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def load_config(path: str | Path) -> Config:
-    """Reads a JSON config file; raises `ConfigError` for a missing or invalid file."""
+    """Reads a JSON config file; raises `ConfigError` naming the file for a missing,
+    unreadable, non-UTF-8 or invalid one."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read the config file `{path}`: {err.strerror}.") from None
-    return Config.from_json(text)
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"The config file `{path}` is not UTF-8 text (byte {err.start})."
+        ) from None
+    return Config.from_json(text, source=path)

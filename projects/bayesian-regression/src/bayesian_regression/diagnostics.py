@@ -33,12 +33,14 @@ class DiagnosticError(ValueError):
 
 def check_draws(draws, *, min_chains: int = 1) -> np.ndarray:
     """Returns `draws` as float64 `(chains, draws)` after checking them."""
-    arr = np.asarray(draws, dtype=np.float64)
+    arr = _as_float_array(draws)
     if arr.ndim != 2:
         raise DiagnosticError(
             f"Draws of one quantity must have shape `(chains, draws)`, not `{arr.shape}`."
         )
     chains, n = arr.shape
+    if chains == 0:
+        raise DiagnosticError(f"The draws are empty: shape `{arr.shape}`, no chain at all.")
     if n < MIN_DRAWS:
         raise DiagnosticError(
             f"A diagnostic needs at least `{MIN_DRAWS}` draws per chain to split chains in "
@@ -55,6 +57,17 @@ def check_draws(draws, *, min_chains: int = 1) -> np.ndarray:
             f"that produced them has failed, and no diagnostic can summarize them."
         )
     return arr
+
+
+def _as_float_array(draws) -> np.ndarray:
+    """`draws` as a float64 array; a DiagnosticError for anything that is not real numbers."""
+    try:
+        raw = np.asarray(draws)
+    except ValueError as err:  # ragged nested lists
+        raise DiagnosticError(f"The draws are not an array: {str(err).rstrip('.')}.") from None
+    if raw.dtype.kind not in "fiub":
+        raise DiagnosticError(f"The draws must be real numbers, but their dtype is `{raw.dtype}`.")
+    return raw.astype(np.float64)
 
 
 def split_chains(draws: np.ndarray) -> np.ndarray:
@@ -188,7 +201,12 @@ def mcse_mean(draws) -> float:
 def summarize(draws, names: list[str]) -> list[dict[str, float | str]]:
     """One row per quantity of `draws` `(chains, n, k)`: mean, sd, MCSE, R-hat,
     bulk-ESS, tail-ESS (R-hat omitted, as None, for a single chain)."""
-    arr = np.asarray(draws, dtype=np.float64)
+    named = isinstance(names, list | tuple) and all(isinstance(n, str) and n for n in names)
+    if not named or not names:
+        raise DiagnosticError(f"`names` must be a list of non-empty strings, not `{names!r}`.")
+    if len(set(names)) != len(names):
+        raise DiagnosticError(f"`names` must not repeat a name: `{list(names)}`.")
+    arr = _as_float_array(draws)
     if arr.ndim != 3 or arr.shape[2] != len(names):
         raise DiagnosticError(
             f"Expected draws of shape `(chains, draws, {len(names)})`, got `{arr.shape}`."

@@ -20,12 +20,17 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from bayesian_regression.data import DataError, check_count, check_number, check_tree
+
 LogDensity = Callable[[jax.Array], jax.Array]
 
 # An energy error above this is a divergent transition (Stan's threshold).
 MAX_ENERGY_ERROR = 1000.0
 # Every transition's step size is the adapted one times U(1 - JITTER, 1 + JITTER).
 JITTER = 0.5
+# `step_size_factor` must lie in this range: below it a chain barely moves (every
+# move is accepted and nothing mixes); above it every transition diverges.
+STEP_SIZE_FACTOR_RANGE = (1e-3, 1e3)
 
 
 class HMCState(NamedTuple):
@@ -275,6 +280,36 @@ def make_sampler(
     return jax.jit(chains)
 
 
+def check_step_size_factor(value, name: str = "step_size_factor") -> float:
+    """A finite factor inside `STEP_SIZE_FACTOR_RANGE`; raises `DataError` otherwise."""
+    low, high = STEP_SIZE_FACTOR_RANGE
+    return check_number(value, name, low=low, high=high)
+
+
+def check_target(logdensity_fn, data: Any, dim: int) -> None:
+    """Checks a target before anything compiles: `data` holds finite, non-empty
+    values (and passes `logdensity_fn.validate_data(data)` where the target defines
+    one), and `logdensity_fn(position, data)` traces, on a position of shape
+    `(dim,)`, to a scalar. Raises `DataError` naming what does not fit."""
+    if not callable(logdensity_fn):
+        raise DataError(f"`logdensity_fn` must be a function, not `{logdensity_fn!r}`.")
+    validate = getattr(logdensity_fn, "validate_data", None)
+    if validate is not None:
+        validate(data)
+    check_tree(data, "data")
+    position = jax.ShapeDtypeStruct((dim,), jnp.float32)
+    try:
+        out = jax.eval_shape(logdensity_fn, position, data)
+    except TypeError as err:  # JAX's shape and dtype errors; ValueErrors already name it
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataError(
+            f"`logdensity_fn` fails on a position of shape `({dim},)` with this `data`: {first}"
+        ) from None
+    if not isinstance(out, jax.ShapeDtypeStruct) or out.shape != ():
+        shape = getattr(out, "shape", type(out).__name__)
+        raise DataError(f"`logdensity_fn` must return a scalar, but it returns `{shape}`.")
+
+
 def run_chains(
     key: jax.Array,
     logdensity_fn: Callable[[jax.Array, Any], jax.Array],
@@ -287,7 +322,19 @@ def run_chains(
     target_accept: float,
     step_size_factor: float = 1.0,
 ) -> Samples:
-    """`num_chains` vmapped chains of `num_warmup + num_samples` iterations each."""
+    """`num_chains` vmapped chains of `num_warmup + num_samples` iterations each.
+
+    Every setting is checked first (positive counts, `target_accept` in `(0, 1)`,
+    `step_size_factor` in `STEP_SIZE_FACTOR_RANGE`), then the target (`check_target`),
+    before anything compiles: a `DataError` names the bad one."""
+    dim = check_count(dim, "dim")
+    num_chains = check_count(num_chains, "num_chains")
+    num_warmup = check_count(num_warmup, "num_warmup", minimum=0)
+    num_samples = check_count(num_samples, "num_samples")
+    num_steps = check_count(num_steps, "num_steps")
+    check_number(target_accept, "target_accept", low=0.0, high=1.0, low_open=True, high_open=True)
+    check_step_size_factor(step_size_factor)
+    check_target(logdensity_fn, data, dim)
     sampler = make_sampler(
         logdensity_fn, dim, num_chains, num_warmup, num_samples, num_steps, float(target_accept)
     )

@@ -23,13 +23,14 @@ shape `(d + 1,)`; `log_joint` is its unnormalized log density (Jacobian of
 `log` included) and `log_posterior` its exact normalized one.
 """
 
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import digamma, gammaln, polygamma
+
+from bayesian_regression.data import DataError, check_array, check_count, check_number
 
 LOG_2PI = 1.8378770664093453
 
@@ -63,13 +64,56 @@ class Moments(NamedTuple):
 
 def make_prior(num_features: int, scale: float, shape: float, rate: float, mean=None) -> Prior:
     """A validated prior; raises `ModelError` for a non-positive scale, shape or rate."""
+    check_count(num_features, "num_features")
+    if mean is not None:
+        check_array(mean, "mean", shape=(num_features,))
     for name, value in (("prior scale", scale), ("prior shape a0", shape), ("prior rate b0", rate)):
-        if not (float(value) > 0.0 and math.isfinite(float(value))):
-            raise ModelError(f"The {name} must be a positive finite number, but it is `{value}`.")
+        try:
+            check_number(value, name, low=0.0, low_open=True)
+        except DataError:
+            raise ModelError(
+                f"The {name} must be a positive finite number, but it is `{value}`."
+            ) from None
     m0 = jnp.zeros((num_features,)) if mean is None else jnp.asarray(mean, jnp.float32)
     if m0.shape != (num_features,):
         raise ModelError(f"The prior mean must have shape `({num_features},)`, not `{m0.shape}`.")
     return Prior(m0, float(scale), float(shape), float(rate))
+
+
+def check_data(x, y) -> tuple[jax.Array, jax.Array]:
+    """Checks a design `x` `(n, d)` and targets `y` `(n,)` (floating point, non-empty,
+    finite); returns them as JAX arrays. Raises `DataError` naming the argument."""
+    x = jnp.asarray(check_array(x, "x", ndim=2, floating=True))
+    y = jnp.asarray(check_array(y, "y", shape=(x.shape[0],), floating=True))
+    return x, y
+
+
+def check_prior(prior, num_features: int) -> None:
+    """Checks a `Prior` against `num_features` weights (also one built by hand)."""
+    if not isinstance(prior, Prior):
+        raise ModelError(f"`prior` must be a `Prior` (see `make_prior`), not `{type(prior)}`.")
+    check_array(prior.mean, "prior.mean", shape=(num_features,), floating=True)
+    for name in ("scale", "shape", "rate"):
+        check_number(getattr(prior, name), f"prior.{name}", low=0.0, low_open=True)
+
+
+def check_posterior(post, num_features: int | None = None, query: str = "x_new") -> int:
+    """Checks a `Posterior` (as `exact_posterior` returns one), against `num_features`
+    columns of the argument `query` when given; returns its `d`."""
+    if not isinstance(post, Posterior):
+        raise ModelError(
+            f"`post` must be a `Posterior` (see `exact_posterior`), not `{type(post)}`."
+        )
+    d = check_array(post.mean, "post.mean", ndim=1, floating=True).shape[0]
+    if num_features is not None and d != num_features:
+        raise ModelError(
+            f"`{query}` has `{num_features}` columns, but `post` has `{d}` weights; "
+            f"the shapes must agree."
+        )
+    check_array(post.chol, "post.chol", shape=(d, d), floating=True)
+    check_number(post.shape, "post.shape", low=0.0, low_open=True)
+    check_number(post.rate, "post.rate", low=0.0, low_open=True)
+    return d
 
 
 def prior_from_config(config) -> Prior:
@@ -79,7 +123,12 @@ def prior_from_config(config) -> Prior:
 
 
 def exact_posterior(x: jax.Array, y: jax.Array, prior: Prior) -> Posterior:
-    """The closed-form NIG posterior. `x`: shape `(n, d)`; `y`: shape `(n,)`."""
+    """The closed-form NIG posterior. `x`: shape `(n, d)`; `y`: shape `(n,)`.
+
+    Raises `DataError` for a design or targets of the wrong shape or dtype, empty
+    or holding NaN or inf; `ModelError` for a prior that does not fit them."""
+    x, y = check_data(x, y)
+    check_prior(prior, x.shape[1])
     # --- exercise stage 1: QR of [X; I/s], solve for m_n, then a_n and b_n. ---
     num_obs, num_features = x.shape
     inv_scale = 1.0 / prior.scale
@@ -123,6 +172,8 @@ def moments(post: Posterior) -> Moments:
 def predictive(post: Posterior, x_new: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Posterior predictive of `y` at rows `x_new` (shape `(m, d)`): Student-t with
     `(df, loc, scale)`, `scale^2 = (b_n / a_n) (1 + x Lambda_n^{-1} x^T)`."""
+    x_new = jnp.asarray(check_array(x_new, "x_new", ndim=2, floating=True))
+    check_posterior(post, x_new.shape[1])
     # --- exercise stage 1: Student-t: df 2 a_n, loc x m_n, scale from x Lambda_n^-1 x^T. ---
     z = solve_triangular(post.chol, x_new.T, lower=False, trans="T")  # R^{-T} x^T, shape (d, m)
     scale = jnp.sqrt(post.rate / post.shape * (1.0 + jnp.sum(z**2, axis=0)))
@@ -132,6 +183,7 @@ def predictive(post: Posterior, x_new: jax.Array) -> tuple[jax.Array, jax.Array,
 
 def log_marginal_likelihood(x: jax.Array, y: jax.Array, prior: Prior) -> jax.Array:
     """`log p(y | X)`, the normalizing constant of `log_joint`."""
+    x, y = check_data(x, y)
     num_obs, num_features = x.shape
     post = exact_posterior(x, y, prior)
     log_det_precision = 2.0 * jnp.sum(jnp.log(jnp.abs(jnp.diag(post.chol))))
@@ -153,6 +205,9 @@ def _log_inv_gamma_of_log(log_sigma2: jax.Array, shape, rate) -> jax.Array:
 
 def log_joint(theta: jax.Array, x: jax.Array, y: jax.Array, prior: Prior) -> jax.Array:
     """`log p(y, w, log sigma^2)` at `theta = (w, log sigma^2)`, shape `(d + 1,)`."""
+    x, y = check_data(x, y)
+    theta = jnp.asarray(check_array(theta, "theta", shape=(x.shape[1] + 1,), floating=True))
+    check_prior(prior, x.shape[1])
     # --- exercise stage 1: Likelihood + prior on w + prior on log sigma^2 (Jacobian). ---
     w, log_sigma2 = theta[:-1], theta[-1]
     num_obs, num_features = x.shape
@@ -192,6 +247,8 @@ def condition_numbers(x: jax.Array, post: Posterior) -> dict[str, float]:
 
 def sample_exact(key: jax.Array, post: Posterior, num: int) -> jax.Array:
     """`num` independent exact posterior draws of `theta`, shape `(num, d + 1)`."""
+    check_count(num, "num")
+    check_posterior(post)
     key_s, key_w = jax.random.split(key)
     sigma2 = post.rate / jax.random.gamma(key_s, post.shape, (num,))
     z = jax.random.normal(key_w, (num, post.mean.shape[0]))
@@ -207,3 +264,16 @@ def regression_log_density(theta: jax.Array, data: tuple[jax.Array, jax.Array, P
     samplers take (`hmc.run_chains`, `vi.fit`)."""
     x, y, prior = data
     return log_joint(theta, x, y, prior)
+
+
+def check_regression_data(data) -> None:
+    """The `data` of `regression_log_density`: `(x, y, prior)`, each checked."""
+    if not isinstance(data, tuple) or len(data) != 3:
+        raise ModelError(f"`data` must be the tuple `(x, y, prior)`, not `{type(data).__name__}`.")
+    x, y, prior = data
+    x, y = check_data(x, y)
+    check_prior(prior, x.shape[1])
+
+
+# The samplers and VI call this before they compile anything (`hmc.check_target`).
+regression_log_density.validate_data = check_regression_data

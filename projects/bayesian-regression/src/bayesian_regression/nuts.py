@@ -15,7 +15,8 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 
-from bayesian_regression.model import Prior
+from bayesian_regression.data import DataError, check_count, check_number
+from bayesian_regression.model import Prior, check_regression_data
 
 
 class NutsResult(NamedTuple):
@@ -48,6 +49,10 @@ def library_numerics():
 
 def make_mcmc(num_chains: int, num_warmup: int, num_samples: int, target_accept: float) -> MCMC:
     """An `MCMC` object; running it twice with the same shapes reuses its compilation."""
+    check_count(num_chains, "num_chains")
+    check_count(num_warmup, "num_warmup", minimum=0)
+    check_count(num_samples, "num_samples")
+    check_number(target_accept, "target_accept", low=0.0, high=1.0, low_open=True, high_open=True)
     kernel = NUTS(regression_model, target_accept_prob=target_accept)
     return MCMC(
         kernel,
@@ -63,6 +68,10 @@ def make_mcmc(num_chains: int, num_warmup: int, num_samples: int, target_accept:
 
 
 def run_nuts(key: jax.Array, mcmc: MCMC, x: jax.Array, y: jax.Array, prior: Prior) -> NutsResult:
+    """NUTS draws of the regression posterior; `x`, `y` and `prior` are checked first."""
+    if not isinstance(mcmc, MCMC):
+        raise DataError(f"`mcmc` must be a NumPyro `MCMC` (see `make_mcmc`), not `{type(mcmc)}`.")
+    check_regression_data((x, y, prior))
     with library_numerics():
         mcmc.run(key, x, y, prior, extra_fields=("diverging", "num_steps", "mean_accept_prob"))
         samples = mcmc.get_samples(group_by_chain=True)

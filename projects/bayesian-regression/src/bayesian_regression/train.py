@@ -22,6 +22,7 @@ import numpy as np
 
 from bayesian_regression import data, hmc, model, vi
 from bayesian_regression.config import Config
+from bayesian_regression.data import DataError, check_array, check_count
 
 
 class Problem(NamedTuple):
@@ -58,7 +59,11 @@ def batch_means(values, num_batches: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """Mean and its Monte-Carlo standard error by batch means.
 
     `values`: shape `(chains, n, ...)`. Returns `(mean, mcse)`, each of shape `(...)`."""
+    num_batches = check_count(num_batches, "num_batches", minimum=2)
+    check_array(values, "values")
     values = np.asarray(values, dtype=np.float64)
+    if values.ndim < 2:
+        raise DataError(f"`values` must have shape `(chains, n, ...)`, not `{values.shape}`.")
     chains, n = values.shape[:2]
     size = n // num_batches
     if size < 2:
@@ -76,9 +81,10 @@ def moment_zscores(positions, moments: model.Moments, num_batches: int = 4) -> d
     """z-scores of the sample means and covariances of `positions` `(chains, n, k)`
     against the exact moments. Covariances use the exact mean, so that each is
     the plain average of `(theta_i - mu_i)(theta_j - mu_j)`."""
-    positions = np.asarray(positions, dtype=np.float64)
-    mu = np.asarray(moments.theta_mean, np.float64)
-    cov = np.asarray(moments.theta_cov, np.float64)
+    mu = np.asarray(check_array(moments.theta_mean, "moments.theta_mean", ndim=1), np.float64)
+    k = mu.shape[0]
+    cov = np.asarray(check_array(moments.theta_cov, "moments.theta_cov", shape=(k, k)), np.float64)
+    positions = np.asarray(check_array(positions, "positions", shape=(None, None, k)), np.float64)
     mean, mean_se = batch_means(positions, num_batches)
     centred = positions - mu
     products = centred[..., :, None] * centred[..., None, :]

@@ -21,6 +21,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bayesian_regression.data import DataError, check_array, check_count, check_number
+from bayesian_regression.hmc import check_target
+
 Family = Literal["meanfield", "fullrank"]
 LOG_2PI = 1.8378770664093453
 
@@ -48,7 +51,19 @@ def init_params(dim: int, family: Family) -> VIParams:
         return VIParams(jnp.zeros((dim,)), jnp.full((dim,), log_scale))
     if family == "fullrank":
         return VIParams(jnp.zeros((dim,)), log_scale * jnp.eye(dim))
-    raise ValueError(f"Unknown VI family `{family}`; use `meanfield` or `fullrank`.")
+    raise ValueError(f"Unknown VI `family` `{family!r}`; use `meanfield` or `fullrank`.")
+
+
+def check_params(params, name: str = "params") -> int:
+    """Checks `VIParams` of either family (finite, matching shapes); returns `d`."""
+    if not isinstance(params, VIParams):
+        raise DataError(f"`{name}` must be `VIParams` (see `init_params`), not `{type(params)}`.")
+    dim = check_array(params.loc, f"{name}.loc", ndim=1, floating=True).shape[0]
+    if getattr(params.raw_scale, "ndim", None) == 1:
+        check_array(params.raw_scale, f"{name}.raw_scale", shape=(dim,), floating=True)
+    else:
+        check_array(params.raw_scale, f"{name}.raw_scale", shape=(dim, dim), floating=True)
+    return dim
 
 
 def scale_matrix(params: VIParams) -> jax.Array:
@@ -84,6 +99,8 @@ def elbo(
     num_mc: int,
 ) -> jax.Array:
     """Monte-Carlo ELBO with `num_mc` reparameterized draws from `q`."""
+    check_params(params)
+    check_count(num_mc, "num_mc")
     # --- exercise stage 2: Mean log density at loc + L eps, plus the entropy. ---
     eps = jax.random.normal(key, (num_mc, params.loc.shape[0]))
     theta = sample_q(params, eps)
@@ -138,8 +155,16 @@ def fit(
     learning_rate: float,
     num_mc: int,
 ) -> VIResult:
-    """Fits `q` of `family` to `logdensity_fn(theta, data)` over `theta` of shape `(dim,)`."""
+    """Fits `q` of `family` to `logdensity_fn(theta, data)` over `theta` of shape `(dim,)`.
+
+    Every setting and the target (`hmc.check_target`) are checked before anything
+    compiles; a `ValueError` names the bad one."""
+    dim = check_count(dim, "dim")
+    num_steps = check_count(num_steps, "num_steps")
+    check_number(learning_rate, "learning_rate", low=0.0, low_open=True)
+    num_mc = check_count(num_mc, "num_mc")
     init_params(dim, family)  # Validates `family` before compiling anything.
+    check_target(logdensity_fn, data, dim)
     return make_fit(logdensity_fn, dim, family, num_steps, float(learning_rate), num_mc)(key, data)
 
 

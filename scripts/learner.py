@@ -9,11 +9,14 @@ Commands:
       write the starter (default `learn/<id>/`); `--keep` leaves those
       stages' regions written (used by the progression check)
   python scripts/learner.py check [<id> ...] [--jobs N]
-      the progression check (default: the projects in learning_checked.txt): the starter fails
-      stage 1 with the stage-1 message; with stages <= k written, stage k
-      passes and stage k+1 fails with its own message (one pytest run for
-      both); fully written, every source equals the reference. Exit 1 on any
-      broken step.
+      the progression check (default: the projects in learning_checked.txt),
+      one pytest run per written state, forked from a warm server: the
+      starter fails stage 1 with the stage-1 message; with stages <= k
+      written, every stage-k test passes (none by swallowing a stripped
+      region's error) and stage k+1's first test fails with its own message;
+      fully written, every source equals the reference and every test file
+      passes. These runs are also each project's suite in `make test`. Exit 1
+      on any broken step.
   python scripts/learner.py publish --out DIR
       every ready project's starter as a folder under DIR (`catalog-compile`
       puts the same starter, zipped, on the site: `site/learn/<id>.zip`)
@@ -59,6 +62,8 @@ class Progression:
     problems: list[str] = field(default_factory=list)
     # Per stage (or `extra: <file>`), the stage tests' results over the runs.
     rows: dict[str, Counts] = field(default_factory=dict)
+    # What the reference run's bad-input suite tried (`evidence/bad_input.json`).
+    bad_input: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -168,6 +173,9 @@ def stage_run_job(project: Path, k: int, result: Progression, work: Path, cache:
                 extra_args=(f"--junitxml={xml}",),
                 stripped_report=swallowed,
             )
+            bad_input = copy / "evidence" / "bad_input.json"
+            if failing is None and bad_input.is_file():
+                result.bad_input = json.loads(bad_input.read_text(encoding="utf-8"))
         finally:
             shutil.rmtree(copy, ignore_errors=True)
         if done.code == WRONG_IMPORT:

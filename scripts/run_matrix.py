@@ -302,6 +302,15 @@ def main(argv: list[str]) -> int:
             ]
     print_table(all_rows, codes)
     print_parts(done)
+    if progressions:
+        tried = {r.project: r.bad_input for r in progressions if r.bad_input}
+        missing = sorted(r.project for r in progressions if not r.bad_input)
+        print(
+            f"bad-input suites: {sum(b.get('cases', 0) for b in tried.values())} damaged inputs "
+            f"over {len(tried)} projects, "
+            f"{sum(b.get('tracebacks', 0) for b in tried.values())} tracebacks"
+            + (f"; no evidence/bad_input.json from {', '.join(missing)}" if missing else "")
+        )
     passed = sum(r.passed for r in all_rows)
     failed = sum(r.failed for r in all_rows)
     skipped = sum(r.skipped for r in all_rows)

@@ -5,10 +5,10 @@ check (`seeded_bugs.py`): both change a project's source in a throw-away copy
 and run some of its stage tests there, never touching the real folder.
 
 A copy is importable in place of the installed project: the runs put the
-copy's `src/` first on `PYTHONPATH`, ahead of the editable install, and
-`imports_from_copy` proves it before any verdict is trusted. Every run uses
-one JAX compilation cache shared by all runs of the check, so a program that
-several runs compile is compiled once.
+copy's `src/` first on `sys.path` and `PYTHONPATH`, ahead of the editable
+install, and each run proves it before its verdict is trusted (a warm run
+exits `WRONG_IMPORT` otherwise). Every run uses one JAX compilation cache
+shared by all runs, so a program that several runs compile is compiled once.
 """
 
 from __future__ import annotations
@@ -162,15 +162,3 @@ def run_pytest(
         code = TIMED_OUT
         output = f"timed out after {timeout:.0f} s\n{exc.stdout or ''}"
     return Run(code, output, time.perf_counter() - start)
-
-
-def imports_from_copy(copy: Path, package: str, cache_dir: Path) -> bool:
-    """Whether Python, with the run environment, imports ``package`` from ``copy``."""
-    done = subprocess.run(
-        [sys.executable, "-c", f"import {package}; print({package}.__file__)"],
-        cwd=copy,
-        env=run_env(copy, cache_dir),
-        capture_output=True,
-        text=True,
-    )
-    return done.returncode == 0 and Path(done.stdout.strip()).is_relative_to(copy / "src")

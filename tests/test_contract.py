@@ -4,8 +4,9 @@ folder under `projects/`.
 Every folder carries a valid manifest; a `ready` project is a standalone
 package: its own pinned pyproject with a console script named after the
 project and a `test` extra, a README with a stage table naming every stage's
-test file, every declared test file on disk, the shared module layout, and no
-import of another project or of the compiler.
+test file, every declared test file on disk, the shared module layout, a
+bad-input suite over its command line, and no import of another project or
+of the compiler.
 """
 
 from __future__ import annotations
@@ -98,6 +99,17 @@ def test_ready_project_has_the_shared_layout(project: Path):
         present.add("data.py")
     missing = [m for m in SHARED_MODULES if m not in present]
     assert not missing, f"{project.name} lacks the shared modules {missing}"
+
+
+@pytest.mark.parametrize("project", READY, ids=lambda p: p.name)
+def test_ready_project_has_a_bad_input_suite_over_its_cli(project: Path):
+    """Every command refuses damaged input in one line, never a traceback: the
+    suite `tests/test_bad_input.py` drives the project's click group and counts
+    its cases in `evidence/bad_input.json` (the matrix adds them up)."""
+    suite = project / "tests" / "test_bad_input.py"
+    assert suite.is_file(), f"{project.name} has no tests/test_bad_input.py"
+    text = suite.read_text(encoding="utf-8")
+    assert "CliRunner" in text and "bad_input.json" in text and "hypothesis" in text
 
 
 @pytest.mark.parametrize("project", READY, ids=lambda p: p.name)

@@ -314,3 +314,85 @@ def test_policy_is_part_of_what_is_signed(state, evidence):
         None,
         True,
     )
+
+
+def _perturbed(value):
+    """`value` with one leaf changed (a JSON value of the same shape)."""
+    if isinstance(value, dict):
+        key = sorted(value)[0]
+        return {**value, key: _perturbed(value[key])}
+    if isinstance(value, list):
+        return [_perturbed(value[0]), *value[1:]] if value else [0]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1
+    if isinstance(value, str):
+        return value[:-1] + ("0" if value[-1:] != "0" else "1")
+    return 0
+
+
+def _tamperings(obj_dir):
+    """`(label, file, tampered bytes)`: one field of one file changed at a time, for
+    every file of a stored object: each JSON file field by field, each leaf file's
+    magic line, header fields and array bytes."""
+    from engineering_release import checkpoint
+    from engineering_release.config import canonical_json
+
+    for path in sorted(p for p in obj_dir.rglob("*") if p.is_file()):
+        raw = path.read_bytes()
+        if raw.startswith(checkpoint.MAGIC):
+            end = raw.index(b"\n", len(checkpoint.MAGIC))
+            header = json.loads(raw[len(checkpoint.MAGIC) : end])
+            yield f"{path.name}: magic", path, b"ERLEAF2\n" + raw[len(checkpoint.MAGIC) :]
+            for name in sorted(header):
+                changed = canonical_json({**header, name: _perturbed(header[name])})
+                yield f"{path.name}: {name}", path, checkpoint.MAGIC + changed + raw[end:]
+            payload = bytearray(raw)
+            payload[end + 1] ^= 0x01
+            yield f"{path.name}: array bytes", path, bytes(payload)
+        else:
+            document = json.loads(raw)
+            for name in sorted(document):
+                changed = {**document, name: _perturbed(document[name])}
+                yield f"{path.name}: {name}", path, canonical_json(changed) + b"\n"
+
+
+def test_approve_refuses_tampered_objects_field_by_field(state, evidence):
+    from click.testing import CliRunner
+
+    from engineering_release.cli import main
+
+    state, models = state
+    _, pem = signing.generate_key(state.keys, "alice")
+    eval_a, _ = evaluation.evaluate(state.store, models[0], state.policy())
+    args = ["--root", str(state.root), "approve", models[0], eval_a, "--key", str(pem)]
+    refused, kinds = {}, {"model": models[0], "evaluation": eval_a}
+    for kind, object_id in kinds.items():
+        for label, path, tampered in _tamperings(state.store.objects / object_id):
+            original = path.read_bytes()
+            assert tampered != original, label
+            path.chmod(0o644)
+            path.write_bytes(tampered)
+            try:
+                result = CliRunner().invoke(main, args)
+            finally:
+                path.write_bytes(original)
+                path.chmod(0o444)
+            refused[f"{kind} {label}"] = (
+                result.exit_code in (1, 2)
+                and f"Object `{object_id[:12]}` is tampered" in result.output
+                and (result.exception is None or isinstance(result.exception, SystemExit))
+            )
+            assert not state.ledger_path.exists(), f"{kind} {label}: an entry was appended"
+    # The negative control: the same command on the untouched objects approves.
+    result = CliRunner().invoke(main, args)
+    approved = result.exit_code == 0 and len(state.entries()) == 1
+    fields = {kind: sum(k.startswith(kind) for k in refused) for kind in kinds}
+    assert evidence.record(
+        "approve refuses every tampered field of the objects it binds",
+        "model: magic, header fields, array bytes of each leaf; manifest and report fields",
+        {"refused": refused, "fields": fields, "untouched_approved": approved},
+        None,
+        all(refused.values()) and approved and fields["model"] > 20 and fields["evaluation"] >= 8,
+    ), [k for k, ok in refused.items() if not ok]

@@ -84,11 +84,43 @@ def leaf_bytes(path: str, array: np.ndarray) -> bytes:
     return MAGIC + header + b"\n" + array.tobytes()
 
 
-def parse_leaf(raw: bytes) -> tuple[str, np.ndarray]:
-    end = raw.index(b"\n", len(MAGIC))
-    header = __import__("json").loads(raw[len(MAGIC) : end])
-    array = np.frombuffer(raw[end + 1 :], dtype=np.dtype(header["dtype"]))
-    return header["path"], array.reshape(header["shape"])
+LEAF_DTYPES = ("<f2", "<f4", "<f8", "<i4", "<i8", "|i1", "|u1")
+
+
+def parse_leaf(raw: bytes, name: str = "leaf") -> tuple[str, np.ndarray]:
+    """`(path, array)` of one leaf file's bytes; `ArtifactError` naming the file
+    `name` and what is wrong when the header or the payload does not fit."""
+    import json
+
+    end = raw.find(b"\n", len(MAGIC))
+    if not raw.startswith(MAGIC) or end < 0:
+        raise ArtifactError(f"`{name}` is not a leaf file (magic line and header line).")
+    try:
+        header = json.loads(raw[len(MAGIC) : end])
+    except (ValueError, RecursionError):
+        raise ArtifactError(f"The header of leaf file `{name}` is not JSON.") from None
+    if not isinstance(header, dict) or sorted(header) != ["dtype", "path", "shape"]:
+        raise ArtifactError(f"The header of `{name}` must hold exactly `dtype`, `path`, `shape`.")
+    if header["dtype"] not in LEAF_DTYPES:
+        raise ArtifactError(
+            f"Leaf `{name}` has dtype `{header['dtype']}`, not one of {list(LEAF_DTYPES)}."
+        )
+    shape = header["shape"]
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise ArtifactError(f"Leaf `{name}` has shape `{shape}`, not a list of sizes.")
+    if not isinstance(header["path"], str) or not header["path"]:
+        raise ArtifactError(f"Leaf `{name}` has path `{header['path']}`, not a name.")
+    dtype = np.dtype(header["dtype"])
+    payload = raw[end + 1 :]
+    if len(payload) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+        raise ArtifactError(
+            f"Leaf `{name}` ({header['path']}) holds {len(payload)} bytes, but "
+            f"{header['dtype']}{shape} needs {int(np.prod(shape)) * dtype.itemsize}."
+        )
+    array = np.frombuffer(payload, dtype=dtype).reshape(shape)
+    if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+        raise ArtifactError(f"Leaf `{name}` ({header['path']}) holds NaN or infinite values.")
+    return header["path"], array
 
 
 def write_artifact(
@@ -132,19 +164,30 @@ def read_artifact(directory: str | Path) -> Artifact:
     import json
 
     directory = Path(directory)
+    if not directory.is_dir():
+        raise ArtifactError(f"`{directory}` is not a model directory.")
     manifest, leaves = None, {}
     for file in sorted(p for p in directory.rglob("*") if p.is_file()):
         raw = file.read_bytes()
         if raw.startswith(MAGIC):
-            path, array = parse_leaf(raw)
+            path, array = parse_leaf(raw, file.name)
+            if path in leaves:
+                raise ArtifactError(f"Two leaf files hold `{path}`; `{file.name}` is one.")
             leaves[path] = array
             continue
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ArtifactError(f"`{file.name}` is neither a leaf nor a manifest.") from None
         if not isinstance(value, dict) or value.get("format") != FORMAT:
             raise ArtifactError(f"`{file.name}` is not a `{FORMAT}` manifest.")
+        if manifest is not None:
+            raise ArtifactError(f"`{directory}` holds two manifests; `{file.name}` is one.")
+        for name, kind in (("architecture", dict), ("training", dict), ("leaves", list)):
+            if not isinstance(value.get(name), kind):
+                raise ArtifactError(
+                    f"The manifest `{file.name}` lacks `{name}` (a JSON {kind.__name__})."
+                )
         manifest = value
     if manifest is None:
         raise ArtifactError(f"`{directory}` holds no `{FORMAT}` manifest.")
@@ -152,8 +195,17 @@ def read_artifact(directory: str | Path) -> Artifact:
         raise ArtifactError(
             f"The manifest lists leaves {manifest['leaves']}, the files hold {sorted(leaves)}."
         )
+    if GOLDEN_INPUTS not in leaves or GOLDEN_LOGITS not in leaves:
+        golden = [GOLDEN_INPUTS, GOLDEN_LOGITS]
+        raise ArtifactError(f"`{directory}` lacks the golden leaves {golden}.")
     golden_inputs = leaves.pop(GOLDEN_INPUTS)
     golden_logits = leaves.pop(GOLDEN_LOGITS)
+    n = golden_inputs.shape[0] if golden_inputs.ndim == 2 else -1
+    if n < 1 or golden_inputs.shape[1] != 64 or golden_logits.shape != (n, 10):
+        raise ArtifactError(
+            f"The golden leaves are {list(golden_inputs.shape)} inputs and "
+            f"{list(golden_logits.shape)} logits; they must be [n, 64] and [n, 10], n >= 1."
+        )
     return Artifact(manifest, leaves, golden_inputs, golden_logits)
 
 
@@ -174,6 +226,9 @@ def load_model(directory: str | Path) -> LoadedModel:
     arch = artifact.manifest["architecture"]
     if arch.get("kind") != "mlp":
         raise ArtifactError(f"Unknown architecture `{arch.get('kind')}`.")
+    hidden = arch.get("hidden")
+    if type(hidden) is not int or not 1 <= hidden <= 1024:
+        raise ArtifactError(f"The architecture's `hidden` is `{hidden}`, not a width 1..1024.")
     abstract = nnx.eval_shape(lambda: MLP(int(arch["hidden"]), rngs=nnx.Rngs(0)))
     graphdef, like = nnx.split(abstract, nnx.Param)
     return LoadedModel(graphdef, unflatten(like, artifact.params), artifact)

@@ -12,14 +12,18 @@
     engineering-release set-policy FILE
     engineering-release bench [--out FILE.json]
 
-State lives under `--root` (default `runs/release`). Every command first
+State lives under `--root` (default `runs/release`, made absolute at once).
+Every command but `serve` and `bench` holds the state's lock (see `durable`)
+for its whole run, so commands on one state run one at a time, and first
 finishes what a killed command left (see `release.recover`). Exit codes: 0
 done, 1 refused or verification failed (the reason is printed; nothing
-changed), 2 bad input (a value that names nothing, a malformed file).
+changed), 2 bad input (a value that names nothing, a malformed file). Bad
+input is refused before anything is written.
 """
 
 import json
 import logging
+import math
 import signal
 import sys
 import tempfile
@@ -28,7 +32,13 @@ from pathlib import Path
 
 import click
 
-from engineering_release.config import ConfigError, TrainConfig, load_policy, load_train_config
+from engineering_release.config import (
+    ConfigError,
+    TrainConfig,
+    load_policy,
+    load_train_config,
+    shown,
+)
 
 DEFAULT_KEY = "release-manager"
 
@@ -52,31 +62,51 @@ def _quiet_mlflow() -> None:
 
 
 def _state(ctx: click.Context):
+    """The release state, locked for the rest of the command, after recovery.
+    (Call inside `_errors()`: a state that cannot be read raises its own error.)"""
     from engineering_release import release
 
     state = release.State(ctx.obj["root"])
     _quiet_mlflow()
-    try:
-        for line in release.recover(state):
-            click.echo(f"recovered: {line}", err=True)
-    except Exception as err:  # noqa: BLE001 - a record that cannot be read at all.
-        raise Refused(f"Cannot open the release state at `{state.root}`: {err}") from None
+    ctx.with_resource(
+        state.lock(
+            on_wait=lambda: click.echo(
+                f"waiting for another command on `{state.root}` to finish ...", err=True
+            )
+        )
+    )
+    for line in release.recover(state):
+        click.echo(f"recovered: {line}", err=True)
     return state
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value):
+    """A click callback: refuses NaN and infinity (click's ranges let NaN through)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number.", ctx=ctx, param=param)
+    return value
 
 
 def _errors():
     """Maps the package's refusals to exit codes (as a context manager)."""
     from contextlib import contextmanager
 
-    from engineering_release import evaluation, gates, ledger, registry, release, signing, store
+    from engineering_release import (
+        checkpoint,
+        evaluation,
+        gates,
+        ledger,
+        registry,
+        release,
+        signing,
+        store,
+    )
 
     @contextmanager
     def mapping():
         try:
             yield
-        except store.StoreError as err:
-            raise BadInput(str(err)) from None
-        except ConfigError as err:
+        except (store.StoreError, ConfigError, release.StateError, checkpoint.ArtifactError) as err:
             raise BadInput(str(err)) from None
         except (
             release.ReleaseRefused,
@@ -104,7 +134,7 @@ def _errors():
 def main(ctx: click.Context, root: str) -> None:
     """Releases bound to immutable model and evaluation identities, with gates that
     keep the previous release serving."""
-    ctx.obj = {"root": Path(root)}
+    ctx.obj = {"root": Path(root).resolve()}
 
 
 @main.command()
@@ -159,7 +189,11 @@ def evaluate(ctx: click.Context, model_id: str) -> None:
 @main.command()
 @click.argument("name")
 @click.option(
-    "--valid-days", type=click.FloatRange(min=0.0, min_open=True), default=365.0, show_default=True
+    "--valid-days",
+    type=click.FloatRange(min=0.0, max=36_500.0, min_open=True),
+    default=365.0,
+    show_default=True,
+    callback=_finite,
 )
 @click.option("--untrusted", is_flag=True, help="Do not add the key to the keyring.")
 @click.pass_context
@@ -167,12 +201,16 @@ def keygen(ctx: click.Context, name: str, valid_days: float, untrusted: bool) ->
     """Create an Ed25519 signing key NAME (and trust it, unless --untrusted)."""
     from engineering_release import signing
 
-    if not name.replace("-", "").replace("_", "").isalnum():
-        raise BadInput(f"Key name `{name}` must be letters, digits, `-` and `_` only.")
+    if not name.replace("-", "").replace("_", "").isalnum() or not name.isascii():
+        raise BadInput(f"Key name `{shown(name)}` must be ASCII letters, digits, `-` and `_` only.")
     with _errors():
-        kid, path = signing.generate_key(
-            ctx.obj["root"] / "keys", name, valid_days=valid_days, trust=not untrusted
-        )
+        from engineering_release import release
+
+        state = release.State(ctx.obj["root"])
+        with state.lock():
+            kid, path = signing.generate_key(
+                state.keys, name, valid_days=valid_days, trust=not untrusted
+            )
     click.echo(f"key {kid} at {path}" + ("" if not untrusted else " (not trusted)"))
 
 
@@ -191,6 +229,8 @@ def approve(
     ctx: click.Context, model_id: str, evaluation_id: str, key_path: str | None, signer: str | None
 ) -> None:
     """Verify EVALUATION_ID for MODEL_ID, sign the approval, append it to the log."""
+    if key_path is not None and not Path(key_path).is_file():
+        raise BadInput(f"No key file at `{shown(key_path)}`.")
     with _errors():
         state = _state(ctx)
         from engineering_release import release, signing
@@ -198,12 +238,13 @@ def approve(
         if key_path is None:
             key_path = state.keys / f"{DEFAULT_KEY}.pem"
             if not Path(key_path).exists():
+                # Every check before this first write: the default key is created only
+                # for a command that will sign.
+                model_id, evaluation_id = release.check_approvable(state, model_id, evaluation_id)
                 kid, _ = signing.generate_key(state.keys, DEFAULT_KEY)
                 click.echo(
                     f"created signing key {kid} ({DEFAULT_KEY}), trusted for 365 days", err=True
                 )
-        elif not Path(key_path).is_file():
-            raise BadInput(f"No key file at `{key_path}`.")
         entry = release.approve(
             state, model_id, evaluation_id, Path(key_path), signer or Path(key_path).stem
         )
@@ -223,9 +264,10 @@ def _outcome(outcome) -> None:
 @click.argument("model_id")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=click.FloatRange(min=0.1, max=3600.0),
     default=120.0,
     show_default=True,
+    callback=_finite,
     help="Seconds a candidate may take to become ready.",
 )
 @click.pass_context
@@ -240,7 +282,13 @@ def release(ctx: click.Context, model_id: str, timeout: float) -> None:
 
 @main.command()
 @click.option("--to", default=None, help="Hash (prefix >= 8) of the release entry to return to.")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=120.0, show_default=True)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1, max=3600.0),
+    default=120.0,
+    show_default=True,
+    callback=_finite,
+)
 @click.pass_context
 def rollback(ctx: click.Context, to: str | None, timeout: float) -> None:
     """Return to an earlier release (default: the previous) with a new log entry."""
@@ -283,14 +331,14 @@ def verify(ctx: click.Context) -> None:
         start = time.perf_counter()
         problems = release.verify(state)
         elapsed = time.perf_counter() - start
-    entries = len(state.entries())
+        entries = len(state.entries())
+        objects = len(state.store.ids())
     if problems:
         for line in problems:
             click.echo(f"problem: {line}", err=True)
         raise Refused(f"{len(problems)} problem(s) in {entries} log entries.")
     click.echo(
-        f"verified: {entries} log entries, {len(state.store.ids())} objects, "
-        f"registry agrees ({elapsed:.3f} s)"
+        f"verified: {entries} log entries, {objects} objects, registry agrees ({elapsed:.3f} s)"
     )
 
 
@@ -308,7 +356,10 @@ def serve(ctx: click.Context, port: int) -> None:
     from engineering_release.serve import Host
 
     root = Path(ctx.obj["root"])
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BadInput(f"Cannot use `{root}` as the release state: {err.strerror}.") from None
     host = Host(root, port=port).start(host_file=root / "host.json")
     click.echo(
         f"serving host on http://127.0.0.1:{host.port} (follows {root / 'ledger.jsonl'})", err=True
@@ -345,6 +396,14 @@ def set_policy(ctx: click.Context, path: str) -> None:
 @click.option("--verify-entries", type=click.IntRange(2, 10_000), default=100, show_default=True)
 def bench(out: str, switches: int, clients: int, verify_entries: int) -> None:
     """Failed requests and p99 latency during switches vs steady state; verify time."""
+    target = Path(out).resolve()
+    if target.suffix != ".json":
+        raise BadInput(f"`--out {out}` must name a `.json` file (the plot goes beside it).")
+    ancestor = target.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise BadInput(f"`--out {out}`: `{ancestor}` is a file, not a directory.")
     _quiet_mlflow()
     from engineering_release.bench import run_bench
 

@@ -31,11 +31,25 @@ def canonical_json(value: object) -> bytes:
     ).encode("utf-8")
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """`value` as it may appear inside a one-line message: printable text as it is,
+    anything else (newlines, control characters) escaped, and long text cut."""
+    text = str(value)
+    if not text.isprintable():
+        text = ascii(text)[1:-1]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class _Frozen(BaseModel):
     # frozen: a config is a value. extra="forbid": a misspelt key is an error.
-    # strict: `"0.1"` is not a float. The docstring under each field describes it.
+    # strict: `"0.1"` is not a float. allow_inf_nan=False: NaN and infinity are refused
+    # by name. The docstring under each field describes it.
     model_config = ConfigDict(
-        frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        use_attribute_docstrings=True,
     )
 
     def to_dict(self) -> dict:
@@ -126,21 +140,37 @@ class Policy(_Frozen):
         return self
 
 
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _load(cls: type[_Frozen], path: str | Path) -> _Frozen:
+    """Reads and validates a `cls` JSON file; one `ConfigError` line naming the file
+    and every bad field (its value and what is wrong) otherwise."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Invalid {cls.__name__} file `{path}`: not UTF-8 text (byte {err.start})."
+        ) from None
     try:
         return cls.model_validate_json(text)
     except pydantic.ValidationError as err:
-        lines = [f"Invalid {cls.__name__} file `{path}`:"]
+        problems = []
         for item in err.errors(include_url=False):
             field = ".".join(str(p) for p in item["loc"]) or "(file)"
             message = item["msg"].removeprefix("Value error, ")
-            lines.append(f"- `{field}` (value `{item.get('input')}`): {message}.")
-        raise ConfigError("\n".join(lines)) from None
+            if item["type"] == "json_invalid":
+                problems.append(f"not JSON ({message})")
+            else:
+                problems.append(f"`{field}` (value `{_short(item.get('input'))}`): {message}")
+        raise ConfigError(
+            f"Invalid {cls.__name__} file `{path}`: " + "; ".join(problems) + "."
+        ) from None
 
 
 def load_train_config(path: str | Path) -> TrainConfig:

@@ -54,11 +54,21 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-@functools.cache
 def split_ids(split_seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """`(train_ids, heldout_ids)`: each class permuted by its own key, the first
     `round(test_fraction * class size)` held out. Sorted int32, disjoint, covering
-    every sample. Cached (read-only arrays): verification asks for it often."""
+    every sample. Cached (read-only arrays): verification asks for it often.
+    Raises `ValueError` naming the argument for a seed outside `0 <= seed < 2**32`
+    or a fraction outside `0 < test_fraction < 0.5`."""
+    if type(split_seed) is not int or not 0 <= split_seed < 2**32:
+        raise ValueError(f"`split_seed` is `{split_seed!r}`, not an integer in [0, 2**32).")
+    if type(test_fraction) not in (int, float) or not 0 < test_fraction < 0.5:
+        raise ValueError(f"`test_fraction` is `{test_fraction!r}`, not a number in (0, 0.5).")
+    return _split_ids(split_seed, float(test_fraction))
+
+
+@functools.cache
+def _split_ids(split_seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     _, labels = _digits()
     train, heldout = [], []
     keys = jax.random.split(jax.random.key(split_seed), NUM_CLASSES)

@@ -42,7 +42,10 @@ def metrics_from_predictions(predictions: np.ndarray, labels: np.ndarray) -> dic
 
     `predictions`, `labels`: int `(n,)`. Counts are integers; rates are
     `correct / count` in float64, so a recomputation gives the same bits.
+    Raises `ValueError` naming the argument when either is not `n >= 1` class
+    ids `0..9`, or when a class has no label (its recall would be undefined).
     """
+    _check_class_ids(predictions, labels)
     # --- exercise stage 2: Count the confusion matrix, then accuracy and per-class recall. ---
     predictions = np.asarray(predictions, np.int64)
     labels = np.asarray(labels, np.int64)
@@ -61,6 +64,52 @@ def metrics_from_predictions(predictions: np.ndarray, labels: np.ndarray) -> dic
         "confusion": confusion.tolist(),
     }
     # --- end exercise ---
+
+
+def _class_ids(name: str, values: object) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"`{name}` must be a non-empty 1-D array, not shape {list(array.shape)}.")
+    if array.dtype.kind not in "iu":
+        raise ValueError(f"`{name}` must hold integer class ids, not dtype {array.dtype}.")
+    if array.min() < 0 or array.max() >= data.NUM_CLASSES:
+        raise ValueError(
+            f"`{name}` holds class id {int(array.min() if array.min() < 0 else array.max())}, "
+            f"outside 0..{data.NUM_CLASSES - 1}."
+        )
+    return array
+
+
+def _check_class_ids(predictions: object, labels: object) -> None:
+    predictions, labels = _class_ids("predictions", predictions), _class_ids("labels", labels)
+    if predictions.shape != labels.shape:
+        raise ValueError(
+            f"`predictions` has {predictions.size} entries, `labels` {labels.size}: they pair up."
+        )
+    absent = sorted(set(range(data.NUM_CLASSES)) - set(labels.tolist()))
+    if absent:
+        raise ValueError(f"`labels` has no example of class(es) {absent}: recall is undefined.")
+
+
+def _check_report_fields(report: object) -> None:
+    """Refuses a report whose fields are missing or of the wrong type, naming the field
+    (the values are for `verify_report` to judge)."""
+    if not isinstance(report, dict):
+        raise EvaluationMismatch(f"A report is a JSON object, not a {type(report).__name__}.")
+    kinds = {"model_id": str, "data": dict, "metrics": dict, "ids": list, "predictions": list}
+    for name, kind in kinds.items():
+        if not isinstance(report.get(name), kind):
+            raise EvaluationMismatch(
+                f"The report's `{name}` is missing or not a JSON {kind.__name__}."
+            )
+    for name in ("ids", "predictions"):
+        if not all(type(v) is int for v in report[name]):
+            raise EvaluationMismatch(f"The report's `{name}` holds a value that is not an integer.")
+    bad = [p for p in report["predictions"] if not 0 <= p < data.NUM_CLASSES]
+    if bad:
+        raise EvaluationMismatch(
+            f"The report's `predictions` hold class id {bad[0]}, outside 0..{data.NUM_CLASSES - 1}."
+        )
 
 
 def source_sha256() -> str:
@@ -161,8 +210,13 @@ def load_report(store: Store, evaluation_id: str) -> dict:
     path = store.get(evaluation_id) / REPORT_FILE
     if not path.is_file():
         raise EvaluationMismatch(f"Object `{evaluation_id[:12]}` is not an evaluation report.")
-    report = json.loads(path.read_text())
-    if report.get("format") != FORMAT:
+    try:
+        report = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise EvaluationMismatch(
+            f"Object `{evaluation_id[:12]}` holds an `{REPORT_FILE}` that is not UTF-8 JSON."
+        ) from None
+    if not isinstance(report, dict) or report.get("format") != FORMAT:
         raise EvaluationMismatch(f"Object `{evaluation_id[:12]}` is not a `{FORMAT}` report.")
     return report
 
@@ -189,6 +243,7 @@ def verify_report(
     the first difference. With `model_dir`, re-runs the model and compares the
     predictions too."""
     examples = data.heldout_set(policy.split_seed, policy.test_fraction)
+    _check_report_fields(report)
     # --- exercise stage 2: Check model and data, then recompute and compare every metric. ---
     if report.get("model_id") != model_id:
         raise EvaluationMismatch(

@@ -18,7 +18,11 @@ A rollback is a new entry pointing at a release that happened, never a deletion.
 
 `append` rewrites the whole file through a scratch file and one atomic
 rename, so after a crash the log is the old one or the new one, never a torn
-line.
+line. It holds the state's lock (`durable.locked` on `lock` next to the log)
+from reading the log to the rename, so two writers never both extend the
+same log, and it returns only after the file and its directory are synced.
+`read` refuses a line that is not a well-formed entry, naming the line and
+the field, so that no later step meets a malformed entry.
 """
 
 import hashlib
@@ -27,7 +31,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from engineering_release.config import canonical_json
+from engineering_release import durable
+from engineering_release.config import canonical_json, shown
 
 GENESIS = "0" * 64
 KINDS = ("approve", "release", "rollback")
@@ -84,19 +89,87 @@ def verify_chain(entries: list[dict]) -> list[str]:
     return problems
 
 
+_APPROVAL_TEXT = ("model_id", "evaluation_id", "policy_sha256", "key_id", "signer", "signed_at")
+_BODY_TEXT = {"approve": (), "release": ("model_id", "approval"), "rollback": ("model_id", "to")}
+
+
+def entry_problem(entry: object) -> str | None:
+    """What makes `entry` not a well-formed log entry (types and fields only; the
+    chain and the references are checked by `verify_chain` and `check_references`)."""
+    if not isinstance(entry, dict):
+        return f"is JSON of type `{type(entry).__name__}`, not an entry object"
+    missing = [k for k in ("seq", "kind", "prev", "body", "hash") if k not in entry]
+    if missing:
+        return f"lacks the field(s) {missing}"
+    unknown = sorted(set(entry) - {"seq", "kind", "prev", "body", "hash"})
+    if unknown:
+        return f"has unknown field(s) {unknown}"
+    if type(entry["seq"]) is not int or entry["seq"] < 0:
+        return f"has `seq` `{entry['seq']!r}`, not a count"
+    if entry["kind"] not in KINDS:
+        return f"has `kind` `{entry['kind']!r}`, not one of {list(KINDS)}"
+    for name in ("prev", "hash"):
+        if not isinstance(entry[name], str):
+            return f"has a `{name}` that is not text"
+    body = entry["body"]
+    if not isinstance(body, dict):
+        return "has a `body` that is not an object"
+    for name in _BODY_TEXT[entry["kind"]]:
+        if not isinstance(body.get(name), str):
+            return f"has a body without the text field `{name}`"
+    if entry["kind"] == "approve":
+        approval = body.get("approval")
+        if not isinstance(approval, dict):
+            return "has a body without the object `approval`"
+        for name in (*_APPROVAL_TEXT, "signature"):
+            if not isinstance(approval.get(name), str):
+                return f"has an approval without the text field `{name}`"
+        if not isinstance(approval.get("policy"), dict):
+            return "has an approval without the object `policy`"
+    else:
+        if not isinstance(body.get("approval"), str):
+            return "has a body without the text field `approval`"
+        previous = body.get("previous_model_id", 0)
+        if previous is not None and not isinstance(previous, str):
+            return "has a body without `previous_model_id` (text, or null for none)"
+    return None
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"`{name}` is not a JSON number")
+
+
 def read(path: str | Path) -> list[dict]:
-    """The entries of the log at `path` (none if the file does not exist)."""
+    """The entries of the log at `path` (none if the file does not exist).
+
+    Raises `LedgerError` naming the line when the file is not UTF-8 JSON lines
+    of well-formed entries."""
     path = Path(path)
-    if not path.exists():
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
         return []
+    except OSError as err:
+        raise LedgerError(f"Cannot read the log `{path}`: {err.strerror}.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise LedgerError(f"Line {line} of the log `{path}` is not UTF-8 text.") from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # The end of the last line.
     entries = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         try:
-            entry = json.loads(line)
-        except ValueError:
-            raise LedgerError(f"Line {number} of `{path.name}` is not JSON.") from None
-        if not isinstance(entry, dict) or not {"seq", "kind", "prev", "body"} <= set(entry):
-            raise LedgerError(f"Line {number} of `{path.name}` is not a log entry.")
+            entry = json.loads(line, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
+            raise LedgerError(
+                f"Line {number} of the log `{path}` is not JSON (a torn or edited line)."
+            ) from None
+        problem = entry_problem(entry)
+        if problem is not None:
+            raise LedgerError(f"Line {number} of the log `{path}` {problem}.")
         entries.append(entry)
     return entries
 
@@ -108,30 +181,35 @@ def append(
     *,
     crashpoint: Callable[[str], None] = lambda name: None,
 ) -> dict:
-    """Appends one entry atomically and returns it; refuses to extend a broken log."""
+    """Appends one entry atomically and durably and returns it, holding the state's
+    lock throughout; refuses to extend a broken log."""
     path = Path(path)
-    entries = read(path)
-    problems = verify_chain(entries)
-    if problems:
-        raise LedgerError("The log is broken; nothing appended. " + " ".join(problems))
-    check_references(entries, kind, body)
-    entry = make_entry(entries, kind, body)
-    text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in [*entries, entry])
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        crashpoint("ledger-written")
-        os.fsync(f.fileno())
-    crashpoint("ledger-synced")
-    os.replace(tmp, path)  # The commit point.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    crashpoint("ledger-committed")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with durable.locked(path.parent / durable.LOCK_FILE):
+        entries = read(path)
+        problems = verify_chain(entries)
+        if problems:
+            raise LedgerError("The log is broken; nothing appended. " + " ".join(problems))
+        check_references(entries, kind, body)
+        entry = make_entry(entries, kind, body)
+        text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in [*entries, entry])
+        tmp = scratch_path(path)
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            crashpoint("ledger-written")
+            os.fsync(f.fileno())
+        crashpoint("ledger-synced")
+        os.replace(tmp, path)  # The commit point.
+        durable.fsync_dir(path.parent)
+        crashpoint("ledger-committed")
     return entry
+
+
+def scratch_path(path: str | Path) -> Path:
+    """The scratch file `append` writes before its rename (only under the lock)."""
+    path = Path(path)
+    return path.with_name(path.name + ".tmp")
 
 
 def by_hash(entries: list[dict]) -> dict[str, dict]:
@@ -192,7 +270,7 @@ def rollback_target(entries: list[dict], to: str | None = None) -> dict:
         found = [e for e in releases if e["hash"].startswith(to.lower())] if len(to) >= 8 else []
         if len(found) != 1:
             raise LedgerError(
-                f"`{to}` names no single earlier release or rollback entry of the log."
+                f"`{shown(to)}` names no single earlier release or rollback entry of the log."
             )
         return found[0]
     previous = previous_model(entries)

@@ -33,7 +33,32 @@ def architecture(hidden_size: int) -> dict:
 
 
 def forward_numpy(params: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
-    """The logits in NumPy float64 from the flat parameter dict (`hidden/kernel`, ...)."""
+    """The logits in NumPy float64 from the flat parameter dict (`hidden/kernel`, ...).
+    Raises `ValueError` naming the input or parameter that does not fit."""
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] != NUM_FEATURES or x.dtype.kind not in "fiu":
+        raise ValueError(
+            f"`x` must be a non-empty numeric (n, {NUM_FEATURES}) array, not "
+            f"{x.dtype}{list(x.shape)}."
+        )
+    if not np.all(np.isfinite(x)):
+        raise ValueError("`x` holds NaN or infinite values.")
+    for name in ("hidden/kernel", "hidden/bias", "head/kernel", "head/bias"):
+        if name not in params:
+            raise ValueError(f"The parameters lack `{name}`.")
+    hidden = np.shape(params["hidden/kernel"])
+    shapes = {
+        "hidden/kernel": (NUM_FEATURES, hidden[-1] if hidden else 0),
+        "hidden/bias": (hidden[-1] if hidden else 0,),
+        "head/kernel": (hidden[-1] if hidden else 0, NUM_CLASSES),
+        "head/bias": (NUM_CLASSES,),
+    }
+    for name, shape in shapes.items():
+        if np.shape(params[name]) != shape or not np.all(np.isfinite(params[name])):
+            raise ValueError(
+                f"Parameter `{name}` is {list(np.shape(params[name]))}, not {list(shape)} of "
+                f"finite values."
+            )
     h = np.asarray(x, np.float64) / PIXEL_MAX
     h = h @ params["hidden/kernel"].astype(np.float64) + params["hidden/bias"].astype(np.float64)
     h = np.maximum(h, 0.0)

@@ -36,11 +36,27 @@ def connect(db_path: str | Path):
 
     # MLflow announces creating and migrating a new database on INFO, on every new state.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
     db_path = Path(db_path).resolve()
     db_path.parent.mkdir(parents=True, exist_ok=True)
+    if db_path.is_file() and db_path.stat().st_size == 0:
+        # SQLite would take an empty file for a new database and start a registry
+        # that has forgotten every version: refused, so a person decides.
+        raise RegistryError(
+            f"The registry `{db_path}` is an empty file, not a registry database "
+            f"(delete it to start a new, empty registry)."
+        )
     uri = f"sqlite:///{db_path}"
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    _ensure_model(client)
+    try:
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        _ensure_model(client)
+        state(client)
+    except (SQLAlchemyError, MlflowException) as err:
+        cause = getattr(err, "orig", None) or err
+        reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        raise RegistryError(f"The registry `{db_path}` cannot be used: {reason[:200]}.") from None
     return client
 
 
@@ -92,10 +108,15 @@ def _alias_model(client, alias: str) -> str | None:
 def state(client) -> dict:
     """What the registry says: the aliases' model ids and the log anchor."""
     tags = client.get_registered_model(MODEL_NAME).tags
+    length = tags.get("ledger.length", "0")
+    if not (length.isascii() and length.isdigit()):
+        raise RegistryError(
+            f"The registry's anchor `ledger.length` is `{length[:20]}`, not a count."
+        )
     return {
         CHAMPION: _alias_model(client, CHAMPION),
         PREVIOUS: _alias_model(client, PREVIOUS),
-        "ledger.length": int(tags.get("ledger.length", "0")),
+        "ledger.length": int(length),
         "ledger.head": tags.get("ledger.head", ledger.GENESIS),
     }
 
@@ -139,14 +160,22 @@ def check(client, entries: list[dict]) -> list[str]:
 def sync(client, entries: list[dict], crashpoint=lambda name: None) -> None:
     """Moves the aliases and the anchor to what the log says (idempotent).
 
-    Refuses when the log is SHORTER than the anchor: that is lost history, not
-    lag, and only a person can decide what happened.
+    Refuses when the log is SHORTER than the anchor, or when its entry at the
+    anchor's length is not the anchored head: that is lost or rewritten history,
+    not lag, and only a person can decide what happened.
     """
     actual, wanted = state(client), expected(entries)
-    if actual["ledger.length"] > len(entries):
+    length = actual["ledger.length"]
+    if length > len(entries):
         raise RegistryError(
-            f"The registry anchored {actual['ledger.length']} entries but the log holds "
+            f"The registry anchored {length} log entries, but the log holds "
             f"{len(entries)}; refusing to move aliases backwards over lost entries."
+        )
+    if length and entries[length - 1]["hash"] != actual["ledger.head"]:
+        raise RegistryError(
+            f"Log entry {length - 1} does not hash to the registry's anchor "
+            f"`{actual['ledger.head'][:12]}`: the log is not an extension of the anchored "
+            f"one; refusing to move the anchor over a changed entry."
         )
     for alias in (PREVIOUS, CHAMPION):
         model_id = wanted[alias]

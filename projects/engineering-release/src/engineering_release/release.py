@@ -9,6 +9,7 @@ State lives in one directory (default `runs/release/`):
     keys/           signing keys (`<name>.pem`) and the keyring `trusted.json`
     policy.json     the policy in force
     host.json       written by a running serving host: its port and pid
+    lock            the state's lock (`durable`): one command at a time changes the state
 
 A release: the promotion gate (signature, bound evaluation, thresholds) ->
 readiness (the serving host's candidate server, or an in-process self-test
@@ -17,6 +18,12 @@ aliases follow the log -> traffic switch. Nothing before the commit changes
 the record; everything after it is derived from the record and is redone by
 `recover` (every command runs it first), so a release killed at any moment
 ends as the old release or the new one.
+
+Every procedure here holds the state's lock (`State.lock`, reentrant) from
+its first read to its last write, so commands run one at a time on a state
+and none acts on what another is about to change; a success is reported
+only after it is on disk. A procedure that fails leaves nothing behind: a
+model or report it stored for a registration that then failed is removed.
 
 `crashpoint(name)` kills the process with SIGKILL when the environment
 variable `ENGINEERING_RELEASE_CRASH_AT` equals `name`: the tests use it to
@@ -29,8 +36,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engineering_release import evaluation, ledger, registry, signing
-from engineering_release.config import Policy, canonical_json, load_policy
+import pydantic
+
+from engineering_release import durable, evaluation, ledger, registry, signing
+from engineering_release.config import ConfigError, Policy, canonical_json, load_policy
 from engineering_release.store import Store, StoreError, TamperedObject
 
 DEFAULT_ROOT = Path("runs") / "release"
@@ -58,15 +67,31 @@ class ReleaseRefused(ValueError):
     """A command refused with its reason; nothing was changed."""
 
 
+class StateError(ValueError):
+    """A state directory that cannot be used (its path names a file, or is unwritable)."""
+
+
 @dataclass
 class State:
     root: Path
     store: Store = field(init=False)
 
     def __post_init__(self) -> None:
-        self.root = Path(self.root)
+        # Absolute: the registry records each model's source as a file URI, and a
+        # command's working directory must not change what the state means.
+        self.root = Path(self.root).resolve()
         self.store = Store(self.root / "store")
         self._client = None
+
+    def lock(self, on_wait=None):
+        """The state's exclusive lock, as a context manager (see `durable.locked`)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StateError(
+                f"Cannot use `{self.root}` as the release state: {err.strerror}."
+            ) from None
+        return durable.locked(self.root / durable.LOCK_FILE, on_wait)
 
     @property
     def ledger_path(self) -> Path:
@@ -93,8 +118,9 @@ class State:
         return load_policy(path)
 
     def set_policy(self, policy: Policy) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "policy.json").write_bytes(canonical_json(policy.to_dict()) + b"\n")
+        with self.lock():
+            text = canonical_json(policy.to_dict()) + b"\n"
+            durable.write_atomic(self.root / "policy.json", text)
 
     def entries(self) -> list[dict]:
         return ledger.read(self.ledger_path)
@@ -103,67 +129,122 @@ class State:
 def recover(state: State) -> list[str]:
     """Finishes what a killed command left: sweeps store scratch, and moves the
     registry forward to a log that is ahead of it. Returns what it did."""
-    done = []
-    swept = state.store.sweep_scratch()
-    if swept:
-        done.append(f"removed {swept} unfinished store cop{'y' if swept == 1 else 'ies'}")
-    tmp = state.ledger_path.with_name(state.ledger_path.name + ".tmp")
-    if tmp.exists():
-        tmp.unlink()
-        done.append("removed an uncommitted log write")
-    entries = state.entries()
-    if ledger.verify_chain(entries):
-        return done  # A broken log is for `verify` to report, not for recovery to touch.
-    if registry.check(state.client, entries):
-        try:
-            registry.sync(state.client, entries)
-            done.append(f"moved the registry to the log ({len(entries)} entries)")
-        except registry.RegistryError:
-            pass  # Lost entries: `verify` reports them.
-    return done
+    with state.lock():
+        done = []
+        swept = state.store.sweep_scratch()
+        if swept:
+            done.append(f"removed {swept} unfinished store cop{'y' if swept == 1 else 'ies'}")
+        tmp = ledger.scratch_path(state.ledger_path)
+        if tmp.exists():
+            tmp.unlink()
+            done.append("removed an uncommitted log write")
+        entries = state.entries()
+        if ledger.verify_chain(entries):
+            return done  # A broken log is for `verify` to report, not for recovery to touch.
+        if registry.check(state.client, entries):
+            try:
+                registry.sync(state.client, entries)
+                done.append(f"moved the registry to the log ({len(entries)} entries)")
+            except registry.RegistryError:
+                pass  # Lost or rewritten entries: `verify` reports them.
+        return done
 
 
 # REGISTER, EVALUATE, APPROVE -------------------------------------------------
 
 
+def _stored_new(state: State, object_id: str, existed: bool, store_and_record):
+    """Runs `store_and_record()`; if it fails, removes `object_id` unless it was
+    stored before (a registration that failed leaves no half state)."""
+    try:
+        return store_and_record()
+    except BaseException:
+        if not existed:
+            state.store.discard(object_id)
+        raise
+
+
 def register(state: State, model_dir: Path) -> tuple[str, str]:
-    """Stores the model directory and registers it; returns `(model_id, version)`."""
-    model_id = state.store.put(model_dir)
-    version = registry.register(state.client, model_id, (state.store.objects / model_id).as_uri())
-    return model_id, version
+    """Stores the model directory and registers it; returns `(model_id, version)`.
+    Refuses a directory that is not a readable model artifact, storing nothing."""
+    from engineering_release import checkpoint, store
+
+    try:
+        checkpoint.load_model(model_dir)
+    except (checkpoint.ArtifactError, OSError) as err:
+        raise StoreError(f"`{model_dir}` is not a model artifact: {err}") from None
+    with state.lock():
+        model_id = store.tree_digest(model_dir)
+        existed = state.store.has(model_id)
+
+        def store_and_register() -> tuple[str, str]:
+            stored = state.store.put(model_dir)
+            uri = (state.store.objects / stored).as_uri()
+            return stored, registry.register(state.client, stored, uri)
+
+        return _stored_new(state, model_id, existed, store_and_register)
 
 
 def evaluate(state: State, model_id: str) -> tuple[str, dict]:
-    model_id = state.store.resolve(model_id)
-    if registry.version_of(state.client, model_id) is None:
-        raise ReleaseRefused(f"Model `{model_id[:12]}` is in the store but not registered.")
-    evaluation_id, report = evaluation.evaluate(state.store, model_id, state.policy())
-    registry.tag_evaluation(state.client, model_id, evaluation_id)
-    return evaluation_id, report
+    """Evaluates the registered `model_id` under the policy in force, stores the
+    report and tags the registry version with it; returns `(evaluation_id, report)`."""
+    with state.lock():
+        model_id = state.store.resolve(model_id)
+        if registry.version_of(state.client, model_id) is None:
+            raise ReleaseRefused(f"Model `{model_id[:12]}` is in the store but not registered.")
+        before = set(state.store.ids())
+        evaluation_id, report = evaluation.evaluate(state.store, model_id, state.policy())
+        existed = evaluation_id in before
+        _stored_new(
+            state,
+            evaluation_id,
+            existed,
+            lambda: registry.tag_evaluation(state.client, model_id, evaluation_id),
+        )
+        return evaluation_id, report
+
+
+def check_approvable(state: State, model_id: str, evaluation_id: str) -> tuple[str, str]:
+    """The full ids, once the record verifies, both objects still hash to their ids,
+    and the evaluation proves its claims for the model under the policy in force;
+    raises `ReleaseRefused` with the reason otherwise."""
+    with state.lock():
+        entries = state.entries()
+        problems = ledger.verify_chain(entries) + registry.check(state.client, entries)
+        if problems:
+            raise ReleaseRefused(
+                "Not approved: the record does not verify; fix it first: " + " ".join(problems)
+            )
+        policy = state.policy()
+        try:
+            model_id = state.store.resolve(model_id)
+            evaluation_id = state.store.resolve(evaluation_id)
+            state.store.get(model_id)  # The model's bytes, not only its name.
+            report = evaluation.load_report(state.store, evaluation_id)
+            evaluation.verify_report(report, model_id=model_id, policy=policy)
+        except (StoreError, evaluation.EvaluationMismatch) as err:
+            raise ReleaseRefused(f"Not approved: {err}") from None
+        return model_id, evaluation_id
 
 
 def approve(state: State, model_id: str, evaluation_id: str, key_path: Path, signer: str) -> dict:
-    """Verifies the evaluation for `model_id` under the policy in force, signs, and
-    appends an approve entry. Refuses (changing nothing) on any mismatch."""
-    policy = state.policy()
-    try:
-        model_id = state.store.resolve(model_id)
-        evaluation_id = state.store.resolve(evaluation_id)
-        report = evaluation.load_report(state.store, evaluation_id)
-        evaluation.verify_report(report, model_id=model_id, policy=policy)
-    except (StoreError, evaluation.EvaluationMismatch) as err:
-        raise ReleaseRefused(f"Not approved: {err}") from None
-    private = signing.load_private(key_path)
-    approval = signing.sign_approval(
-        private, model_id=model_id, evaluation_id=evaluation_id, policy=policy, signer=signer
-    )
-    try:
-        signing.verify_approval(approval, signing.read_keyring(state.keys))
-    except signing.SignatureRefused as err:
-        raise ReleaseRefused(f"Not approved: {err}") from None
-    entry = ledger.append(state.ledger_path, "approve", {"approval": approval})
-    registry.sync(state.client, state.entries())
-    return entry
+    """Verifies the record, both objects and the evaluation for `model_id` under the
+    policy in force, signs, and appends an approve entry. Refuses (changing
+    nothing) on any mismatch."""
+    with state.lock():
+        model_id, evaluation_id = check_approvable(state, model_id, evaluation_id)
+        policy = state.policy()
+        private = signing.load_private(key_path)
+        approval = signing.sign_approval(
+            private, model_id=model_id, evaluation_id=evaluation_id, policy=policy, signer=signer
+        )
+        try:
+            signing.verify_approval(approval, signing.read_keyring(state.keys))
+        except signing.SignatureRefused as err:
+            raise ReleaseRefused(f"Not approved: {err}") from None
+        entry = ledger.append(state.ledger_path, "approve", {"approval": approval})
+        registry.sync(state.client, state.entries())
+        return entry
 
 
 # RELEASE AND ROLLBACK --------------------------------------------------------
@@ -264,7 +345,11 @@ def _promote(
 
 def release(state: State, model_id: str, *, readiness_timeout_s: float = 120.0) -> Outcome:
     """Releases `model_id`: gates, readiness, commit, registry, switch."""
+    with state.lock():
+        return _release(state, model_id, readiness_timeout_s)
 
+
+def _release(state: State, model_id: str, readiness_timeout_s: float) -> Outcome:
     def body(entries: list[dict], passed) -> dict:
         return ledger.release_body(entries, passed.approve_entry)
 
@@ -277,6 +362,11 @@ def release(state: State, model_id: str, *, readiness_timeout_s: float = 120.0) 
 def rollback(state: State, to: str | None = None, *, readiness_timeout_s: float = 120.0) -> Outcome:
     """A new log entry returning to an earlier release (default: the previous one),
     through the same gates as a release, with that release's approval."""
+    with state.lock():
+        return _rollback(state, to, readiness_timeout_s)
+
+
+def _rollback(state: State, to: str | None, readiness_timeout_s: float) -> Outcome:
     entries = state.entries()
     try:
         target = ledger.rollback_target(entries, to)
@@ -298,9 +388,21 @@ def rollback(state: State, to: str | None = None, *, readiness_timeout_s: float 
 
 
 def status(state: State) -> dict:
+    """What serves, what served before, and what the registry and a running host say."""
+    with state.lock():
+        return _status(state)
+
+
+def _status(state: State) -> dict:
     from engineering_release import serve
 
     entries = state.entries()
+    problems = ledger.verify_chain(entries) or registry.check(state.client, entries)
+    if problems:
+        raise ledger.LedgerError(
+            f"The record does not verify ({problems[0]}); it cannot say what serves. "
+            f"`verify` lists every problem."
+        )
     out = {
         "log_entries": len(entries),
         "serving": ledger.serving_model(entries),
@@ -328,9 +430,18 @@ def verify(state: State, *, host_wait_s: float = 30.0) -> list[str]:
     the log's chain and references, every approval's signature, every stored
     object's digest, every released model's bound evaluation, the registry
     against the log, and (if a host runs) what it serves."""
+    with state.lock():
+        return _verify(state, host_wait_s)
+
+
+def _verify(state: State, host_wait_s: float) -> list[str]:
     from engineering_release import serve
 
     problems: list[str] = []
+    try:
+        state.policy()
+    except ConfigError as err:
+        problems.append(f"The policy in force cannot be read: {err}")
     entries = state.entries()
     problems += ledger.verify_chain(entries)
     problems += ledger.verify_references(entries)
@@ -359,12 +470,16 @@ def verify(state: State, *, host_wait_s: float = 30.0) -> list[str]:
                     f"Entry {entry['seq']} names object `{obj[:12]}`, not in the store."
                 )
         try:
-            report = evaluation.load_report(state.store, approval["evaluation_id"])
-            evaluation.verify_report(
-                report,
-                model_id=approval["model_id"],
-                policy=Policy.model_validate(approval["policy"]),
+            policy = Policy.model_validate(approval["policy"])
+        except pydantic.ValidationError as err:
+            field = ".".join(str(p) for p in err.errors()[0]["loc"]) or "(policy)"
+            problems.append(
+                f"Entry {entry['seq']}: the approval's policy field `{field}` is invalid."
             )
+            continue
+        try:
+            report = evaluation.load_report(state.store, approval["evaluation_id"])
+            evaluation.verify_report(report, model_id=approval["model_id"], policy=policy)
         except (evaluation.EvaluationMismatch, StoreError) as err:
             problems.append(f"Entry {entry['seq']}: evaluation refused: {err}")
     problems += registry.check(state.client, entries)

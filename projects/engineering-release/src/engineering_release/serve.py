@@ -425,10 +425,13 @@ def find_host(host_file: str | Path) -> HostClient | None:
     import httpx
 
     try:
-        info = json.loads(Path(host_file).read_text())
-    except (OSError, ValueError):
+        info = json.loads(Path(host_file).read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None  # No host announced, or a file torn by a host that died writing it.
+    port = info.get("port") if isinstance(info, dict) else None
+    if type(port) is not int or not 0 < port < 65536:
         return None
-    client = HostClient(int(info["port"]), timeout_s=30.0)
+    client = HostClient(port, timeout_s=30.0)
     try:
         client.http.get("/healthz", timeout=2.0).raise_for_status()
     except httpx.HTTPError:

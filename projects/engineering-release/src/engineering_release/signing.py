@@ -13,9 +13,11 @@ checks against the keyring's public key (never a key the approval carries).
 """
 
 import base64
+import binascii
 import datetime as dt
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -23,9 +25,11 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from engineering_release.config import Policy, canonical_json
+from engineering_release import durable
+from engineering_release.config import Policy, canonical_json, shown
 
 KEYRING = "trusted.json"
+MAX_VALID_DAYS = 36_500.0
 
 
 class SignatureRefused(ValueError):
@@ -52,16 +56,49 @@ def key_id(public: Ed25519PublicKey) -> str:
     return hashlib.sha256(raw_public(public)).hexdigest()[:16]
 
 
+_KEY_FIELDS = ("name", "public_key", "not_before", "not_after")
+
+
 def read_keyring(keys_dir: Path) -> dict:
+    """The keyring `keys_dir/trusted.json` (empty if there is none); raises
+    `SignatureRefused` naming the file and the entry when it is malformed."""
     path = Path(keys_dir) / KEYRING
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.exists():
+        return {}
+    try:
+        ring = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise SignatureRefused(f"Cannot read the keyring `{path}`: {err.strerror}.") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise SignatureRefused(f"The keyring `{path}` is not UTF-8 JSON.") from None
+    if not isinstance(ring, dict):
+        raise SignatureRefused(
+            f"The keyring `{path}` is a JSON {type(ring).__name__}, not an object."
+        )
+    for kid, entry in ring.items():
+        if not isinstance(entry, dict) or sorted(entry) != sorted(_KEY_FIELDS):
+            raise SignatureRefused(
+                f"Key `{kid}` of the keyring `{path}` must have exactly the fields "
+                f"{list(_KEY_FIELDS)}."
+            )
+        for name in _KEY_FIELDS:
+            if not isinstance(entry[name], str):
+                raise SignatureRefused(f"Key `{kid}` of `{path}`: `{name}` is not text.")
+        try:
+            parse_iso(entry["not_before"]), parse_iso(entry["not_after"])
+            raw = base64.b64decode(entry["public_key"], validate=True)
+            Ed25519PublicKey.from_public_bytes(raw)
+        except (ValueError, binascii.Error):
+            raise SignatureRefused(
+                f"Key `{kid}` of the keyring `{path}` has a malformed validity time or "
+                f"public key (ISO-8601 UTC times, a base64 raw Ed25519 key)."
+            ) from None
+    return ring
 
 
 def _write_keyring(keys_dir: Path, ring: dict) -> None:
-    path = Path(keys_dir) / KEYRING
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(ring, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(ring, indent=1, sort_keys=True) + "\n"
+    durable.write_atomic(Path(keys_dir) / KEYRING, text.encode())
 
 
 def generate_key(
@@ -73,40 +110,66 @@ def generate_key(
     trust: bool = True,
 ) -> tuple[str, Path]:
     """A new Ed25519 key `name`; writes `<name>.pem` and (with `trust`) adds it to
-    the keyring. Returns `(key_id, pem_path)`."""
+    the keyring. Returns `(key_id, pem_path)`. Holds the lock of the state that
+    `keys_dir` belongs to while it reads and rewrites the keyring; checks
+    everything before it writes anything."""
+    if not (isinstance(valid_days, int | float) and math.isfinite(valid_days)):
+        raise SignatureRefused(f"`valid_days` must be a finite number of days, not {valid_days}.")
+    if not 0 < valid_days <= MAX_VALID_DAYS:
+        raise SignatureRefused(
+            f"`valid_days` is {valid_days}; a key is valid for more than 0 and at most "
+            f"{MAX_VALID_DAYS:g} days."
+        )
+    if not name or not name.replace("-", "").replace("_", "").isalnum() or not name.isascii():
+        raise SignatureRefused(
+            f"Key name `{shown(name)}` must be ASCII letters, digits, `-` and `_`."
+        )
     keys_dir = Path(keys_dir)
     keys_dir.mkdir(parents=True, exist_ok=True)
-    pem_path = keys_dir / f"{name}.pem"
-    if pem_path.exists():
-        raise SignatureRefused(f"A key named `{name}` already exists at `{pem_path}`.")
-    private = Ed25519PrivateKey.generate()
-    pem = private.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    fd = os.open(pem_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    kid = key_id(private.public_key())
-    if trust:
+    with durable.locked(keys_dir.parent / durable.LOCK_FILE):
+        pem_path = keys_dir / f"{name}.pem"
+        if pem_path.exists():
+            raise SignatureRefused(f"A key named `{name}` already exists at `{pem_path}`.")
+        ring = read_keyring(keys_dir) if trust else {}
+        private = Ed25519PrivateKey.generate()
+        pem = private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        kid = key_id(private.public_key())
         start = not_before or now_utc()
-        ring = read_keyring(keys_dir)
-        ring[kid] = {
-            "name": name,
-            "public_key": base64.b64encode(raw_public(private.public_key())).decode(),
-            "not_before": iso(start),
-            "not_after": iso(start + dt.timedelta(days=valid_days)),
-        }
-        _write_keyring(keys_dir, ring)
+        window = {"not_before": iso(start), "not_after": iso(start + dt.timedelta(days=valid_days))}
+        fd = os.open(pem_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+            f.flush()
+            os.fsync(f.fileno())
+        durable.fsync_dir(keys_dir)
+        if trust:
+            ring[kid] = {
+                "name": name,
+                "public_key": base64.b64encode(raw_public(private.public_key())).decode(),
+                **window,
+            }
+            _write_keyring(keys_dir, ring)
     return kid, pem_path
 
 
 def load_private(pem_path: str | Path) -> Ed25519PrivateKey:
     try:
-        key = serialization.load_pem_private_key(Path(pem_path).read_bytes(), password=None)
-    except (OSError, ValueError) as err:
-        raise SignatureRefused(f"Cannot read the signing key `{pem_path}`: {err}.") from None
+        raw = Path(pem_path).read_bytes()
+    except OSError as err:
+        raise SignatureRefused(
+            f"Cannot read the signing key `{pem_path}`: {err.strerror}."
+        ) from None
+    if not raw.isascii():
+        raise SignatureRefused(f"The signing key `{pem_path}` is not PEM text (non-ASCII bytes).")
+    try:
+        key = serialization.load_pem_private_key(raw, password=None)
+    except (ValueError, TypeError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise SignatureRefused(f"Cannot read the signing key `{pem_path}`: {reason}") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise SignatureRefused(f"`{pem_path}` is not an Ed25519 private key.")
     return key
@@ -151,9 +214,37 @@ def sign_approval(
     # --- end exercise ---
 
 
+def _check_approval_fields(approval: object) -> None:
+    """Refuses an approval that lacks a field or holds one of the wrong type."""
+    if not isinstance(approval, dict):
+        raise SignatureRefused(f"An approval is a JSON object, not a {type(approval).__name__}.")
+    text = ("model_id", "evaluation_id", "policy_sha256", "key_id", "signer", "signed_at")
+    for name in (*text, "signature"):
+        if not isinstance(approval.get(name), str):
+            raise SignatureRefused(f"The approval's `{name}` is missing or not text.")
+    if not isinstance(approval.get("policy"), dict):
+        raise SignatureRefused("The approval's `policy` is missing or not an object.")
+    try:
+        parse_iso(approval["signed_at"])
+    except ValueError:
+        raise SignatureRefused(
+            f"The approval's `signed_at` `{approval['signed_at'][:40]}` is not an ISO-8601 "
+            f"UTC time (YYYY-MM-DDTHH:MM:SSZ)."
+        ) from None
+    try:
+        base64.b64decode(approval["signature"], validate=True)
+    except (ValueError, binascii.Error):
+        raise SignatureRefused("The approval's `signature` is not base64.") from None
+    try:
+        canonical_json(approval["policy"])
+    except ValueError:
+        raise SignatureRefused("The approval's `policy` holds a NaN or infinite number.") from None
+
+
 def verify_approval(approval: dict, keyring: dict) -> None:
     """Raises `SignatureRefused` unless `approval` is signed by a trusted key that
     was valid when it signed, over exactly its fields."""
+    _check_approval_fields(approval)
     # --- exercise stage 3: Trusted key, valid when it signed, and a good signature. ---
     kid = approval.get("key_id")
     entry = keyring.get(kid)

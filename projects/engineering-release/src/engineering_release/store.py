@@ -23,8 +23,11 @@ import shutil
 import uuid
 from pathlib import Path
 
+from engineering_release.config import shown
+
 TREE_FORMAT = b"engineering-release/tree-v1\n"
 ID_LENGTH = 64
+HEX = "0123456789abcdef"
 
 
 class StoreError(ValueError):
@@ -103,6 +106,7 @@ class Store:
                 with path.open("rb") as f:
                     os.fsync(f.fileno())
                 path.chmod(0o444)
+            _fsync_dir(Path(dirpath))  # The names of its files, durable before the rename.
         try:
             os.rename(tmp, target)  # Atomic: the object appears complete or not at all.
         except OSError:
@@ -132,7 +136,11 @@ class Store:
         # --- end exercise ---
 
     def has(self, object_id: str) -> bool:
-        return len(object_id) == ID_LENGTH and (self.objects / object_id).is_dir()
+        return (
+            len(object_id) == ID_LENGTH
+            and all(c in HEX for c in object_id)
+            and (self.objects / object_id).is_dir()
+        )
 
     def ids(self) -> list[str]:
         if not self.objects.is_dir():
@@ -142,16 +150,34 @@ class Store:
     def resolve(self, object_id: str) -> str:
         """A full id from an id or a unique prefix of at least 8 hex digits."""
         text = object_id.strip().lower()
-        if len(text) < 8 or any(c not in "0123456789abcdef" for c in text):
+        if len(text) < 8 or len(text) > ID_LENGTH or any(c not in HEX for c in text):
             raise StoreError(
-                f"`{object_id}` is not an object id (64 hex digits, or a unique prefix of >= 8)."
+                f"`{shown(object_id)}` is not an object id (64 hex digits, or a unique prefix "
+                f"of >= 8)."
             )
         matches = [i for i in self.ids() if i.startswith(text)]
         if not matches:
-            raise StoreError(f"Unknown object id `{object_id}`: the store holds no such object.")
+            raise StoreError(
+                f"Unknown object id `{shown(object_id)}`: the store holds no such object."
+            )
         if len(matches) > 1:
-            raise StoreError(f"The prefix `{object_id}` matches {len(matches)} objects; give more.")
+            raise StoreError(
+                f"The prefix `{shown(object_id)}` matches {len(matches)} objects; give more."
+            )
         return matches[0]
+
+    def discard(self, object_id: str) -> None:
+        """Removes the object `object_id` that a failed command stored and nothing
+        references (never an object in use: the caller stored it moments ago, under
+        the state's lock). One rename takes it out of `objects/`; then it is deleted."""
+        target = self.objects / object_id
+        if not self.has(object_id):
+            return
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        doomed = self.scratch / f"{object_id}.discarded.{uuid.uuid4().hex}"
+        os.rename(target, doomed)
+        _fsync_dir(self.objects)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def sweep_scratch(self) -> int:
         """Removes scratch copies a crashed `put` left behind; returns how many."""

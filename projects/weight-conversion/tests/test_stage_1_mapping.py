@@ -6,7 +6,8 @@ on the converted weights in NNX layout; the whole converted model against
 the PyTorch model's logits. Repeated under changed conditions: a second
 architecture (other widths, 4 heads), the Keras source (another naming and
 layout convention), the tie deduplicated by the safetensors saver. Bad
-sources are refused with the tensor named.
+sources (names, shapes, dtypes, NaN or infinite values) are refused with
+the tensor named.
 """
 
 import importlib.util
@@ -199,6 +200,29 @@ def test_bad_shapes_and_dtypes_name_the_tensor(torch_source):
     state["fc2.weight"] = torch_source.model.state_dict()["fc2.weight"].to(torch.bfloat16)
     with pytest.raises(MappingError, match=r"`fc2.weight` has dtype `torch.bfloat16`"):
         convert(torch_map(arch), state, arch, spec)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "index", "value"),
+    [("fc2.weight", (3, 5), float("nan")), ("conv1.bias", (0,), float("-inf"))],
+    ids=["nan-in-fc2", "inf-in-conv1-bias"],
+)
+def test_non_finite_weights_are_refused_by_name(evidence, torch_source, tensor, index, value):
+    arch = Arch()
+    spec = checkpoint.target_spec(model.abstract_model(arch))
+    state = {k: v.clone() for k, v in torch_source.model.state_dict().items()}
+    state[tensor][index] = value
+    with pytest.raises(MappingError, match=rf"`{tensor}` holds 1 non-finite value") as info:
+        convert(torch_map(arch), state, arch, spec)
+    # the message points at the value: its index in the source tensor
+    assert f"at index {index}" in str(info.value)
+    assert evidence.record(
+        "non-finite source weight refused, tensor named",
+        f"{tensor}{list(index)} = {value}",
+        {"problems": info.value.problems},
+        None,
+        True,
+    )
 
 
 def test_conversion_is_deterministic(evidence, torch_source):

@@ -4,9 +4,13 @@ Independent check of the tolerance: float32 dot products of length K,
 computed against float64, stay under eps * K * scale (the bound the locator
 uses) for K from 16 to 4096. The locator on the clean conversion finds no
 disagreement; each injected fault is located at the layer where it was
-introduced, every earlier layer agreeing. Changed conditions: float64 on
-both sides (the clean model agrees to about 1e-12), and the Keras source.
+introduced, every earlier layer agreeing; a transposed square weight,
+which every name, shape and dtype check of the conversion accepts, is
+refused at fc2. Changed conditions: float64 on both sides (the clean model
+agrees to about 1e-12), and the Keras source.
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -14,7 +18,7 @@ import pytest
 from weight_conversion import checkpoint, data, model, sources
 from weight_conversion.config import Arch
 from weight_conversion.parity import FAULTS, compare, tolerance, torch_parity
-from weight_conversion.weight_map import convert, keras_map
+from weight_conversion.weight_map import convert, keras_map, torch_map
 
 N_IMAGES = 96  # held-out images per parity run
 
@@ -76,6 +80,42 @@ def test_fault_is_located_at_its_layer(evidence, torch_source, split, fault):
         },
         {"tolerance": row.tolerance, "expected_layer": expected},
         report.first_disagreement == expected and before_ok,
+    )
+
+
+def test_parity_refuses_a_transposed_square_weight(evidence, torch_source, split):
+    """fc2 is square (64 x 64): a map that copies PyTorch's (out, in) weight
+    straight into the (in, out) kernel passes every name, shape and dtype
+    check of the conversion. The parity check is what refuses it, at fc2."""
+    arch, net = Arch(), torch_source.model
+    rules = [
+        dataclasses.replace(r, transform="copy") if r.sources == ("fc2.weight",) else r
+        for r in torch_map(arch)
+    ]
+    target = model.abstract_model(arch)
+    arrays = convert(rules, net.state_dict(), arch, checkpoint.target_spec(target))
+    weight = net.fc2.weight.detach().numpy()
+    assert not np.allclose(weight, weight.T)  # a symmetric weight would hide the mistake
+    assert np.array_equal(arrays["fc2.kernel"], weight)  # accepted: (out, in) as (in, out)
+    checkpoint.fill(target, arrays)
+    images, layer_list = split.test_images[:N_IMAGES], model.layers(arch)
+    report = compare(
+        sources.torch_taps(net, data.nchw(images), [x.name for x in layer_list]),
+        model.taps(target, data.nhwc(images)),
+        layer_list,
+        np.float32,
+    )
+    names = [r.name for r in report.layers]
+    at = names.index("fc2")
+    row = report.layers[at]
+    assert evidence.record(
+        "transposed square weight: shapes accepted, parity refuses it at fc2",
+        "fc2.weight copied untransposed (64 x 64)",
+        {"located": report.first_disagreement, "ratio_at_fc2": row.ratio},
+        {"tolerance": row.tolerance, "ratio_at_least": 100.0},
+        report.first_disagreement == "fc2"
+        and all(r.agrees for r in report.layers[:at])
+        and row.ratio > 100.0,
     )
 
 

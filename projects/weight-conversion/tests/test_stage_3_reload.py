@@ -9,10 +9,15 @@ identical predictions. Streaming is shown to hold one tensor at a time: its
 peak resident memory, measured in a subprocess, is a fraction of the eager
 conversion's. Changed conditions: another architecture and float64 targets
 for the streamed file; both artifact formats. Bad files are refused with
-the tensor named and nothing written.
+the tensor named and nothing written (an `--input` file; a run folder's
+truncated or mis-shaped artifact or source, for `reload` and `compare`); a
+transposed square kernel, which shapes cannot see, fails `reload`.
 """
 
 import json
+import re
+import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +27,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors import safe_open
+from safetensors.numpy import save_file as numpy_save_file
 from safetensors.torch import save_file as torch_save_file
 
 from weight_conversion import checkpoint, model, pipeline, sources, streaming, synthetic
@@ -205,3 +211,101 @@ def test_bad_files_are_refused_by_name_and_nothing_is_written(evidence, tmp_path
             and not cli_written
             and "Nothing written" in result.output,
         )
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def _cut_tensors(blob: bytes) -> set[str]:
+    """The tensors whose byte range a truncated safetensors file no longer holds,
+    read from its header (8-byte little-endian length, then JSON)."""
+    (length,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + length])
+    data_size = len(blob) - 8 - length
+    return {
+        k for k, v in header.items() if k != "__metadata__" and v["data_offsets"][1] > data_size
+    }
+
+
+def _truncate(path: Path) -> set[str]:
+    blob = path.read_bytes()
+    path.write_bytes(blob[:-1000])
+    return _cut_tensors(blob[:-1000])
+
+
+def _rewrite(path: Path, name: str, change) -> None:
+    with safe_open(str(path), framework="numpy") as f:
+        metadata = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    tensors[name] = change(tensors[name])
+    numpy_save_file(tensors, str(path), metadata=metadata)
+
+
+@pytest.mark.parametrize(
+    ("command", "file", "damage"),
+    [
+        ("reload", "converted.safetensors", "truncated"),
+        ("reload", "converted.safetensors", "fc1.kernel one row short"),
+        ("compare", "source.safetensors", "truncated"),
+        ("compare", "source.safetensors", "fc1.weight one column short"),
+    ],
+)
+def test_damaged_run_files_are_refused_by_name(evidence, run_dir, tmp_path, command, file, damage):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    if damage == "truncated":
+        cut = _truncate(run / file)
+        assert cut  # the last 1000 bytes hold at least one tensor
+    elif damage == "fc1.kernel one row short":
+        _rewrite(run / file, "fc1.kernel", lambda a: a[:-1])
+        cut = {"fc1.kernel"}
+    else:
+        _rewrite(run / file, "fc1.weight", lambda a: np.ascontiguousarray(a[:, :-1]))
+        cut = {"fc1.weight"}
+    before = _snapshot(run)
+    result = CliRunner().invoke(main, [command, str(run)])
+    lines = result.output.strip().splitlines()
+    named = re.findall(r"`([\w.]+)`", result.output)
+    ok = (
+        result.exit_code == 2
+        and (result.exception is None or isinstance(result.exception, SystemExit))
+        and "Traceback" not in result.output
+        and len(lines) == 1
+        and file in result.output
+        and any(n in cut for n in named)
+        and _snapshot(run) == before
+    )
+    if "short" in damage:  # the shape found and the shape the model needs, both named
+        ok = ok and "(255, 64)" in result.output and "(256, 64)" in result.output
+        ok = ok or ("(64, 255)" in result.output and "(64, 256)" in result.output)
+    assert evidence.record(
+        "damaged run file refused: exit 2, one line naming file and tensor, nothing written",
+        f"{command}: {file} {damage}",
+        {"exit": result.exit_code, "message": result.output.strip()[-300:]},
+        {"tensors": sorted(cut)},
+        ok,
+    ), result.output
+
+
+def test_reload_fails_a_transposed_square_kernel(evidence, run_dir, tmp_path):
+    """Shapes cannot see fc2.kernel transposed (64 x 64); the reload check's logits can."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    _rewrite(run / "converted.safetensors", "fc2.kernel", lambda a: np.ascontiguousarray(a.T))
+    result = CliRunner().invoke(main, ["reload", str(run)])
+    report = json.loads((run / "reload.json").read_text())
+    error = report["safetensors"]["max_abs_logit_error"]
+    assert evidence.record(
+        "reload: a transposed square kernel fails the check (exit 1); the intact Orbax passes",
+        "converted.safetensors fc2.kernel transposed",
+        {"exit": result.exit_code, "max_abs_logit_error": error},
+        {"tolerance": report["tolerance"]},
+        result.exit_code == 1
+        and "reload: FAIL" in result.output
+        and not report["safetensors"]["passed"]
+        and report["orbax"]["passed"]
+        and error > 100 * report["tolerance"],
+    ), result.output

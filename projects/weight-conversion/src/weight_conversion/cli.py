@@ -1,7 +1,7 @@
 """The `weight-conversion` command line.
 
     weight-conversion convert [--source torch|keras] [--epochs N] [--seed S] [--run-dir DIR]
-    weight-conversion convert --input FILE.safetensors [--run-dir DIR]
+    weight-conversion convert --input FILE.safetensors [--source torch|keras] [--run-dir DIR]
     weight-conversion compare RUN_DIR [--fault NAME] [--dtype float32|float64]
     weight-conversion reload RUN_DIR
     weight-conversion bench [--out runs/bench.json]
@@ -11,6 +11,10 @@ streams its safetensors file through the weight map and writes the NNX
 artifact (safetensors + Orbax) under `runs/<source>-seed<S>/`. `compare`
 locates the first layer that disagrees; `reload` checks the artifact in a
 fresh process (exit 1 if it fails).
+
+A damaged input (a run folder's file, an `--input` file, an output path
+that cannot be a folder) is refused with exit code 2 and one line naming
+the file and the tensor or field; nothing is written.
 """
 
 import json
@@ -23,13 +27,25 @@ from weight_conversion.parity import FAULTS
 
 
 class BadInput(click.ClickException):
-    """A user-facing error: one message, exit code 2, no traceback."""
+    """A user-facing error: one message on one line, exit code 2, no traceback."""
 
     exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
 
 
 def _say(message: str) -> None:
     click.echo(message, err=True)
+
+
+def _writable_folder(path: Path, option: str) -> None:
+    """Refuses an output folder that cannot be made: a file in its place or above it."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise BadInput(f"{option} `{path}`: `{folder}` is a file, not a folder.")
+            return
 
 
 def _run_dir(path: str) -> Path:
@@ -69,7 +85,8 @@ def main() -> None:
     "input_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Convert this PyTorch safetensors file instead of training a model.",
+    help="Convert this safetensors file (PyTorch names, or Keras paths with --source keras) "
+    "instead of training a model.",
 )
 @click.option(
     "--run-dir",
@@ -83,32 +100,38 @@ def convert(
     """Train a source model briefly, convert it by streaming, save the artifact."""
     from weight_conversion import checkpoint, model, pipeline, streaming
     from weight_conversion.config import Config
-    from weight_conversion.weight_map import MappingError, torch_map
+    from weight_conversion.weight_map import MappingError
 
     changes = {"source": source, "seed": seed}
     if epochs is not None:
         changes["epochs"] = epochs
     config = Config.default(**changes)
     if input_path is not None:
+        if epochs is not None:
+            raise BadInput("--epochs trains a source model; --input converts a file: give one.")
         if not Path(input_path).is_file():
             raise BadInput(f"No such file: `{input_path}`.")
         out = Path(run_dir or "runs/input") / "converted.safetensors"
-        arch = config.arch
+        _writable_folder(out.parent, "--run-dir")
+        if out.is_dir():
+            raise BadInput(f"`{out}` is a folder; the converted file cannot be written there.")
+        arch = pipeline.target_arch(config)
         spec = checkpoint.target_spec(model.abstract_model(arch))
         try:
             streaming.convert_file(
                 input_path,
                 out,
-                torch_map(arch),
+                pipeline.rules_for(config),
                 arch,
                 spec,
-                {"arch": json.dumps(arch.__dict__), "source": "torch"},
+                {"arch": json.dumps(arch.__dict__), "source": source},
             )
         except MappingError as err:
-            raise BadInput(f"Nothing written. {err}") from None
+            raise BadInput(f"Nothing written. `{input_path}`: {err.one_line()}") from None
         click.echo(f"converted {input_path} -> {out}")
         return
     run_dir = run_dir or f"runs/{source}-seed{seed}"
+    _writable_folder(Path(run_dir), "--run-dir")
     summary = pipeline.convert_run(config, run_dir, progress=_say)
     click.echo(
         f"{source} source: held-out accuracy {summary['source_test_accuracy']:.4f}; "
@@ -137,14 +160,20 @@ def compare(run_dir: str, fault: str | None, dtype: str) -> None:
     import numpy as np
 
     from weight_conversion import data, pipeline, plots
-    from weight_conversion.config import Config
+    from weight_conversion.checkpoint import CheckpointError
+    from weight_conversion.config import ConfigError
     from weight_conversion.parity import torch_parity
 
     path = _run_dir(run_dir)
-    config = Config.from_dict(json.loads((path / "config.json").read_text()))
-    if config.source != "torch":
-        raise BadInput(f"`compare` runs on PyTorch runs; `{run_dir}` holds a {config.source} run.")
-    net = pipeline.load_torch_source(path / "source.safetensors", config.arch)
+    try:
+        config = pipeline.read_config(path)
+        if config.source != "torch":
+            raise BadInput(
+                f"`compare` runs on PyTorch runs; `{run_dir}` holds a {config.source} run."
+            )
+        net = pipeline.load_torch_source(path / "source.safetensors", config.arch)
+    except (ConfigError, CheckpointError) as err:
+        raise BadInput(str(err)) from None
     split = data.load_split(config.split_seed, config.test_fraction)
     report = torch_parity(net, config.arch, split.test_images, np.dtype(dtype), fault)
     click.echo(f"{'layer':>8} {'max |err|':>11} {'tolerance':>11} {'ratio':>9}")
@@ -171,11 +200,12 @@ def reload(run_dir: str) -> None:
     """Reload the artifact (safetensors and Orbax) and check it against the source."""
     from weight_conversion import pipeline
     from weight_conversion.checkpoint import CheckpointError
+    from weight_conversion.config import ConfigError
 
     path = _run_dir(run_dir)
     try:
         result = pipeline.reload_check(path)
-    except CheckpointError as err:
+    except (ConfigError, CheckpointError) as err:
         raise BadInput(str(err)) from None
     for name in ("safetensors", "orbax"):
         r = result[name]
@@ -201,6 +231,7 @@ def bench_command(out: str, layers: int, width: int, rounds: int) -> None:
     """Peak memory and MB/s: eager vs streaming conversion vs a file copy."""
     from weight_conversion.bench import bench, table
 
+    _writable_folder(Path(out).parent, "--out")
     report = bench(out, layers, width, rounds, progress=_say)
     click.echo(table(report))
     click.echo(f"report: {out}")

@@ -8,12 +8,38 @@ digits; the subject of the project is the conversion, not the training.
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Literal
 
 
 class ConfigError(ValueError):
     """A config file or value that cannot be used; the message says why."""
+
+
+MAX_WIDTH = 1024
+"""Largest channel count, width or class count an `Arch` accepts (the digits
+need 64 at most; a width of millions would only exhaust memory)."""
+
+
+def _check_types(obj, ints: tuple[str, ...], reals: tuple[str, ...], bools=()) -> None:
+    """Refuses, by field name, a value of the wrong JSON type (a bool is not an int)."""
+    for name in ints:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"`{name}` must be an integer, got `{value!r}`.")
+    for name in reals:
+        value = getattr(obj, name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ConfigError(f"`{name}` must be a finite number, got `{value!r}`.")
+    for name in bools:
+        value = getattr(obj, name)
+        if not isinstance(value, bool):
+            raise ConfigError(f"`{name}` must be true or false, got `{value!r}`.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +85,12 @@ class Arch:
     """Side of the square input image."""
 
     def __post_init__(self) -> None:
-        for name in ("channels", "heads", "conv2_channels", "hidden", "num_classes"):
-            if getattr(self, name) < 1:
+        sizes = ("channels", "heads", "conv2_channels", "hidden", "num_classes", "image_size")
+        _check_types(self, sizes, ("bn_epsilon", "ln_epsilon"), ("gelu_approximate",))
+        for name in sizes:
+            if not 1 <= getattr(self, name) <= MAX_WIDTH:
                 raise ConfigError(
-                    f"`{name}` must be a positive integer, got `{getattr(self, name)}`."
+                    f"`{name}` must be an integer in [1, {MAX_WIDTH}], got `{getattr(self, name)}`."
                 )
         if self.channels % self.heads:
             raise ConfigError(
@@ -125,6 +153,17 @@ class Config:
     """Adam step size of the source training."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.arch, Arch):
+            raise ConfigError(f"`arch` must be an Arch, got `{self.arch!r}`.")
+        _check_types(
+            self, ("seed", "split_seed", "epochs", "batch_size"), ("test_fraction", "learning_rate")
+        )
+        if (self.arch.image_size, self.arch.num_classes) != (8, 10):
+            raise ConfigError(
+                "The digits are 8x8 images of 10 classes: `arch.image_size` must be 8 and "
+                f"`arch.num_classes` 10, got `{self.arch.image_size}` and "
+                f"`{self.arch.num_classes}`."
+            )
         if self.source not in ("torch", "keras"):
             raise ConfigError(f"`source` must be `torch` or `keras`, got `{self.source}`.")
         if not 0.05 <= self.test_fraction <= 0.5:
@@ -136,10 +175,9 @@ class Config:
                 "`epochs`, `batch_size` and `learning_rate` must be positive, got "
                 f"`{self.epochs}`, `{self.batch_size}`, `{self.learning_rate}`."
             )
-        if not 0 <= self.seed < 2**32 or not 0 <= self.split_seed < 2**32:
-            raise ConfigError(
-                f"Seeds must lie in [0, 2**32), got `{self.seed}`, `{self.split_seed}`."
-            )
+        for name in ("seed", "split_seed"):
+            if not 0 <= getattr(self, name) < 2**32:
+                raise ConfigError(f"`{name}` must lie in [0, 2**32), got `{getattr(self, name)}`.")
 
     @classmethod
     def tiny(cls, **changes) -> "Config":
@@ -157,20 +195,27 @@ class Config:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "Config":
-        """Reads `to_dict`'s output back; unknown keys are refused by name."""
+        """Reads `to_dict`'s output back: every key required, unknown keys
+        refused by name, each value of its field's type."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"A config must be a JSON object, got a {type(raw).__name__}.")
         raw = dict(raw)
-        arch_raw = raw.pop("arch", {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        arch_unknown = sorted(set(arch_raw) - {f.name for f in dataclasses.fields(Arch)})
-        if unknown or arch_unknown:
-            raise ConfigError(
-                f"Unknown config keys: `{unknown + [f'arch.{k}' for k in arch_unknown]}`."
-            )
-        try:
-            return cls(arch=Arch(**arch_raw), **raw)
-        except TypeError as err:
-            raise ConfigError(f"Bad config value: {err}.") from None
+        arch_raw = raw.pop("arch", None)
+        if not isinstance(arch_raw, dict):
+            raise ConfigError(f"`arch` must be a JSON object, got `{arch_raw!r}`.")
+        known = {f.name for f in dataclasses.fields(cls)} - {"arch"}
+        arch_known = {f.name for f in dataclasses.fields(Arch)}
+        unknown = sorted(set(raw) - known) + [
+            f"arch.{k}" for k in sorted(set(arch_raw) - arch_known)
+        ]
+        if unknown:
+            raise ConfigError(f"Unknown config keys: `{unknown}`.")
+        missing = sorted(known - set(raw)) + [
+            f"arch.{k}" for k in sorted(arch_known - set(arch_raw))
+        ]
+        if missing:
+            raise ConfigError(f"Missing config keys: `{missing}`.")
+        return cls(arch=Arch(**arch_raw), **raw)
 
 
 def load_config(path: str | Path) -> Config:
@@ -178,8 +223,11 @@ def load_config(path: str | Path) -> Config:
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"Cannot read the config `{path}`: {err}.") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"The config `{path}` must hold a JSON object.")
-    return Config.from_dict(raw)
+    try:
+        return Config.from_dict(raw)
+    except ConfigError as err:
+        raise ConfigError(f"The config `{path}`: {err}") from None

@@ -12,6 +12,11 @@
 
 `reload_check` is what `weight-conversion reload` runs; it reads only the
 run folder, so a fresh process proves the artifact alone is enough.
+
+Every file of a run folder is checked where it is read: `read_config`
+(`ConfigError`), `load_torch_source`, `read_reference_logits` and the two
+artifact loaders (`CheckpointError`); each message names the file, and the
+tensor or field.
 """
 
 import json
@@ -21,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from weight_conversion import checkpoint, data, model, sources, streaming
-from weight_conversion.config import Arch, Config
+from weight_conversion.checkpoint import CheckpointError
+from weight_conversion.config import Arch, Config, load_config
 from weight_conversion.parity import tolerance
-from weight_conversion.weight_map import keras_map, torch_map
+from weight_conversion.weight_map import SUPPORTED_DTYPES, first_nonfinite, keras_map, torch_map
 
 
 def save_torch_source(net, path: str | Path) -> Path:
@@ -37,15 +43,100 @@ def save_torch_source(net, path: str | Path) -> Path:
     return path
 
 
+def check_torch_file(path: str | Path, net) -> None:
+    """Checks a PyTorch safetensors file against `net` before loading it:
+    every tensor of `net.state_dict()` present (a tied pair may be stored
+    once), none foreign, each with `net`'s shape, a float dtype that the
+    conversion supports (integer buffers: an integer dtype), every value
+    finite. Raises `CheckpointError` naming the file and the tensor."""
+    from safetensors import SafetensorError, safe_open
+
+    expected = net.state_dict()
+    ties: dict[str, set[str]] = {}
+    for name, tensor in expected.items():
+        ties.setdefault(name, set()).update(
+            k for k, t in expected.items() if t.data_ptr() == tensor.data_ptr()
+        )
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            keys = list(f.keys())
+            extra = sorted(set(keys) - set(expected))
+            missing = sorted(k for k in expected if not ties[k] & set(keys))
+            if missing or extra:
+                raise CheckpointError(
+                    f"`{path}` does not hold this model's tensors: missing {missing}, "
+                    f"extra {extra}."
+                )
+            for name in keys:
+                want = tuple(expected[name].shape)
+                piece = f.get_slice(name)
+                found = tuple(piece.get_shape())
+                if found != want:
+                    raise CheckpointError(
+                        f"`{path}`: tensor `{name}` has shape {found}; the model's has {want}."
+                    )
+                integer = not expected[name].is_floating_point()
+                allowed = (
+                    ["I64", "I32"]
+                    if integer
+                    else [streaming.DTYPE_CODES[d] for d in SUPPORTED_DTYPES]
+                )
+                if piece.get_dtype() not in allowed:
+                    raise CheckpointError(
+                        f"`{path}`: tensor `{name}` has dtype {piece.get_dtype()}; "
+                        f"expected one of {', '.join(allowed)}."
+                    )
+                bad = first_nonfinite(f.get_tensor(name))
+                if bad is not None:
+                    raise CheckpointError(
+                        f"`{path}`: tensor `{name}` holds {bad[0]} non-finite value(s) "
+                        f"(NaN or inf), the first at index {bad[1]}."
+                    )
+    except (SafetensorError, OSError) as err:
+        damage = streaming.describe_damage(path)
+        raise CheckpointError(f"Cannot read `{path}`: {damage or err}") from None
+
+
 def load_torch_source(path: str | Path, arch: Arch, dtype=None):
-    """A `TorchDigitNet` (eval mode) from `save_torch_source`'s file."""
+    """A `TorchDigitNet` (eval mode) from `save_torch_source`'s file, checked
+    tensor by tensor first (`check_torch_file`)."""
     import torch
     from safetensors.torch import load_model
 
     net = sources.TorchDigitNet(arch)
+    check_torch_file(path, net)
     load_model(net, str(path))
     net.eval()
     return net.to(dtype or torch.float32)
+
+
+def read_config(run_dir: str | Path) -> Config:
+    """The run folder's `config.json`; `ConfigError` names the file and field."""
+    return load_config(Path(run_dir) / "config.json")
+
+
+def read_reference_logits(path: str | Path, examples: int, classes: int) -> np.ndarray:
+    """`source_logits.npy`: float logits of shape (examples, classes), all finite."""
+    path = Path(path)
+    try:
+        logits = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise CheckpointError(f"Cannot read `{path}`: {err}") from None
+    if not isinstance(logits, np.ndarray) or not np.issubdtype(logits.dtype, np.floating):
+        raise CheckpointError(
+            f"`{path}` must hold float logits, found dtype `{getattr(logits, 'dtype', None)}`."
+        )
+    if logits.shape != (examples, classes):
+        raise CheckpointError(
+            f"`{path}` has shape {logits.shape}; the held-out split needs ({examples}, {classes})."
+        )
+    bad = first_nonfinite(logits)
+    if bad is not None:
+        raise CheckpointError(
+            f"`{path}` holds {bad[0]} non-finite value(s) (NaN or inf), "
+            f"the first at index {bad[1]}."
+        )
+    return logits
 
 
 def target_arch(config: Config) -> Arch:
@@ -114,10 +205,17 @@ def reload_check(run_dir: str | Path) -> dict:
     held-out logits and compares them with the source model's saved logits:
     within the float32 tolerance of the whole network, identical predictions."""
     run_dir = Path(run_dir)
-    config = Config.from_dict(json.loads((run_dir / "config.json").read_text()))
-    arch = Arch(**json.loads(checkpoint.read_metadata(run_dir / "converted.safetensors")["arch"]))
+    config = read_config(run_dir)
+    arch = checkpoint.read_arch(run_dir / "converted.safetensors")
+    if arch != target_arch(config):
+        raise CheckpointError(
+            f"`{run_dir / 'converted.safetensors'}`: metadata `arch` {arch} is not the "
+            f"architecture of `{run_dir / 'config.json'}` ({target_arch(config)})."
+        )
     split = data.load_split(config.split_seed, config.test_fraction)
-    reference = np.load(run_dir / "source_logits.npy")
+    reference = read_reference_logits(
+        run_dir / "source_logits.npy", len(split.test_labels), arch.num_classes
+    )
     images = data.nhwc(split.test_images)
     cumulative = sum(layer.reduction for layer in model.layers(arch))
     bound = tolerance(np.float32, cumulative, float(np.max(np.abs(reference))))

@@ -15,13 +15,15 @@ multiple of 8), then each tensor's bytes at its `data_offsets`. The tests
 read every file back with the safetensors library itself.
 
 Errors (a name the map does not know, a truncated file, an unsupported
-dtype) raise `MappingError` naming the tensor; the output is written to a
-temporary name and renamed only when complete, so nothing is left behind.
+dtype, a wrong shape, a NaN or infinite value) raise `MappingError` naming
+the tensor; the output is written to a temporary name and renamed only when
+complete, and folders made for it are removed again, so nothing is left behind.
 
 `convert_file_eager` is the baseline: `load_file` everything, convert, and
 `save_file` the result.
 """
 
+import contextlib
 import json
 import os
 import struct
@@ -52,6 +54,8 @@ def describe_damage(path: str | Path) -> str | None:
     path = Path(path)
     try:
         size = path.stat().st_size
+        if size == 0:
+            return "the file is empty"
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             if length > size - 8:
@@ -59,11 +63,20 @@ def describe_damage(path: str | Path) -> str | None:
             header = json.loads(f.read(length))
     except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as err:
         return f"the header cannot be read ({err})"
+    if not isinstance(header, dict):
+        return f"the header is a JSON {type(header).__name__}, not an object of tensors"
     data_size = size - 8 - length
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        begin, end = entry["data_offsets"]
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(x, int) for x in offsets)
+        ):
+            return f"tensor `{name}` has no valid `data_offsets` in the header"
+        begin, end = offsets
         if end > data_size:
             return (
                 f"tensor `{name}` needs bytes {begin}..{end} of the data section, but the "
@@ -128,8 +141,10 @@ def convert_file(
     if problems:
         raise MappingError(problems)
     order = [path for rule in rules for path in rule.targets]
+    created = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(dst.name + f".partial-{os.getpid()}")
+    done_ok = False
     try:
         with tmp.open("wb") as out:
             out.write(output_header(spec, order, metadata))
@@ -145,8 +160,13 @@ def convert_file(
                     progress(done, len(rules))
             # --- end exercise ---
         os.replace(tmp, dst)
+        done_ok = True
     finally:
         tmp.unlink(missing_ok=True)
+        if not done_ok:  # a refused source leaves no folder behind either
+            for folder in created:  # deepest first; only the empty ones made here
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
     return dst
 
 

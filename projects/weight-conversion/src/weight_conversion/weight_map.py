@@ -10,8 +10,13 @@ are data, and `convert` is the one interpreter:
      exactly one rule, every target parameter is filled by exactly one rule;
      a missing, extra or renamed key is reported by name (with the closest
      expected name for a likely rename), all problems at once;
-  2. then rule by rule: dtype supported, transform applied, result shape and
-     dtype equal to the target's; a mismatch names the source tensor.
+  2. then rule by rule: dtype supported, shape the one the target needs
+     (`source_shapes`: a reshape that happens to fit cannot hide a wrong
+     shape), every value finite, transform applied, result shape and dtype
+     equal to the target's; a mismatch names the source tensor.
+
+No check on names, shapes or dtypes can see a *square* weight that is
+transposed (fc2 is 64 x 64): the parity check of stage 2 is what refuses it.
 
 Layout conventions (PyTorch -> NNX):
   Linear weight (out, in)             -> kernel (in, out)             `linear`
@@ -42,6 +47,12 @@ class MappingError(ValueError):
         super().__init__(
             f"{len(problems)} problem(s) mapping the weights:\n  - " + "\n  - ".join(problems)
         )
+
+    def one_line(self, limit: int = 4) -> str:
+        """The problems on one line (the first `limit`, then how many more)."""
+        shown = "; ".join(self.problems[:limit])
+        more = len(self.problems) - limit
+        return shown + (f"; and {more} more problem(s)" if more > 0 else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +165,52 @@ TRANSFORMS: dict[str, Callable[[list[np.ndarray], Arch], list[np.ndarray]]] = {
     "keras_head": t_keras_head,
     "drop": t_drop,
 }
+
+# --- WHAT EACH TRANSFORM READS: source shapes from the target shapes -----------
+
+SOURCE_SHAPES: dict[str, Callable[[list[tuple[int, ...]], int], list[tuple[int, ...]]]] = {
+    # (target shapes in rule order, number of sources) -> each source's shape
+    "copy": lambda t, n: [t[0]],
+    "linear": lambda t, n: [tuple(reversed(t[0]))],
+    "conv": lambda t, n: [(t[0][3], t[0][2], t[0][0], t[0][1])] if len(t[0]) == 4 else [()],
+    "linear_from_nchw": lambda t, n: [tuple(reversed(t[0]))],
+    "qkv_kernel": lambda t, n: [(3 * t[0][1] * t[0][2], t[0][0])] if len(t[0]) == 3 else [()],
+    "qkv_bias": lambda t, n: [(3 * t[0][0] * t[0][1],)] if len(t[0]) == 2 else [()],
+    "attn_out": lambda t, n: [(t[0][2], t[0][0] * t[0][1])] if len(t[0]) == 3 else [()],
+    "tied": lambda t, n: [t[0]] * n,
+    "keras_head": lambda t, n: [tuple(reversed(t[0]))],
+}
+
+
+def source_shapes(
+    rule: Rule, target_spec: Mapping[str, tuple[tuple[int, ...], np.dtype]]
+) -> list[tuple[int, ...]] | None:
+    """The shape each of `rule`'s source tensors must have for its targets, or
+    None where the transform reads any shape (`drop`)."""
+    if rule.transform not in SOURCE_SHAPES or not rule.targets:
+        return None
+    targets = [tuple(target_spec[path][0]) for path in rule.targets]
+    return [tuple(s) for s in SOURCE_SHAPES[rule.transform](targets, len(rule.sources))]
+
+
+def first_nonfinite(array: np.ndarray, chunk: int = 1 << 16) -> tuple[int, tuple[int, ...]] | None:
+    """`(count, index of the first)` of the NaN or infinite values of a float
+    array, or None when every value is finite. Scans in chunks, so a large
+    tensor costs no second full-size buffer."""
+    if not np.issubdtype(array.dtype, np.floating):
+        return None
+    flat = np.ravel(array)
+    count, first = 0, None
+    for start in range(0, flat.size, chunk):
+        bad = ~np.isfinite(flat[start : start + chunk])
+        if bad.any():
+            if first is None:
+                first = start + int(np.argmax(bad))
+            count += int(bad.sum())
+    if first is None:
+        return None
+    return count, tuple(int(i) for i in np.unravel_index(first, array.shape))
+
 
 # Rules whose sources may be partly absent: a saver that deduplicates tied
 # tensors (safetensors' `save_model`) keeps one of the names.
@@ -319,6 +376,27 @@ def apply_rule(
                         f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}"
                     ]
                 )
+    expected = source_shapes(rule, target_spec)
+    if expected is not None:
+        for name, array in zip(names, arrays, strict=True):
+            shape = expected[rule.sources.index(name)]
+            if tuple(array.shape) != shape:
+                raise MappingError(
+                    [
+                        f"source tensor `{name}` {tuple(array.shape)} has the wrong shape: "
+                        f"target `{rule.targets[0]}` {tuple(target_spec[rule.targets[0]][0])} "
+                        f"needs {shape}"
+                    ]
+                )
+    for name, array in zip(names, arrays, strict=True):
+        bad = first_nonfinite(array)
+        if bad is not None:
+            raise MappingError(
+                [
+                    f"source tensor `{name}` holds {bad[0]} non-finite value(s) (NaN or inf), "
+                    f"the first at index {bad[1]}"
+                ]
+            )
     try:
         outputs = TRANSFORMS[rule.transform](arrays, arch)
     except ValueError as err:  # a reshape that cannot fit, tied copies that differ

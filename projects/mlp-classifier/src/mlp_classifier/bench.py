@@ -472,6 +472,23 @@ def run_bench(size_name: str, repeats: int | None, log: Callable[[str], None]) -
     }
 
 
+class BadInput(click.ClickException):
+    """A user-facing error: printed as one message, exit code 2, no traceback."""
+
+    exit_code = 2
+
+
+def _check_out(out: Path) -> None:
+    """`--out` must be creatable, and not the plot's own path."""
+    if out.with_suffix(".png") == out:
+        raise BadInput(f"`--out {out}` is where the plot goes; give the JSON report another name.")
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(f"`--out {out}` cannot be written: `{parent}` is not a directory.")
+
+
 @click.command("bench")
 @click.option(
     "--out",
@@ -501,6 +518,7 @@ def bench(out: Path, size: str, repeats: int | None) -> None:
         click.echo(message, err=True)
         sys.stderr.flush()
 
+    _check_out(out)  # Before the minutes of timing, not after.
     report = run_bench(size, repeats, log)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -21,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete or does not fit the model."""
 
 
@@ -106,12 +106,17 @@ def _hash_files(root: Path) -> dict[str, str]:
 
 def _verify_hashes(path: Path) -> None:
     try:
-        expected = json.loads((path / HASHES).read_text())
-    except (OSError, ValueError):
+        expected = json.loads((path / HASHES).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: not UTF-8 or not JSON.
         raise CheckpointError(
             f"The checkpoint at `{path}` is incomplete: its `{HASHES}` is missing or "
             f"unreadable, so the save did not finish."
         ) from None
+    if not isinstance(expected, dict) or not all(isinstance(v, str) for v in expected.values()):
+        raise CheckpointError(
+            f"The checkpoint at `{path}` is corrupt: its `{HASHES}` must map file names to "
+            f"sha256 hashes, but it holds `{type(expected).__name__}` data."
+        )
     actual = _hash_files(path)
     for name in sorted(set(expected) | set(actual)):
         if expected.get(name) != actual.get(name):

@@ -11,6 +11,7 @@ well under a minute on a 2-core CPU, dossier under `runs/`.
 
 import datetime
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -37,6 +38,13 @@ def _config(path: str | None) -> Config:
         return load_config(path)
     except ConfigError as err:
         raise BadInput(str(err)) from None
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """click's FloatRange lets `nan` through (every comparison with it is False)."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number.")
+    return value
 
 
 def _epoch_line(record: dict[str, Any]) -> None:
@@ -111,6 +119,7 @@ def train_command(config_path: str | None, workdir: str | None, overwrite: bool)
     default=0.03,
     show_default=True,
     type=click.FloatRange(min=0.0, max=1.0),
+    callback=_finite,
     help="Largest allowed |test accuracy - original| for a new seed.",
 )
 def reproduce(workdir: str, seeds: int, tolerance: float) -> None:

@@ -18,6 +18,9 @@ class ConfigError(ValueError):
     """A config file or value that cannot be used; the message says why."""
 
 
+MAX_WIDTH = 4096  # Widest hidden layer: a (4096, 4096) float32 kernel is 64 MiB.
+
+
 class Config(BaseModel):
     """Everything a training run depends on.
 
@@ -52,7 +55,7 @@ class Config(BaseModel):
     """Fraction of each class held out for the final test."""
 
     hidden_sizes: tuple[int, ...] = Field(default=(256, 128), max_length=8)
-    """Width of each hidden layer, input side first; `[]` gives a linear model."""
+    """Width of each hidden layer (1 to 4096), input side first; `[]` gives a linear model."""
 
     dropout_rate: float = Field(default=0.2, ge=0.0, lt=1.0)
     """Probability of zeroing a hidden unit during training (off in evaluation)."""
@@ -77,9 +80,9 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> Self:
-        if any(width < 1 for width in self.hidden_sizes):
+        if any(not 1 <= width <= MAX_WIDTH for width in self.hidden_sizes):
             raise ValueError(
-                f"Every entry of `hidden_sizes` must be a positive width, but got "
+                f"Every entry of `hidden_sizes` must be a width from 1 to {MAX_WIDTH}, but got "
                 f"`{list(self.hidden_sizes)}`."
             )
         if self.val_fraction + self.test_fraction > 0.8:
@@ -136,28 +139,34 @@ def load_config(path: str | Path) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read config file `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Cannot read config file `{path}`: it is not UTF-8 text (byte {err.start})."
+        ) from None
     return Config.from_json(text, source=str(path))
 
 
 def _describe(err: pydantic.ValidationError, source: str) -> str:
-    """Turns pydantic's errors into one full sentence per problem."""
-    lines = [f"Invalid config `{source}`:"]
+    """Turns pydantic's errors into one line: a clause per problem, `;`-separated."""
+    problems = []
     for item in err.errors(include_url=False):
         field = ".".join(str(part) for part in item["loc"])
         value = item.get("input")
-        message = item["msg"].removeprefix("Value error, ")
+        message = item["msg"].removeprefix("Value error, ").rstrip(".")
         if item["type"] == "extra_forbidden":
             known = ", ".join(f"`{name}`" for name in Config.model_fields)
-            lines.append(f"- Unknown field `{field}` (value `{value}`); known fields: {known}.")
+            problems.append(f"unknown field `{field}` (value `{_short(value)}`; known: {known})")
         elif item["type"] == "json_invalid":
-            lines.append(f"- The file is not valid JSON: {message}.")
+            problems.append(f"the file is not valid JSON ({message})")
+        elif item["type"] == "model_type":
+            problems.append(f"the top level must be a JSON object, not `{_short(value)}`")
         elif not field:
-            lines.append(f"- {message.rstrip('.')}.")
+            problems.append(message)
         else:
-            lines.append(f"- Field `{field}` has value `{_short(value)}`: {message}.")
-    return "\n".join(lines)
+            problems.append(f"field `{field}` has value `{_short(value)}`: {message}")
+    return f"Invalid config `{source}`: " + "; ".join(problems) + "."
 
 
 def _short(value: object) -> str:
-    text = json.dumps(value)
+    text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."

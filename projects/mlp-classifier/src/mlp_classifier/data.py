@@ -20,6 +20,7 @@ from sklearn.datasets import load_digits
 
 NUM_FEATURES = 64
 NUM_CLASSES = 10
+NUM_EXAMPLES = 1797  # Rows of `load_digits()`: sample IDs are 0..1796.
 SPLITS = ("train", "validation", "test")
 
 
@@ -54,7 +55,24 @@ def split_ids(
 
     Returns sorted int32 ID arrays that are disjoint and together cover
     `range(len(labels))`.
+
+    Raises `ValueError` for labels that are not a non-empty 1-D integer array, or
+    fractions that are not finite, in (0, 1), and together below 1.
     """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"`labels` must be a non-empty 1-D integer array, but it has shape {labels.shape} "
+            f"and dtype {labels.dtype}."
+        )
+    for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not (isinstance(fraction, int | float | np.floating) and 0.0 < fraction < 1.0):
+            raise ValueError(f"`{name}` must be a number in (0, 1), but it is {fraction!r}.")
+    if val_fraction + test_fraction >= 1.0:
+        raise ValueError(
+            f"`val_fraction` + `test_fraction` must stay below 1 so that training keeps some "
+            f"examples, but they sum to {val_fraction + test_fraction:g}."
+        )
     classes = np.unique(labels)
     class_keys = jax.random.split(key, len(classes))
     parts: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
@@ -90,8 +108,32 @@ def dataset(
 
     Returns:
       An iterable of batches (dicts, see the module docstring).
+
+    Raises `ValueError` for `ids` that are not a non-empty 1-D integer array of
+    rows of `digits`, a `batch_size` that is not a positive integer, or a `seed`
+    outside `[0, 2**32)`.
     """
-    examples = grain.MapDataset.source(np.asarray(ids, dtype=np.int32))
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"`ids` must be a non-empty 1-D integer array of sample IDs, but it has shape "
+            f"{ids.shape} and dtype {ids.dtype}."
+        )
+    n = len(digits.labels)
+    if ids.min() < 0 or ids.max() >= n:
+        raise ValueError(
+            f"`ids` must be sample IDs from 0 to {n - 1}, but they range from {ids.min()} "
+            f"to {ids.max()}."
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+        raise ValueError(f"`batch_size` must be a positive integer, but it is {batch_size!r}.")
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive integer, but it is {batch_size}.")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32
+    ):
+        raise ValueError(f"`seed` must be None or an integer in [0, 2**32), but it is {seed!r}.")
+    examples = grain.MapDataset.source(ids.astype(np.int32))
     if seed is not None:
         examples = examples.shuffle(seed=seed)
     examples = examples.map(lambda i: _example(digits, int(i)))

@@ -19,8 +19,10 @@ looks complete; `load` also re-checks every hash in the manifest.
 
 import hashlib
 import json
+import math
 import os
 import platform
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +31,16 @@ from typing import Any
 import flax
 import jax
 
-from mlp_classifier import checkpoint, plots
-from mlp_classifier.config import Config, ConfigError
+from mlp_classifier import checkpoint, data, plots
+from mlp_classifier.config import Config, ConfigError, load_config
 
 MANIFEST = "COMPLETE"
+# The files `load` reads; a manifest that does not list one of them is refused.
+REQUIRED = ("config.json", "split.json", "metrics.json", f"checkpoint/{checkpoint.HASHES}")
+METRIC_KEYS = ("epochs", "test", "confusion_matrix", "misclassified", "state_sha256")
 
 
-class DossierError(RuntimeError):
+class DossierError(ValueError):
     """A dossier that is missing, incomplete, corrupt, or must not be overwritten."""
 
 
@@ -54,6 +59,14 @@ def check_writable(workdir: str | Path, *, overwrite: bool) -> None:
     path = Path(workdir)
     if path.exists() and not path.is_dir():
         raise DossierError(f"The workdir `{path}` exists and is not a directory.")
+    # The directory is created only after training: a parent that is a file must fail now.
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DossierError(
+            f"The workdir `{path}` cannot be created: `{parent}` is not a directory."
+        )
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise DossierError(
             f"The workdir `{path}` already holds files; pass `--overwrite` to replace it "
@@ -112,7 +125,13 @@ def load(workdir: str | Path) -> Dossier:
             f"The dossier at `{path}` is incomplete: it has no `{MANIFEST}` manifest, so its "
             f"run did not finish. Train again with `--overwrite`."
         )
-    expected = _read_json(path / MANIFEST)["sha256"]
+    manifest = _read_json(path / MANIFEST)
+    expected = manifest.get("sha256") if isinstance(manifest, dict) else None
+    if not isinstance(expected, dict) or not all(isinstance(v, str) for v in expected.values()):
+        raise DossierError(
+            f"The manifest `{path / MANIFEST}` is not usable: it must be a JSON object whose "
+            f"field `sha256` maps file names to hashes."
+        )
     actual = _hash_files(path)
     for name in sorted(set(expected) | set(actual)):
         if name == "reproduce.json":
@@ -120,13 +139,91 @@ def load(workdir: str | Path) -> Dossier:
         if expected.get(name) != actual.get(name):
             state = "missing" if name not in actual else "changed since the run"
             raise DossierError(f"The dossier at `{path}` is corrupt: `{name}` is {state}.")
+    for name in REQUIRED:
+        if name not in actual:
+            raise DossierError(f"The dossier at `{path}` is incomplete: `{name}` is missing.")
     try:
-        config = Config.from_json(
-            (path / "config.json").read_text(encoding="utf-8"), str(path / "config.json")
-        )
+        config = load_config(path / "config.json")
     except ConfigError as err:
         raise DossierError(str(err)) from None
-    return Dossier(path, config, _read_json(path / "split.json"), _read_json(path / "metrics.json"))
+    split = _read_json(path / "split.json")
+    _check_split(path / "split.json", split)
+    metrics = _read_json(path / "metrics.json")
+    _check_metrics(path / "metrics.json", metrics)
+    return Dossier(path, config, split, metrics)
+
+
+def _check_split(file: Path, split: Any) -> None:
+    """Three disjoint lists of sample IDs that together cover the data set."""
+    if not isinstance(split, dict):
+        raise DossierError(f"`{file}` must hold a JSON object, not `{type(split).__name__}`.")
+    seen: set[int] = set()
+    for name in data.SPLITS:
+        ids = split.get(name)
+        if not isinstance(ids, list) or not all(
+            type(i) is int and 0 <= i < data.NUM_EXAMPLES for i in ids
+        ):
+            raise DossierError(
+                f"`{file}`: field `{name}` must be a list of sample IDs from 0 to "
+                f"{data.NUM_EXAMPLES - 1}, but it is `{_short(ids)}`."
+            )
+        if seen & set(ids) or len(set(ids)) != len(ids):
+            raise DossierError(f"`{file}`: field `{name}` repeats sample IDs of another split.")
+        seen |= set(ids)
+    if len(seen) != data.NUM_EXAMPLES:
+        raise DossierError(
+            f"`{file}`: the splits hold {len(seen)} sample IDs, not all {data.NUM_EXAMPLES}."
+        )
+
+
+def _check_metrics(file: Path, metrics: Any) -> None:
+    """The fields `reproduce` reads, with the types and ranges a run writes."""
+    if not isinstance(metrics, dict):
+        raise DossierError(f"`{file}` must hold a JSON object, not `{type(metrics).__name__}`.")
+    for key in METRIC_KEYS:
+        if key not in metrics:
+            raise DossierError(f"`{file}` has no field `{key}`.")
+
+    def bad(field: str, value: Any, want: str) -> DossierError:
+        return DossierError(
+            f"`{file}`: field `{field}` must be {want}, but it is `{_short(value)}`."
+        )
+
+    if not isinstance(metrics["epochs"], list) or not all(
+        isinstance(e, dict) for e in metrics["epochs"]
+    ):
+        raise bad("epochs", metrics["epochs"], "a list of per-epoch records")
+    test = metrics["test"]
+    if not isinstance(test, dict):
+        raise bad("test", test, "an object with `loss`, `accuracy` and `count`")
+    accuracy, loss, count = test.get("accuracy"), test.get("loss"), test.get("count")
+    if not _is_number(accuracy) or not 0.0 <= accuracy <= 1.0:
+        raise bad("test.accuracy", accuracy, "a number from 0 to 1")
+    if not _is_number(loss) or loss < 0.0:
+        raise bad("test.loss", loss, "a finite number >= 0")
+    if type(count) is not int or count < 0:
+        raise bad("test.count", count, "a whole number >= 0")
+    matrix = metrics["confusion_matrix"]
+    if not (
+        isinstance(matrix, list)
+        and len(matrix) == data.NUM_CLASSES
+        and all(isinstance(row, list) and len(row) == data.NUM_CLASSES for row in matrix)
+    ):
+        raise bad("confusion_matrix", matrix, f"a {data.NUM_CLASSES} x {data.NUM_CLASSES} list")
+    if not isinstance(metrics["misclassified"], list):
+        raise bad("misclassified", metrics["misclassified"], "a list")
+    digest = metrics["state_sha256"]
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise bad("state_sha256", digest, "a sha256 hex digest")
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _write_json(path: Path, value: Any) -> None:

@@ -9,6 +9,7 @@ at construction, so the RNG state is part of the model's state (`nnx.state`).
 from collections.abc import Sequence
 
 import jax
+import numpy as np
 from flax import nnx
 
 
@@ -48,7 +49,21 @@ class MLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """Maps `x`, float32 of shape `(batch, in_features)`, to logits of shape
         `(batch, num_classes)`. In train mode each call draws a fresh dropout
-        key, which advances the model's RNG state (an in-place update)."""
+        key, which advances the model's RNG state (an in-place update).
+
+        Raises `ValueError` if the last axis of `x` is not `in_features` wide, or if
+        a concrete (not traced) `x` holds NaN or infinite values.
+        """
+        in_features = (self.hidden[0] if len(self.hidden) else self.head).in_features
+        if x.shape[-1:] != (in_features,):
+            raise ValueError(
+                f"The MLP input `x` must have shape (batch, {in_features}), but it has shape "
+                f"{tuple(x.shape)}."
+            )
+        if not isinstance(x, jax.core.Tracer) and not np.isfinite(np.asarray(x)).all():
+            raise ValueError(
+                "The MLP input `x` holds NaN or infinite values; inputs must be finite."
+            )
         # --- exercise stage 1: Linear, relu, dropout per hidden layer; then the head. ---
         for layer in self.hidden:
             x = self.dropout(nnx.relu(layer(x)))

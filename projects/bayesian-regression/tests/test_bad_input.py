@@ -102,9 +102,15 @@ def refused(args: list, root: Path, named: list[str]) -> str:
     return errors[0]
 
 
-def scratch() -> Path:
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory) -> Path:
+    """The parent of the per-example directories (pytest removes old ones)."""
+    return tmp_path_factory.mktemp("examples")
+
+
+def scratch(parent: Path) -> Path:
     """A fresh directory per hypothesis example (function fixtures do not reset there)."""
-    return Path(tempfile.mkdtemp(prefix="bad-input-"))
+    return Path(tempfile.mkdtemp(dir=parent))
 
 
 GOOD_CONFIG = json.loads(TINY.read_text(encoding="utf-8"))
@@ -154,8 +160,8 @@ CONFIG_KINDS = [
     value=st.sampled_from(BAD_FIELD_VALUES),
     cut=st.floats(0.0, 1.0),
 )
-def test_a_damaged_config_file_is_refused(command, kind, field, value, cut):
-    root = scratch()
+def test_a_damaged_config_file_is_refused(examples, command, kind, field, value, cut):
+    root = scratch(examples)
     path = root / "config.json"
     text = config_text(kind, field, value, cut)
     if text is not None:
@@ -192,8 +198,8 @@ STEP_FACTORS = st.one_of(
 
 @settings(max_examples=15, derandomize=True, deadline=None, database=None)
 @given(value=STEP_FACTORS)
-def test_a_step_size_factor_out_of_range_is_refused(value):
-    root = scratch()
+def test_a_step_size_factor_out_of_range_is_refused(examples, value):
+    root = scratch(examples)
     args = ["sample", "--config", TINY, "--workdir", root, "--step-size-factor", value]
     line = refused(args, root, ["`--step-size-factor`"])
     assert "[0.001, 1000.0]" in line
@@ -342,8 +348,8 @@ def meta_damage(kind: str, field: str, cut: float) -> tuple[bytes | None, list[s
     field=st.sampled_from(["target", "sampler", "names"]),
     cut=st.floats(0.0, 1.0),
 )
-def test_a_damaged_meta_json_is_refused(runs, kind, field, cut):
-    root = scratch()
+def test_a_damaged_meta_json_is_refused(runs, examples, kind, field, cut):
+    root = scratch(examples)
     run = root / "run"
     shutil.copytree(runs["good"], run)
     text, named = meta_damage(kind, field, cut)

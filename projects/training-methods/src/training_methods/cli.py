@@ -6,8 +6,10 @@
 
 Every lab runs on the embedded default config (`--config FILE.json` to
 change it) and writes `runs/<lab>/report.json` (plus a loss-curve PNG for the
-training labs). Bad input (an unknown config key, a LoRA rank larger than the
-layers) exits with status 2 and a message naming the value.
+training labs). Bad input (a config file that is missing, not UTF-8 JSON, or
+has an unknown key or a bad value; a LoRA rank larger than the layers; a
+`--out` under a file) exits with status 2 and a one-line message naming the
+file, field or value, before anything is computed or written.
 """
 
 import json
@@ -22,11 +24,30 @@ from training_methods.config import Config, ConfigError, load_config
 RUNS = Path("runs")
 
 
+class BadInput(click.ClickException):
+    """An input the command cannot use: exit status 2, one line naming it."""
+
+    exit_code = 2
+
+
 def _config(path: str | None) -> Config:
     try:
         return load_config(path) if path else Config.default()
     except ConfigError as err:
-        raise click.BadParameter(str(err), param_hint="--config") from None
+        raise BadInput(str(err)) from None
+
+
+def _writable(out_path: str, option: str) -> Path:
+    """Refuses an output path below an existing file (before any work is done)."""
+    out = Path(out_path)
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise BadInput(
+                    f"Cannot write `{option}` `{out_path}`: `{parent}` is a file, not a folder."
+                )
+            break
+    return out
 
 
 def _write(lab: str, report: dict, losses: dict[str, list[float]] | None = None) -> Path:
@@ -245,9 +266,9 @@ def lora_cmd(config_path, ranks):
     ranks = ranks or (config.lora_rank,)
     for rank in ranks:
         if not 1 <= rank <= config.d_model:
-            raise click.BadParameter(
-                f"LoRA rank `{rank}` does not fit layers of width `{config.d_model}`.",
-                param_hint="--rank",
+            raise BadInput(
+                f"LoRA rank `{rank}` (`--rank`) does not fit layers of width `{config.d_model}`; "
+                f"choose a rank from 1 to {config.d_model}."
             )
     base, _ = _sft_model(config)
     splits, shift = _data(config, "shift")
@@ -360,7 +381,7 @@ def heldout(config_path):
 
     def sub(ids):
         r = corpus.rows(ids)
-        return Corpus(corpus.ids[r], corpus.tokens[r], corpus.prompt_len[r])
+        return Corpus(corpus.ids[r], corpus.tokens[r], corpus.prompt_len[r], corpus.vocab)
 
     train, held = sub(splits["train"]), sub(splits["heldout"])
     report = lab.audit(ledger, train, held)
@@ -417,7 +438,8 @@ def bench(config_path, out_path, repetitions):
     from training_methods import bench as lab
 
     config = _config(config_path)
-    report = lab.run(config, Path(out_path), repetitions)
+    out = _writable(out_path, "--out")
+    report = lab.run(config, out, repetitions)
     for name, value in report["ratios"].items():
         target = report["targets"].get(name)
         verdict = (

@@ -29,7 +29,11 @@ class Config(BaseModel):
     """
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        use_attribute_docstrings=True,
     )
 
     seed: int = Field(default=0, ge=0, lt=2**32)
@@ -159,27 +163,36 @@ class Config(BaseModel):
 
 
 def load_config(path: str | Path) -> Config:
-    """Reads a JSON config file; raises `ConfigError` with a readable message."""
+    """Reads a JSON config file; raises `ConfigError` with a one-line message
+    naming the file (and the field, for a bad value)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read config file `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Config file `{path}` is not UTF-8 text: byte `0x{err.object[err.start]:02x}` "
+            f"at offset {err.start}."
+        ) from None
     return Config.from_json(text, source=str(path))
 
 
 def _describe(err: pydantic.ValidationError, source: str) -> str:
-    lines = [f"Invalid config `{source}`:"]
+    """One line: the source, then each problem, separated by `; `."""
+    lines = []
     for item in err.errors(include_url=False):
         field = ".".join(str(part) for part in item["loc"])
         value = item.get("input")
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            lines.append(f"- Unknown config key `{field}` (value `{value}`).")
+            lines.append(f"unknown config key `{field}` (value `{json.dumps(value)[:60]}`)")
         elif item["type"] == "json_invalid":
-            lines.append(f"- The file is not valid JSON: {message}.")
+            lines.append(f"the file is not valid JSON: {message.rstrip('.')}")
         elif not field:
-            lines.append(f"- {message.rstrip('.')}.")
+            lines.append(message.rstrip("."))
         else:
-            lines.append(f"- Field `{field}` has value `{json.dumps(value)[:60]}`: {message}.")
-    return "\n".join(lines)
+            lines.append(
+                f"field `{field}` has value `{json.dumps(value)[:60]}`: {message.rstrip('.')}"
+            )
+    return f"Invalid config `{source}`: " + "; ".join(lines) + "."

@@ -38,25 +38,96 @@ def vocab_size(config: Config) -> int:
     return NUM_SPECIAL + config.num_symbols
 
 
+def check_token_ids(tokens, vocab: int, name: str = "tokens", ids=None) -> np.ndarray:
+    """Refuses (`ValueError`) token ids outside `0 .. vocab - 1`, naming the first
+    offending id, where it is and the vocabulary size; returns the array.
+
+    `ids` (optional, one per row): the example ids, named in the message.
+    For concrete arrays only (NumPy, or JAX arrays outside `jit`).
+    """
+    arr = np.asarray(tokens)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"`{name}` must hold integer token ids, but its dtype is `{arr.dtype}`.")
+    bad = (arr < 0) | (arr >= vocab)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        at = f"`{name}[{', '.join(map(str, where))}]`"
+        if ids is not None and arr.ndim == 2:
+            at += f" (example id `{int(np.asarray(ids)[where[0]])}`)"
+        raise ValueError(
+            f"Token id `{int(arr[where])}` at {at} is outside the vocabulary of size `{vocab}` "
+            f"(valid ids: 0 to {vocab - 1})."
+        )
+    return arr
+
+
+def _check_ids(ids, name: str) -> np.ndarray:
+    """A non-empty 1-D integer vector of example ids (refused otherwise)."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise ValueError(f"`{name}` must be a 1-D vector of example ids, got shape `{arr.shape}`.")
+    if arr.size == 0:
+        raise ValueError(f"`{name}` is empty: at least one example id is needed.")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"`{name}` must hold integer example ids, but its dtype is `{arr.dtype}`.")
+    return arr
+
+
 @dataclass(frozen=True)
 class Corpus:
     """Examples of one task, indexed by id (row `i` is example id `ids[i]`).
 
-    `ids`: int32 `(N,)`; `tokens`: int32 `(N, seq_len)`; `prompt_len`: int32 `(N,)`.
+    `ids`: int32 `(N,)`, strictly increasing; `tokens`: int32 `(N, seq_len)`;
+    `prompt_len`: int32 `(N,)`, each `L` with `1 <= L` and `2L + 3 <= seq_len`.
+    `vocab`: the vocabulary size, when known (`generate` sets it): every token
+    is then checked to lie in `0 .. vocab - 1`. Shapes and values are checked
+    when the corpus is built (`ValueError` naming the field).
     """
 
     ids: np.ndarray
     tokens: np.ndarray
     prompt_len: np.ndarray
+    vocab: int | None = None
+
+    def __post_init__(self) -> None:
+        ids, tokens, prompt_len = (np.asarray(x) for x in (self.ids, self.tokens, self.prompt_len))
+        if tokens.ndim != 2:
+            raise ValueError(f"`tokens` must be `(N, seq_len)`, got shape `{tokens.shape}`.")
+        for name, arr in (("ids", ids), ("prompt_len", prompt_len)):
+            if arr.shape != tokens.shape[:1]:
+                raise ValueError(
+                    f"`{name}` has shape `{arr.shape}` but `tokens` has `{tokens.shape[0]}` rows."
+                )
+        for name, arr in (("ids", ids), ("tokens", tokens), ("prompt_len", prompt_len)):
+            if not np.issubdtype(arr.dtype, np.integer):
+                raise ValueError(f"`{name}` must be integer, but its dtype is `{arr.dtype}`.")
+        if ids.size > 1 and np.any(np.diff(ids) <= 0):
+            i = int(np.argmax(np.diff(ids) <= 0))
+            raise ValueError(
+                f"`ids` must be strictly increasing: `{int(ids[i])}` is followed by "
+                f"`{int(ids[i + 1])}` (row {i + 1})."
+            )
+        longest = (tokens.shape[1] - 3) // 2
+        bad = (prompt_len < 1) | (prompt_len > longest)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(
+                f"`prompt_len` `{int(prompt_len[i])}` of example id `{int(ids[i])}` is outside "
+                f"1 to {longest} (rows of `{tokens.shape[1]}` tokens hold 2 L + 3)."
+            )
+        if self.vocab is not None:
+            check_token_ids(tokens, self.vocab, "tokens", ids)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        """Row indices of example `ids` in this corpus (ids must be present)."""
+        """Row indices of example `ids` in this corpus (`ValueError` for an absent id)."""
+        ids = np.asarray(ids)
         index = np.searchsorted(self.ids, ids)
         if np.any(index >= len(self.ids)) or np.any(
             self.ids[np.minimum(index, len(self.ids) - 1)] != ids
         ):
-            raise KeyError(
-                f"Example ids `{np.setdiff1d(ids, self.ids)[:5].tolist()}` are not in the corpus."
+            missing = np.setdiff1d(ids, self.ids)[:5].tolist()
+            raise ValueError(
+                f"Example ids {', '.join(f'`{i}`' for i in missing)} are not in the corpus."
             )
         return index
 
@@ -81,7 +152,11 @@ def generate(config: Config, ids: np.ndarray, task: str = "reverse") -> Corpus:
     """
     if task not in TASKS:
         raise ValueError(f"Unknown task `{task}`; known tasks: {', '.join(TASKS)}.")
-    ids = np.asarray(ids, dtype=np.int32)
+    ids = _check_ids(ids, "ids")
+    if ids.min() < 0 or ids.max() >= 2**31:
+        bad = int(ids[(ids < 0) | (ids >= 2**31)][0])
+        raise ValueError(f"Example id `{bad}` in `ids` is outside 0 to 2**31 - 1.")
+    ids = ids.astype(np.int32)
     words = np.asarray(
         _draw(jax.random.key(config.data_seed), jnp.asarray(ids), config.max_len + 1)
     )
@@ -100,7 +175,7 @@ def generate(config: Config, ids: np.ndarray, task: str = "reverse") -> Corpus:
             *(response + NUM_SPECIAL),
             EOS,
         ]
-    return Corpus(ids=ids, tokens=tokens, prompt_len=lengths)
+    return Corpus(ids=ids, tokens=tokens, prompt_len=lengths, vocab=vocab_size(config))
 
 
 @jax.jit(static_argnums=2)
@@ -119,6 +194,8 @@ def batches(
     batch_size: int,
     key: jax.Array,
     steps: int,
+    *,
+    vocab: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """A Grain pipeline of `steps` shuffled training batches over `ids`.
 
@@ -126,15 +203,29 @@ def batches(
     Grain source holds one row-index vector per batch, gathered with one NumPy
     index per batch (per-example Grain elements cost ~0.4 ms each here).
     Refuses (`HeldoutLeak`) any id of `heldout`: objectives never read a
-    held-out example, whatever the caller passes.
+    held-out example, whatever the caller passes. Refuses (`ValueError`)
+    empty `ids`, a `batch_size` or `steps` below 1, ids absent from `corpus`,
+    and any token of the rows read outside `0 .. vocab - 1` (`vocab`: the
+    model's vocabulary size; default: the corpus's own `vocab`).
     """
+    ids = _check_ids(ids, "ids")
+    for name, value in (("batch_size", batch_size), ("steps", steps)):
+        if not isinstance(value, int | np.integer) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer, got `{value}`.")
+    vocab = corpus.vocab if vocab is None else vocab
+    if vocab is None:
+        raise ValueError(
+            "The vocabulary size is unknown: pass `vocab` (the model's vocabulary) or "
+            "build the corpus with `vocab`, so its token ids can be checked."
+        )
     leaked = np.intersect1d(ids, heldout)
     if leaked.size:
         raise HeldoutLeak(
             f"Held-out example ids `{leaked[:5].tolist()}` were passed to an objective; "
             f"objectives read training ids only."
         )
-    rows = corpus.rows(np.asarray(ids, dtype=np.int32))
+    rows = corpus.rows(ids)
+    check_token_ids(corpus.tokens[rows], vocab, "corpus.tokens", corpus.ids[rows])
     epochs = -(-steps * batch_size // len(rows))
     order = np.concatenate(
         [

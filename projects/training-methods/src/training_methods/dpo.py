@@ -54,8 +54,23 @@ def make_pairs(
     tokens: np.ndarray, prompt_len: np.ndarray, num_symbols: int, key: jax.Array
 ) -> Pairs:
     """Chosen: the correct response. Rejected: the same response with one symbol
-    changed to another symbol, at a position drawn from `key`."""
-    from training_methods.data import NUM_SPECIAL
+    changed to another symbol, at a position drawn from `key`.
+
+    Refuses (`ValueError`) tokens outside the vocabulary of `num_symbols`,
+    and prompt lengths that do not fit the rows."""
+    from training_methods.data import NUM_SPECIAL, check_token_ids
+
+    tokens, prompt_len = np.asarray(tokens), np.asarray(prompt_len)
+    if tokens.ndim != 2 or prompt_len.shape != tokens.shape[:1]:
+        raise ValueError(
+            f"`tokens` must be `(N, T)` and `prompt_len` `(N,)`, got `{tokens.shape}` and "
+            f"`prompt_len` `{prompt_len.shape}`."
+        )
+    check_token_ids(tokens, NUM_SPECIAL + num_symbols, "tokens")
+    longest = (tokens.shape[1] - 3) // 2
+    if np.any((prompt_len < 1) | (prompt_len > longest)):
+        bad = int(prompt_len[(prompt_len < 1) | (prompt_len > longest)][0])
+        raise ValueError(f"`prompt_len` `{bad}` is outside 1 to {longest} for rows of this width.")
 
     k_pos, k_sym = jax.random.split(key)
     n = len(tokens)

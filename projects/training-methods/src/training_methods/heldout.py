@@ -38,6 +38,8 @@ def ngrams(seq: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
 
 def audit(ledger: Ledger, train: Corpus, heldout: Corpus, n: int = 3) -> dict:
     """Separation and contamination report (figures, and the verdict they imply)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"The n-gram length `n` must be a positive integer, got `{n}`.")
     heldout_ids = set(heldout.ids.tolist())
     # --- exercise stage 7: Find leaked ids, duplicate prompts and held-out n-gram overlap. ---
     leaks = {name: sorted(read & heldout_ids) for name, read in ledger.read.items()}

@@ -18,7 +18,10 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+from training_methods.data import check_token_ids
 
 NEG_INF = -1e9  # finite, so a fully masked (padding) row stays finite
 
@@ -136,6 +139,45 @@ class Transformer(nnx.Module):
             attn_scale if attn_scale is not None else 1.0 / math.sqrt(d_model // num_heads)
         )
         self.mask_offset = mask_offset
+        self.vocab = vocab
+        self.max_len = max_len
+
+    def _check_inputs(self, tokens, segment_ids, positions) -> None:
+        """Refuses what would index past an embedding table (NaN logits otherwise).
+
+        Shapes are static, so the length check (default positions) runs at
+        trace time and costs nothing in a compiled call; token and explicit
+        position values are checked when they are concrete (an eager call),
+        not under `jit`.
+        """
+        if tokens.ndim != 2:
+            raise ValueError(f"`tokens` must be `(B, T)`, got shape `{tuple(tokens.shape)}`.")
+        t = tokens.shape[1]
+        # Default positions are 0 .. T-1; explicit ones (packed rows restart them
+        # per example) may serve a longer row, and are checked below when concrete.
+        if positions is None and t > self.max_len:
+            raise ValueError(
+                f"Sequence length `{t}` exceeds the model's `max_len` `{self.max_len}` "
+                f"(learned positions 0 to {self.max_len - 1}); `tokens` has shape "
+                f"`{tuple(tokens.shape)}`."
+            )
+        for name, arr in (("segment_ids", segment_ids), ("positions", positions)):
+            if arr is not None and tuple(arr.shape) != tuple(tokens.shape):
+                raise ValueError(
+                    f"`{name}` has shape `{tuple(arr.shape)}` but `tokens` has "
+                    f"`{tuple(tokens.shape)}`."
+                )
+        if not isinstance(tokens, jax.core.Tracer):
+            check_token_ids(tokens, self.vocab, "tokens")
+        if positions is not None and not isinstance(positions, jax.core.Tracer):
+            p = np.asarray(positions)
+            bad = (p < 0) | (p >= self.max_len)
+            if bad.any():
+                where = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(
+                    f"Position `{int(p[where])}` at `positions{list(where)}` is outside the "
+                    f"model's `max_len` `{self.max_len}` (positions 0 to {self.max_len - 1})."
+                )
 
     def hidden(self, tokens, *, segment_ids=None, positions=None, causal=True, taps=None):
         """Final-LayerNorm hidden states `(B, T, D)` of int32 `tokens` `(B, T)`.
@@ -144,6 +186,7 @@ class Transformer(nnx.Module):
         never reaches segment 0 (padding); default: one segment of every
         non-PAD token. `positions` int32 `(B, T)`: default `0..T-1`.
         """
+        self._check_inputs(tokens, segment_ids, positions)
         b, t = tokens.shape
         if segment_ids is None:
             segment_ids = (tokens != 0).astype(jnp.int32)

@@ -199,8 +199,16 @@ def run_parity(config, tokens: np.ndarray, dtype, *, key, **torch_overrides) -> 
     import jax
     import jax.numpy as jnp
 
-    from training_methods.data import vocab_size
+    from training_methods.data import check_token_ids, vocab_size
     from training_methods.model import build, layer_outputs, tap_names
+
+    # The torch twin would raise an IndexError deep inside; refuse here instead.
+    check_token_ids(tokens, vocab_size(config), "tokens")
+    if np.ndim(tokens) != 2 or np.shape(tokens)[1] > config.seq_len:
+        raise ValueError(
+            f"`tokens` of shape `{np.shape(tokens)}`: sequence length `{np.shape(tokens)[-1]}` "
+            f"must be at most the model's `max_len` `{config.seq_len}`, in `(B, T)` rows."
+        )
 
     # Flax's LayerNorm mixes a float32 constant into float64 statistics, which
     # strict promotion refuses; standard promotion is exempted here only.

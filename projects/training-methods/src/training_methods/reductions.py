@@ -25,9 +25,12 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from training_methods.mlm import check_mask
+
 
 def per_token_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean over every counted token of the batch."""
+    """Mean over every counted token of the batch (`mask` bool, `losses`' shape)."""
+    check_mask(mask, losses)
     # --- exercise stage 6: Sum of counted losses over the number of counted tokens. ---
     return jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(jnp.sum(mask), 1).astype(
         losses.dtype
@@ -37,6 +40,7 @@ def per_token_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
 
 def per_sequence_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean over sequences (with a counted token) of each sequence's token mean."""
+    check_mask(mask, losses)
     # --- exercise stage 6: Mean per sequence over its tokens, then over non-empty sequences. ---
     count = jnp.sum(mask, axis=1)
     seq = jnp.sum(jnp.where(mask, losses, 0.0), axis=1) / jnp.maximum(count, 1).astype(losses.dtype)

@@ -62,6 +62,15 @@ def pack(tokens: np.ndarray, prompt_len: np.ndarray, length: int) -> dict[str, n
     `positions` (0 at the start of every example), plus `example` (the input
     row of each token, -1 for padding).
     """
+    tokens, prompt_len = np.asarray(tokens), np.asarray(prompt_len)
+    if tokens.ndim != 2:
+        raise ValueError(f"`tokens` must be `(N, T)`, got shape `{tokens.shape}`.")
+    if prompt_len.shape != tokens.shape[:1]:
+        raise ValueError(
+            f"`prompt_len` has shape `{prompt_len.shape}` but `tokens` has {len(tokens)} rows."
+        )
+    if length < 1:
+        raise ValueError(f"The row `length` must be at least 1, got `{length}`.")
     rows: list[list[tuple[int, np.ndarray]]] = [[]]
     used = 0
     for i, (seq, n) in enumerate(zip(tokens, prompt_len, strict=True)):

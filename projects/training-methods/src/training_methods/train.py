@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 
 from training_methods.config import Config
-from training_methods.data import Corpus, batches
+from training_methods.data import Corpus, batches, check_token_ids, vocab_size
 
 
 class TrainState(NamedTuple):
@@ -102,7 +102,18 @@ def eval_step(model, tokens, prompt_len):
 
 
 def evaluate(model, corpus: Corpus, ids: np.ndarray, batch_size: int = 256) -> dict[str, float]:
-    """Answer accuracy and per-token response loss over examples `ids`."""
+    """Answer accuracy and per-token response loss over examples `ids`.
+
+    Refuses (`ValueError`) empty `ids`, ids absent from `corpus` and tokens
+    outside the model's vocabulary.
+    """
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.size == 0:
+        raise ValueError(
+            f"`ids` must be a non-empty 1-D vector of example ids, got shape `{ids.shape}`."
+        )
+    rows = corpus.rows(ids)
+    check_token_ids(corpus.tokens[rows], model.vocab, "corpus.tokens", corpus.ids[rows])
     correct, loss_sum, count = [], [], []
     for start in range(0, len(ids), batch_size):
         b = corpus.take(ids[start : start + batch_size])
@@ -141,7 +152,29 @@ def fit(
     batch (e.g. preference pairs). Returns the trained model (a new object;
     `model` is left as it was) and a
     history `{"loss": [...], "opt_state": ..., "trainable": ...}`.
+
+    Refuses (`ValueError`) empty `train_ids`, `steps` below 1, and (through
+    `data.batches`) held-out ids, ids absent from `corpus` and tokens outside
+    the config's vocabulary, before anything is compiled.
     """
+    train_ids = np.asarray(train_ids)
+    if train_ids.ndim != 1 or train_ids.size == 0:
+        raise ValueError(
+            f"`train_ids` must be a non-empty 1-D vector of example ids, got shape "
+            f"`{train_ids.shape}`."
+        )
+    if not isinstance(steps, int | np.integer) or steps < 1:
+        raise ValueError(f"`steps` must be a positive integer, got `{steps}`.")
+    key, k_data = jax.random.split(key)
+    stream = batches(
+        corpus,
+        train_ids,
+        heldout_ids,
+        config.batch_size,
+        k_data,
+        steps,
+        vocab=vocab_size(config),
+    )
     if tx is None:
         tx = optimizer(config)
         graphdef, state = create_train_state(model, tx, wrt)
@@ -149,8 +182,6 @@ def fit(
     else:
         graphdef, state = create_train_state(model, tx, wrt)
         step_fn = make_train_step(graphdef, tx, loss_fn)
-    key, k_data = jax.random.split(key)
-    stream = batches(corpus, train_ids, heldout_ids, config.batch_size, k_data, steps)
     losses = []
     with (
         click.progressbar(length=steps, label=objective, file=None) if progress else _Null() as bar

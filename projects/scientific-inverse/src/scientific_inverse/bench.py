@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.integrate import solve_ivp
 
+from scientific_inverse.config import ConfigError, check_output_path
 from scientific_inverse.model import OSCILLATOR
 from scientific_inverse.numerics import in_float64
 from scientific_inverse.solver import diffrax_solve
@@ -131,6 +132,8 @@ def _stats(times: list[float]) -> dict[str, float]:
 def run(size: str = "default", progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Runs the benchmark; returns the report dict (see the module docstring)."""
     say = progress or (lambda message: None)
+    if size not in SIZES:
+        raise ValueError(f"Unknown bench size `{size}`; use one of {sorted(SIZES)}.")
     cfg = SIZES[size]
     theta_np, y0_np = parameter_sets(cfg["batch"], cfg["seed"])
     ts_np = np.linspace(0.0, cfg["t_end"], cfg["n_save"])
@@ -266,6 +269,11 @@ def plot(report: dict[str, Any], path: Path) -> Path:
 )
 def bench(size: str, out: str) -> None:
     """Time diffrax (vmapped) against SciPy's solve_ivp loop, and gradient against forward."""
+    try:
+        for target in (Path(out), Path(out).with_suffix(".png")):
+            check_output_path(target, directory=False, what="Bench report")
+    except ConfigError as err:
+        raise click.BadParameter(str(err), param_hint="'--out'") from None
     report = run(size, progress=lambda message: click.echo(message, err=True))
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)

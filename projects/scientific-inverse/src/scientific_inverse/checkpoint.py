@@ -26,11 +26,21 @@ def save(path: str | Path, result: dict[str, Any]) -> Path:
 def restore(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        result = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise CheckpointError(f"Cannot read result file `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise CheckpointError(
+            f"Result file `{path}` is not UTF-8 text (byte {err.start}: {err.reason})."
+        ) from None
     except json.JSONDecodeError as err:
         raise CheckpointError(f"Result file `{path}` is not valid JSON: {err.msg}.") from None
+    if not isinstance(result, dict):
+        raise CheckpointError(
+            f"Result file `{path}` holds a JSON {type(result).__name__}, not the object "
+            "of a study's result."
+        )
+    return result
 
 
 def digest(result: dict[str, Any], exclude: tuple[str, ...] = ("seconds",)) -> str:

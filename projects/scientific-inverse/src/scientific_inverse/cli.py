@@ -19,7 +19,7 @@ import click
 import numpy as np
 
 from scientific_inverse.bench import bench
-from scientific_inverse.config import Config, ConfigError, load_config
+from scientific_inverse.config import Config, ConfigError, check_output_path, load_config
 from scientific_inverse.data import DataError
 from scientific_inverse.model import SYSTEMS, ParameterError
 from scientific_inverse.train import FitError
@@ -38,6 +38,24 @@ def _config(path: str | None) -> Config:
         return load_config(path)
     except ConfigError as err:
         raise BadInput(str(err)) from None
+
+
+def _output(path: str, *, directory: bool, what: str) -> Path:
+    """`path` checked for writing before any work starts (`BadInput` if it cannot be)."""
+    try:
+        return check_output_path(path, directory=directory, what=what)
+    except ConfigError as err:
+        raise BadInput(str(err)) from None
+
+
+def _numbers(text: str, option: str) -> list[float]:
+    """`"1,0.3,4"` -> `[1.0, 0.3, 4.0]`; `BadInput` naming the option and the text."""
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise BadInput(
+            f"`{option} {text}` must be comma-separated numbers, e.g. `1,0.3,4`."
+        ) from None
 
 
 @click.group()
@@ -65,6 +83,7 @@ def fit(config_path: str | None, workdir: str | None, overwrite: bool) -> None:
         workdir = str(Path("runs") / f"fit-{stamp}")
     if (Path(workdir) / "report.md").exists() and not overwrite:
         raise BadInput(f"`{workdir}` already holds a report; pass --overwrite to replace it.")
+    _output(workdir, directory=True, what="Report folder `--workdir`")
     try:
         result = fit_and_evaluate(
             config, workdir, progress=lambda message: click.echo(message, err=True)
@@ -117,13 +136,22 @@ def simulate(
 
     system = SYSTEMS[system_name]
     defaults = {"oscillator": "1.0,0.3,4.0", "pendulum": "1.0,0.2"}
-    try:
-        theta = np.array(
-            [[float(v) for v in p.split(",")] for p in (params or (defaults[system_name],))]
+    rows = [_numbers(p, "--param") for p in (params or (defaults[system_name],))]
+    width = len(system.param_names)
+    for text, row in zip(params, rows, strict=False):
+        if len(row) != width:
+            raise BadInput(
+                f"`--param {text}` has {len(row)} values, but the {system_name} takes "
+                f"{width}: {','.join(system.param_names)}."
+            )
+    theta = np.array(rows)
+    start = np.array(_numbers(y0, "--y0"))
+    if start.shape != (2,):
+        raise BadInput(
+            f"`--y0 {y0}` has {start.shape[0]} values, but the state has 2: "
+            f"{','.join(system.state_names)}."
         )
-        start = np.array([float(v) for v in y0.split(",")])
-    except ValueError as err:
-        raise BadInput(f"Parameters and `--y0` must be comma-separated numbers: {err}.") from None
+    _output(plot_path, directory=False, what="Plot file `--plot`")
     try:
         run = solver.simulate(
             system, theta, np.broadcast_to(start, (theta.shape[0], start.shape[0])), t_end, dt

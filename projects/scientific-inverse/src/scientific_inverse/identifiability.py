@@ -26,7 +26,13 @@ from scipy import stats
 
 from scientific_inverse.config import Config
 from scientific_inverse.data import observation_times
-from scientific_inverse.model import OSCILLATOR, oscillator_exact
+from scientific_inverse.model import (
+    OSCILLATOR,
+    ParameterError,
+    check_parameters,
+    oscillator_exact,
+    real_array,
+)
 from scientific_inverse.numerics import in_float64
 
 
@@ -101,7 +107,27 @@ def fisher(
     load: float = 0.0,
 ) -> np.ndarray:
     """Expected Fisher information `(F, F)` of the `free` parameters (names among m, c,
-    k) in log units, for observations at `ts` (`(N,)`) with Gaussian noise."""
+    k) in log units, for observations at `ts` (`(N,)`) with Gaussian noise.
+
+    Raises `ParameterError` naming the input that cannot be used: `theta` `(3,)`
+    physical and finite, `y0` `(2,)`, `ts` a non-empty finite `(N,)`, `noise_std`
+    positive, `free` a non-empty subset of `("m", "c", "k")`."""
+    theta, ts, y0 = real_array("theta", theta), real_array("ts", ts), real_array("y0", y0)
+    names = OSCILLATOR.param_names
+    if not free or len(set(free)) != len(free) or not set(free) <= set(names):
+        raise ParameterError(f"`free` must name distinct parameters among {names}, not {free}.")
+    if theta.shape != (3,) or y0.shape != (2,):
+        raise ParameterError(
+            f"`theta` must have shape (3,) and `y0` shape (2,), but they have shapes "
+            f"`{theta.shape}` and `{y0.shape}`."
+        )
+    check_parameters(OSCILLATOR, theta[None], y0[None])
+    if ts.ndim != 1 or ts.shape[0] == 0 or not np.all(np.isfinite(ts)):
+        raise ParameterError(
+            f"`ts` must be a non-empty, finite `(N,)` array, but has shape `{ts.shape}`."
+        )
+    if not (np.isfinite(noise_std) and noise_std > 0):
+        raise ParameterError(f"`noise_std` must be positive and finite, but is `{noise_std}`.")
     index = tuple(OSCILLATOR.param_names.index(name) for name in free)
     jac = np.asarray(
         _log_jacobian(

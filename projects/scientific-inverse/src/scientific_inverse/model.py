@@ -58,19 +58,33 @@ PENDULUM = System("pendulum", pendulum_rhs, ("L", "c"), ("phi", "omega"))
 SYSTEMS = {s.name: s for s in (OSCILLATOR, PENDULUM)}
 
 
+def real_array(name: str, value: object) -> np.ndarray:
+    """`value` as a float64 array, or a `ParameterError` naming `name` if it does not
+    hold real numbers (strings, booleans, complex or ragged nested lists)."""
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        raise ParameterError(f"`{name}` is ragged: its rows differ in length.") from None
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        raise ParameterError(f"`{name}` must hold real numbers, but has dtype `{array.dtype}`.")
+    return array.astype(np.float64)
+
+
 def check_parameters(system: System, theta: np.ndarray, y0: np.ndarray) -> None:
     """Refuses non-physical or non-finite inputs with a message naming the value.
 
-    `theta`: `(B, P)`, `y0`: `(B, 2)`. Mass, stiffness and length must be
+    `theta`: `(B, P)`, `y0`: `(B, 2)`, `B >= 1`. Mass, stiffness and length must be
     positive, damping non-negative; everything finite.
     """
-    theta = np.asarray(theta, dtype=np.float64)
-    y0 = np.asarray(y0, dtype=np.float64)
+    theta = real_array("theta", theta)
+    y0 = real_array("y0", y0)
     if theta.ndim != 2 or theta.shape[1] != len(system.param_names):
         raise ParameterError(
             f"`theta` must have shape (batch, {len(system.param_names)}) for the "
             f"{system.name} parameters {system.param_names}, but has shape `{theta.shape}`."
         )
+    if theta.shape[0] == 0:
+        raise ParameterError("`theta` holds no parameter sets (batch size 0).")
     if y0.ndim != 2 or y0.shape[1] != 2 or y0.shape[0] != theta.shape[0]:
         raise ParameterError(
             f"`y0` must have shape (batch, 2) with the batch of `theta` ({theta.shape[0]}), "

@@ -28,9 +28,50 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.integrate import solve_ivp
 
-from scientific_inverse.model import GRAVITY, OSCILLATOR, System, oscillator_exact
+from scientific_inverse.model import (
+    GRAVITY,
+    OSCILLATOR,
+    ParameterError,
+    System,
+    check_parameters,
+    oscillator_exact,
+    real_array,
+)
 from scientific_inverse.numerics import in_float64
 from scientific_inverse.solver import diffrax_solve, integrate, steps_for
+
+
+def check_problem(
+    system: System, theta: object, y0: object, ts: object, data: object
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The inputs of every gradient below as float64 arrays, or a `ParameterError`
+    naming the one that cannot be used: `theta` `(P,)` physical and finite, `y0`
+    `(2,)`, `ts` `(N,)` with `N >= 1`, positive and increasing, `data` `(N,)`
+    finite (a NaN datum would make the gradient NaN)."""
+    theta, y0 = real_array("theta", theta), real_array("y0", y0)
+    ts, data = real_array("ts", ts), real_array("data", data)
+    if theta.shape != (len(system.param_names),) or y0.shape != (2,):
+        raise ParameterError(
+            f"`theta` must have shape ({len(system.param_names)},) and `y0` shape (2,) for "
+            f"one trajectory, but they have shapes `{theta.shape}` and `{y0.shape}`."
+        )
+    check_parameters(system, theta[None], y0[None])
+    if ts.ndim != 1 or ts.shape[0] == 0:
+        raise ParameterError(f"`ts` must be a non-empty `(N,)` array, but has shape `{ts.shape}`.")
+    if not (np.all(np.isfinite(ts)) and ts[0] > 0 and np.all(np.diff(ts) > 0)):
+        raise ParameterError(
+            f"`ts` must be finite, positive and increasing, but starts `{ts[:3].tolist()}`."
+        )
+    if data.shape != ts.shape:
+        raise ParameterError(
+            f"`data` must have the shape of `ts` `{ts.shape}`, but has shape `{data.shape}`."
+        )
+    if not np.all(np.isfinite(data)):
+        index = int(np.argmax(~np.isfinite(data)))
+        raise ParameterError(
+            f"`data[{index}] = {data[index]}` is not finite; drop missing values first."
+        )
+    return theta, y0, ts, data
 
 
 def _loss(x_model: jax.Array, data: jax.Array) -> jax.Array:
@@ -68,6 +109,7 @@ def discrete_loss(
     system: System, theta: np.ndarray, y0: np.ndarray, ts: np.ndarray, data: np.ndarray, dt: float
 ) -> float:
     """The loss with the RK4 trajectory of step `dt` (`theta`: `(P,)`, `ts`, `data`: `(N,)`)."""
+    theta, y0, ts, data = check_problem(system, theta, y0, ts, data)
     n_steps, stride = _grid(ts, dt)
     return float(
         _rk4_loss(
@@ -81,6 +123,7 @@ def discrete_grad(
     system: System, theta: np.ndarray, y0: np.ndarray, ts: np.ndarray, data: np.ndarray, dt: float
 ) -> np.ndarray:
     """Reverse-mode gradient through the RK4 scan: `(P,)`."""
+    theta, y0, ts, data = check_problem(system, theta, y0, ts, data)
     n_steps, stride = _grid(ts, dt)
     return np.asarray(
         _rk4_grad(
@@ -127,6 +170,7 @@ def _exact_grad(theta: jax.Array, y0: jax.Array, ts: jax.Array, data: jax.Array)
 @in_float64
 def exact_grad(theta: np.ndarray, y0: np.ndarray, ts: np.ndarray, data: np.ndarray) -> np.ndarray:
     """Gradient of the loss on the exact oscillator solution: the continuous reference."""
+    theta, y0, ts, data = check_problem(OSCILLATOR, theta, y0, ts, data)
     return np.asarray(
         _exact_grad(jnp.asarray(theta), jnp.asarray(y0), jnp.asarray(ts), jnp.asarray(data))
     )
@@ -168,7 +212,7 @@ def forward_sensitivity_grad(
     Augmented state `(y (2), S (2 x P))` with `S(0) = 0` (the initial condition
     does not depend on theta); `dL/dtheta = (1/N) sum_i (x_i - d_i) S[0, :](t_i)`.
     """
-    theta = np.asarray(theta, dtype=np.float64)
+    theta, y0, ts, data = check_problem(system, theta, y0, ts, data)
     p = theta.shape[0]
 
     def rhs(t: float, z: np.ndarray) -> np.ndarray:
@@ -221,6 +265,13 @@ def diffrax_grad(
     """Gradient through diffrax (Tsit5, PID controller, rtol = atol = `rtol`) with the
     named adjoint (`recursive`, `backsolve` or `forward`): `(P,)`. The tolerance is traced,
     so changing it does not recompile."""
+    theta, y0, ts, data = check_problem(system, theta, y0, ts, data)
+    if adjoint not in ("recursive", "backsolve", "forward"):
+        raise ParameterError(
+            f"Unknown adjoint `{adjoint}`; use `recursive`, `backsolve` or `forward`."
+        )
+    if not (np.isfinite(rtol) and 0 < rtol < 1):
+        raise ParameterError(f"The tolerance must lie in (0, 1), but `rtol = {rtol}`.")
     return np.asarray(
         _diffrax_grad(
             system,

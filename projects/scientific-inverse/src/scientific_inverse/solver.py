@@ -18,13 +18,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scientific_inverse.model import ParameterError, System, check_parameters
+from scientific_inverse.model import ParameterError, System, check_parameters, real_array
 from scientific_inverse.numerics import in_float64
 
 RK4_ORDER = 4
 # Integer steps are found from t_end / dt; a remainder above this fraction of a
 # step means the grid cannot end at t_end.
 GRID_SLACK = 1e-9
+# Most states `simulate` keeps (batch x (steps + 1)): 2e7 states are 320 MB of float64.
+MAX_STATES = 20_000_000
 
 
 class Trajectory(NamedTuple):
@@ -131,13 +133,19 @@ def simulate(
 ) -> Trajectory:
     """Integrates a batch of trajectories with RK4; see the module's axis contract.
 
-    Refuses non-physical parameters and a `dt` that cannot reach `t_end` with a
-    `ParameterError` before any computation.
+    Refuses non-physical parameters, a `dt` that cannot reach `t_end` and more
+    than `MAX_STATES` stored states with a `ParameterError` before any computation.
     """
-    theta = np.asarray(theta, dtype=np.float64)
-    y0 = np.asarray(y0, dtype=np.float64)
+    theta = real_array("theta", theta)
+    y0 = real_array("y0", y0)
     check_parameters(system, theta, y0)
     n_steps = steps_for(t_end, dt)
+    if theta.shape[0] * (n_steps + 1) > MAX_STATES:
+        raise ParameterError(
+            f"{theta.shape[0]} trajectories of {n_steps} steps (`t_end = {t_end:g}`, "
+            f"`dt = {dt:g}`) would keep more than {MAX_STATES:.0e} states; "
+            "use a larger `dt` or fewer trajectories."
+        )
     ys = _batched_jit(system, jnp.asarray(theta), jnp.asarray(y0), dt, n_steps, load)
     ys = np.asarray(jax.block_until_ready(ys))
     batch = theta.shape[0]

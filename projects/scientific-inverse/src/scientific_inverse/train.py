@@ -29,7 +29,7 @@ import optimistix as optx
 from scipy import stats
 
 from scientific_inverse import identifiability
-from scientific_inverse.config import Config
+from scientific_inverse.config import Config, ConfigError, check_output_path
 from scientific_inverse.data import (
     Observations,
     fill_missing,
@@ -269,6 +269,13 @@ def fit_and_evaluate(
     coverage, and the run time. Two batched calls of one compiled fit.
     """
     say = progress or (lambda message: None)
+    if not isinstance(config, Config):
+        raise ConfigError(
+            f"`config` must be a `Config` (e.g. `load_config(path)`), not a "
+            f"`{type(config).__name__}`."
+        )
+    if workdir is not None:
+        check_output_path(workdir, directory=True, what="Report folder")
     started = time.perf_counter()
     key_main, key_short, key_cov = jax.random.split(jax.random.key(config.seed), 3)
     truth = np.array([config.damping, config.stiffness])

@@ -347,3 +347,255 @@ def test_inspect_command(tmp_path, args, code, message):
     assert result.exit_code == code, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+# Custom derivative rules are programs too: JAX runs them in place of the primal body
+# when it differentiates, so the audit traces them (the JVP rule of a custom_jvp, the
+# forward and backward rules of a custom_vjp) and judges their equations. Each rule kind
+# is written twice, identical but for one call (marked RULE-LINE): a documented primitive
+# (accepted) and one the audit must refuse. The line is found by reading the source.
+
+
+@jax.custom_jvp
+def jvp_rule_sorts(x):
+    return jnp.max(x, keepdims=True)
+
+
+@jvp_rule_sorts.defjvp
+def _jvp_rule_sorts_jvp(primals, tangents):
+    # The largest entry moves with the tangent of the entry that is largest.
+    (x,), (t,) = primals, tangents
+    values, index = jax.lax.sort((x, jnp.arange(x.shape[0])), num_keys=1)  # RULE-LINE
+    return values[-1:], t[index[-1:]]
+
+
+@jax.custom_jvp
+def jvp_rule_uses_top_k(x):
+    return jnp.max(x, keepdims=True)
+
+
+@jvp_rule_uses_top_k.defjvp
+def _jvp_rule_uses_top_k_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    values, index = jax.lax.top_k(x, 1)  # RULE-LINE
+    return values, t[index]
+
+
+def _host_cos(a):
+    return np.cos(np.asarray(a))
+
+
+@jax.custom_vjp
+def vjp_rule_in_jax(x):
+    return jnp.sin(x)
+
+
+def _vjp_rule_in_jax_fwd(x):
+    return jnp.sin(x), x
+
+
+def _vjp_rule_in_jax_bwd(x, g):
+    return (jnp.cos(x) * g,)  # RULE-LINE
+
+
+vjp_rule_in_jax.defvjp(_vjp_rule_in_jax_fwd, _vjp_rule_in_jax_bwd)
+
+
+@jax.custom_vjp
+def vjp_rule_calls_back(x):
+    return jnp.sin(x)
+
+
+def _vjp_rule_calls_back_fwd(x):
+    return jnp.sin(x), x
+
+
+def _vjp_rule_calls_back_bwd(x, g):
+    spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return (jax.pure_callback(_host_cos, spec, x, vmap_method="sequential") * g,)  # RULE-LINE
+
+
+vjp_rule_calls_back.defvjp(_vjp_rule_calls_back_fwd, _vjp_rule_calls_back_bwd)
+
+
+@jax.custom_vjp
+def fwd_rule_calls_back(x):
+    return jnp.sin(x)
+
+
+def _fwd_rule_calls_back_fwd(x):
+    spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    cos = jax.pure_callback(_host_cos, spec, x, vmap_method="sequential")  # RULE-LINE
+    return jnp.sin(x), cos
+
+
+def _fwd_rule_calls_back_bwd(cos, g):
+    return (cos * g,)
+
+
+fwd_rule_calls_back.defvjp(_fwd_rule_calls_back_fwd, _fwd_rule_calls_back_bwd)
+
+
+@jax.custom_jvp
+def jvp_rule_calls_a_bad_vjp(x):
+    return jnp.sin(x)
+
+
+@jvp_rule_calls_a_bad_vjp.defjvp
+def _jvp_rule_calls_a_bad_vjp_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    # A rule within a rule: the backward rule of `vjp_rule_calls_back` is two levels down.
+    return jnp.sin(x), vjp_rule_calls_back(x + jnp.pi / 2) * t  # sin(x + pi/2) = cos(x)
+
+
+def _offending_line(fn) -> int:
+    lines, start = pyinspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if "RULE-LINE" in line)
+
+
+def _in_jit(x):
+    return jax.jit(jvp_rule_uses_top_k)(x)
+
+
+def _in_scan(x):
+    def body(carry, _):
+        return vjp_rule_calls_back(carry), None
+
+    return jax.lax.scan(body, x, None, length=2)[0]
+
+
+def _in_jit_ok(x):
+    return jax.jit(jvp_rule_sorts)(x)
+
+
+def _in_scan_ok(x):
+    def body(carry, _):
+        return vjp_rule_in_jax(carry), None
+
+    return jax.lax.scan(body, x, None, length=2)[0]
+
+
+# (program, the rule function holding the offending line, the primitive found there, its
+# rule path in the audit, the finding's rule code; None for an accepted program)
+RULE_CASES = {
+    "jvp-rule-supported": (
+        jvp_rule_sorts,
+        _jvp_rule_sorts_jvp,
+        "sort",
+        "custom_jvp_call.jvp_rule",
+        None,
+    ),
+    "jvp-rule-top-k": (
+        jvp_rule_uses_top_k,
+        _jvp_rule_uses_top_k_jvp,
+        "top_k",
+        "custom_jvp_call.jvp_rule",
+        "unknown-primitive",
+    ),
+    "bwd-rule-supported": (
+        vjp_rule_in_jax,
+        _vjp_rule_in_jax_bwd,
+        "cos",
+        "custom_vjp_call.bwd_rule",
+        None,
+    ),
+    "bwd-rule-callback": (
+        vjp_rule_calls_back,
+        _vjp_rule_calls_back_bwd,
+        "pure_callback",
+        "custom_vjp_call.bwd_rule",
+        "host-callback",
+    ),
+    "fwd-rule-callback": (
+        fwd_rule_calls_back,
+        _fwd_rule_calls_back_fwd,
+        "pure_callback",
+        "custom_vjp_call.fwd_rule",
+        "host-callback",
+    ),
+    "jvp-rule-in-jit-supported": (
+        _in_jit_ok,
+        _jvp_rule_sorts_jvp,
+        "sort",
+        "jit.jaxpr/custom_jvp_call.jvp_rule",
+        None,
+    ),
+    "jvp-rule-in-jit-top-k": (
+        _in_jit,
+        _jvp_rule_uses_top_k_jvp,
+        "top_k",
+        "jit.jaxpr/custom_jvp_call.jvp_rule",
+        "unknown-primitive",
+    ),
+    "bwd-rule-in-scan-supported": (
+        _in_scan_ok,
+        _vjp_rule_in_jax_bwd,
+        "cos",
+        "scan.jaxpr/custom_vjp_call.bwd_rule",
+        None,
+    ),
+    "bwd-rule-in-scan-callback": (
+        _in_scan,
+        _vjp_rule_calls_back_bwd,
+        "pure_callback",
+        "scan.jaxpr/custom_vjp_call.bwd_rule",
+        "host-callback",
+    ),
+    "bwd-rule-in-jvp-rule-callback": (
+        jvp_rule_calls_a_bad_vjp,
+        _vjp_rule_calls_back_bwd,
+        "pure_callback",
+        "custom_jvp_call.jvp_rule/custom_vjp_call.bwd_rule",
+        "host-callback",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RULE_CASES))
+def test_custom_rules_are_audited_on_both_sides_of_the_table(evidence, case):
+    fn, rule_fn, primitive, path, rule = RULE_CASES[case]
+    audit = jaxpr_audit.audit(fn, (X4,), jaxpr_audit.Policy(modes=("vjp",), float_dtype="float32"))
+    line = _offending_line(rule_fn)
+    where = f"test_stage_3_jaxpr.py:{line}:"
+    # The rule was traced: the primitive of its offending line is among its equations,
+    # at the rule's path, located on that line.
+    traced = [
+        e
+        for e in audit.rule_equations
+        if e.primitive == primitive and e.path == path and where in e.source
+    ]
+    # The primal program alone holds no such primitive: only the rule can explain it.
+    in_primal = [e for e in audit.equations if e.primitive == primitive]
+    if rule is None:
+        verdict_ok = audit.accepted
+    else:
+        verdict_ok = not audit.accepted and any(
+            f.rule == rule and f.primitive == primitive and f.path == path and where in f.source
+            for f in audit.findings
+        )
+    assert evidence.record(
+        "custom rule audited",
+        case,
+        {
+            "verdict": "accepted" if audit.accepted else "rejected",
+            "findings": [(f.rule, f.primitive, f.path, f.source) for f in audit.findings],
+            "rule_counts": audit.rule_counts,
+        },
+        {"rule": rule, "primitive": primitive, "path": path, "line": line},
+        bool(traced) and not in_primal and verdict_ok,
+    )
+
+
+def test_inspect_rejects_a_custom_rule_the_primal_program_hides(tmp_path):
+    out = tmp_path / "a.json"
+    for target, code, text in [
+        ("test_stage_3_jaxpr:jvp_rule_uses_top_k", 1, "REJECT unknown-primitive: `top_k`"),
+        ("test_stage_3_jaxpr:vjp_rule_calls_back", 1, "REJECT host-callback: `pure_callback`"),
+        ("test_stage_3_jaxpr:jvp_rule_sorts", 0, "verdict: accepted"),
+    ]:
+        result = CliRunner().invoke(
+            main, ["inspect", target, "--shape", "4", "--modes", "vjp", "--out", str(out)]
+        )
+        assert result.exit_code == code, result.output
+        assert text in result.output
+        assert "Traceback" not in result.output

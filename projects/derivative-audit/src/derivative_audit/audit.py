@@ -40,11 +40,33 @@ def audit_problem(
     `problem.fn` (default: `problem.fn` itself on a float64 copy of x)."""
     say = progress or (lambda _: None)
     fn, x = problem.fn, problem.x
-    checks.require_float(x)
+    checks.require_point(x, f"{problem.name}: x")
+    if x.ndim != 1:
+        raise checks.DerivativeInputError(
+            f"`{problem.name}`: x must be a vector, but has shape {tuple(x.shape)}."
+        )
+    try:
+        out = jax.eval_shape(fn, x)
+    except (TypeError, ValueError, IndexError) as err:
+        first = (str(err).strip() or type(err).__name__).splitlines()[0]
+        raise checks.DerivativeInputError(
+            f"`{problem.name}` cannot be called on x of shape {tuple(x.shape)}: {first}"
+        ) from None
+    checks.require_float(out, f"{problem.name}(x)")
+    if len(out.shape) != 1:
+        raise checks.DerivativeInputError(
+            f"`{problem.name}` must return a vector, but returns shape {tuple(out.shape)}."
+        )
+    f_x = np.asarray(fn(x), np.float64)
+    if not np.all(np.isfinite(f_x)):
+        raise checks.DerivativeInputError(
+            f"`{problem.name}(x)` holds NaN or inf at the audit point, so no derivative "
+            f"there can be checked; pick a function finite at a standard-normal point."
+        )
     tol = tolerances(x.dtype)
     x64 = x.astype(jnp.float64)
     ref_fn = reference_fn or fn
-    m = int(np.prod(jax.eval_shape(fn, x).shape))
+    m = int(out.shape[0])
     key = jax.random.fold_in(jax.random.key(config.seed), 1_000_003)
     ku, kv, kw = jax.random.split(key, 3)
     us = data.unit_directions(ku, config.directions, x.shape[0], x.dtype)
@@ -74,7 +96,7 @@ def audit_problem(
     references = [
         np.asarray(jax.jvp(ref_fn, (x64,), (u.astype(jnp.float64),))[1], np.float64) for u in us
     ]
-    f_norm = float(np.linalg.norm(np.asarray(fn(x), np.float64)))
+    f_norm = float(np.linalg.norm(f_x))
     for i in range(config.directions):
         figures = checks.fd_check(fn, x, us[i], references[i])
         # Round-off is eps |f| / h, so relative to |J u| it is amplified by |f| / |J u|

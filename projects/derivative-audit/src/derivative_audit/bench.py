@@ -97,6 +97,12 @@ def run(
 ) -> dict[str, Any]:
     """Measures every path; returns the report (identity, measurements, ratios)."""
     say = progress or (lambda _: None)
+    if size_name not in SIZES:
+        raise ValueError(f"Unknown bench size `{size_name}`; choose one of {sorted(SIZES)}.")
+    if rounds is not None and (
+        isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1
+    ):
+        raise ValueError(f"`rounds` must be a positive integer, but got `{rounds!r}`.")
     size = SIZES[size_name]
     rounds = rounds or size["rounds"]
     key_impl, key_hess = jax.random.split(jax.random.key(0))

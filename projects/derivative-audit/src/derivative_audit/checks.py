@@ -19,6 +19,7 @@ axes), right of it like h^2 (slope +2).
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +28,9 @@ import numpy as np
 Fn = Callable[[jax.Array], jax.Array]
 
 
-class DerivativeInputError(TypeError):
-    """An input a derivative check cannot use; the message says why."""
+class DerivativeInputError(TypeError, ValueError):
+    """An input a derivative check cannot use; the message says why. A `TypeError`
+    (a wrong dtype is one) and a `ValueError`, like every bad input here."""
 
 
 def require_float(x: jax.Array, what: str = "x") -> None:
@@ -38,6 +40,43 @@ def require_float(x: jax.Array, what: str = "x") -> None:
         raise DerivativeInputError(
             f"Derivative checks need a floating-point `{what}`, but it has dtype `{dtype}`; "
             f"cast it with `.astype(jnp.float64)` (or float32)."
+        )
+
+
+def _require_finite(a: Any, what: str) -> None:
+    if not bool(np.all(np.isfinite(np.asarray(a, np.float64)))):
+        raise DerivativeInputError(
+            f"`{what}` holds NaN or inf; a derivative check there compares NaN with NaN."
+        )
+
+
+def require_point(x: jax.Array, what: str = "x") -> None:
+    """A point to differentiate at: a floating, non-empty array of finite values."""
+    require_float(x, what)
+    if x.size == 0:
+        raise DerivativeInputError(f"`{what}` is empty (shape {tuple(x.shape)}).")
+    _require_finite(x, what)
+
+
+def require_direction(like: Any, u: Any, what: str) -> None:
+    """A tangent (or a cotangent): the shape and dtype of `like`, finite values."""
+    shape, dtype = getattr(u, "shape", None), getattr(u, "dtype", None)
+    if shape is None or tuple(shape) != tuple(like.shape):
+        raise DerivativeInputError(
+            f"`{what}` has shape {shape if shape is None else tuple(shape)}, but must have "
+            f"shape {tuple(like.shape)}."
+        )
+    if dtype != like.dtype:
+        raise DerivativeInputError(f"`{what}` has dtype `{dtype}`, but must have `{like.dtype}`.")
+    _require_finite(u, what)
+
+
+def _require_step(h: float, dtype) -> None:
+    """A positive finite step that stays nonzero when rounded to the point's dtype."""
+    if not np.isfinite(h) or h <= 0 or float(np.asarray(h, dtype)) == 0.0:
+        raise DerivativeInputError(
+            f"The finite-difference step `h` must be positive and finite in `{dtype}`, "
+            f"but it is `{h}`."
         )
 
 
@@ -51,7 +90,10 @@ def _rel(diff: float, scale: float) -> float:
 
 def jvp_linearity(f: Fn, x: jax.Array, u: jax.Array, v: jax.Array, a: float, b: float) -> dict:
     """Relative error of J(a u + b v) against a J u + b J v."""
-    require_float(x)
+    require_point(x)
+    require_direction(x, u, "u")
+    require_direction(x, v, "v")
+    _require_finite([a, b], "a, b")
     # --- exercise stage 1: Compare J(a u + b v) with a J u + b J v, using jax.jvp. ---
     a_ = jnp.asarray(a, x.dtype)
     b_ = jnp.asarray(b, x.dtype)
@@ -67,7 +109,9 @@ def jvp_linearity(f: Fn, x: jax.Array, u: jax.Array, v: jax.Array, a: float, b: 
 
 def dot_product_test(f: Fn, x: jax.Array, u: jax.Array, w: jax.Array) -> dict:
     """Relative mismatch of <w, J u> (forward mode) and <J^T w, u> (reverse mode)."""
-    require_float(x)
+    require_point(x)
+    require_direction(x, u, "u")
+    require_direction(jax.eval_shape(f, x), w, "w")
     # --- exercise stage 1: Compare <w, J u> (jax.jvp) with <J^T w, u> (jax.vjp). ---
     _, ju = jax.jvp(f, (x,), (u,))
     _, pullback = jax.vjp(f, x)
@@ -82,7 +126,7 @@ def dot_product_test(f: Fn, x: jax.Array, u: jax.Array, w: jax.Array) -> dict:
 def jacobian_agreement(f: Fn, x: jax.Array) -> dict:
     """Largest difference of the forward- and reverse-mode Jacobians, relative
     to the largest Jacobian entry."""
-    require_float(x)
+    require_point(x)
     # --- exercise stage 1: Build the Jacobian with jax.jacfwd and with jax.jacrev. ---
     fwd = np.asarray(jax.jacfwd(f)(x), np.float64)
     rev = np.asarray(jax.jacrev(f)(x), np.float64)
@@ -94,6 +138,7 @@ def jacobian_agreement(f: Fn, x: jax.Array) -> dict:
 def theory_step(dtype, x: jax.Array) -> float:
     """The central-difference step that balances truncation and round-off:
     (3 eps)^(1/3) times the scale of x (at least 1)."""
+    require_point(jnp.asarray(x))
     # --- exercise stage 1: Balance h^2/6 against eps/h: h* = (3 eps)^(1/3) * max(1, |x|). ---
     eps = float(jnp.finfo(dtype).eps)
     scale = max(1.0, float(np.max(np.abs(np.asarray(x, np.float64)))))
@@ -103,7 +148,9 @@ def theory_step(dtype, x: jax.Array) -> float:
 
 def central_difference(f: Fn, x: jax.Array, u: jax.Array, h: float) -> np.ndarray:
     """(f(x + h u) - f(x - h u)) / (2 h), evaluated in x's dtype."""
-    require_float(x)
+    require_point(x)
+    require_direction(x, u, "u")
+    _require_step(h, x.dtype)
     # --- exercise stage 1: Step h along u both ways in x's dtype; divide by 2h. ---
     h_ = jnp.asarray(h, x.dtype)
     forward = np.asarray(f(x + h_ * u), np.float64)
@@ -116,7 +163,10 @@ def central_difference(f: Fn, x: jax.Array, u: jax.Array, h: float) -> np.ndarra
 def fd_check(f: Fn, x: jax.Array, u: jax.Array, reference: np.ndarray | None = None) -> dict:
     """Central difference at `theory_step` against J u (the JVP in x's dtype, or
     `reference` when given, e.g. a float64 JVP for a float32 function)."""
-    require_float(x)
+    require_point(x)
+    require_direction(x, u, "u")
+    if reference is not None:
+        _require_finite(reference, "reference")
     h = theory_step(x.dtype, x)
     if reference is None:
         reference = np.asarray(jax.jvp(f, (x,), (u,))[1], np.float64)
@@ -134,7 +184,12 @@ def fd_sweep(
     f: Fn, x: jax.Array, u: jax.Array, steps: np.ndarray, reference: np.ndarray
 ) -> np.ndarray:
     """Relative error of the central difference at every step against `reference`."""
-    require_float(x)
+    require_point(x)
+    _require_finite(reference, "reference")
+    if np.ndim(steps) != 1 or np.size(steps) == 0:
+        raise DerivativeInputError(
+            f"`steps` must be a non-empty vector, got shape {np.shape(steps)}."
+        )
     scale = _norm(reference)
     return np.array([_rel(_norm(central_difference(f, x, u, h) - reference), scale) for h in steps])
 
@@ -146,6 +201,13 @@ def analyse_sweep(steps: np.ndarray, errors: np.ndarray, dtype, x: jax.Array) ->
     that the Taylor model stops holding). Round-off slope: over steps <= h*/10
     with error below 0.1 (at the smallest steps the difference can be zero).
     """
+    if np.ndim(steps) != 1 or np.shape(steps) != np.shape(errors) or np.size(steps) == 0:
+        raise DerivativeInputError(
+            f"`steps` and `errors` must be non-empty vectors of one length, got shapes "
+            f"{np.shape(steps)} and {np.shape(errors)}."
+        )
+    _require_finite(steps, "steps")
+    _require_finite(errors, "errors")
     h_star = theory_step(dtype, x)
     eps = float(jnp.finfo(dtype).eps)
     # --- exercise stage 1: Find the least error; pick steps >= 3h* and <= h*/3 to fit slopes. ---
@@ -174,7 +236,7 @@ def _slope(steps: np.ndarray, errors: np.ndarray) -> float | None:
 def second_opinion(f: Fn, x: jax.Array, order: int = 2) -> dict:
     """`jax.test_util.check_grads` in both modes to `order`; it raises on a mismatch,
     recorded here as `passed: False` with its message."""
-    require_float(x)
+    require_point(x)
     from jax.test_util import check_grads
 
     eps = float(jnp.finfo(x.dtype).eps)

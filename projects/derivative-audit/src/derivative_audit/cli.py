@@ -46,23 +46,52 @@ def _progress(line: str) -> None:
 
 
 def _float_dtype(name: str) -> str:
-    """Validates a dtype name for a derivative check: known, and floating."""
-    import jax.numpy as jnp
+    """Validates a dtype name for a derivative check: `float64` or `float32`."""
     import numpy as np
-
-    from derivative_audit import checks
 
     try:
         dtype = np.dtype(name)
-    except TypeError:
+    except (TypeError, ValueError):
         raise BadInput(f"Unknown dtype `{name}`; use `float64` or `float32`.") from None
-    try:
-        checks.require_float(jnp.zeros((1,), dtype), "x")
-    except checks.DerivativeInputError as err:
-        raise BadInput(str(err)) from None
     if dtype.name not in ("float64", "float32"):
-        raise BadInput(f"Derivative checks run in `float64` or `float32`, not `{dtype.name}`.")
+        raise BadInput(
+            f"`--dtype {name}`: derivative checks need a floating-point dtype, `float64` or "
+            f"`float32`, not `{dtype.name}`."
+        )
     return dtype.name
+
+
+def _jax_dtype(name: str):
+    """Validates a dtype name for a traced input: one JAX has arrays of."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    try:
+        dtype = jnp.dtype(name)
+    except (TypeError, ValueError):
+        raise BadInput(f"Unknown dtype `{name}`; use e.g. `float32`, `int32` or `bool`.") from None
+    numeric = jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
+    # NumPy's extended precision (float128, complex256 on x86) has no JAX counterpart.
+    extended = dtype.name not in ("float64", "complex128") and dtype in (
+        np.dtype(np.longdouble),
+        np.dtype(np.clongdouble),
+    )
+    if not numeric or extended or dtype.kind in "mMOSU":  # timedelta64 counts as a number
+        raise BadInput(
+            f"`--dtype {name}`: JAX has no arrays of dtype `{dtype.name}`; use a number or "
+            f"bool dtype such as `float32`, `int32` or `bool`."
+        )
+    return dtype
+
+
+def _output(path: str | Path, option: str, is_dir: bool) -> Path:
+    """An output path that can be written, checked before any work is done."""
+    from derivative_audit import checkpoint
+
+    try:
+        return checkpoint.check_output_path(path, is_dir=is_dir)
+    except checkpoint.OutputPathError as err:
+        raise BadInput(f"`{option}`: {err}") from None
 
 
 def _load_callable(spec: str):
@@ -74,10 +103,15 @@ def _load_callable(spec: str):
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise BadInput(f"Cannot import module `{module_name}`: {err}.") from None
+    except (TypeError, ValueError) as err:  # a relative name (`.mod`), a NUL byte
+        raise BadInput(f"`{module_name}` is not a module name: {err}.") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise BadInput(f"Module `{module_name}` has no function `{attr}`.")
     return fn
+
+
+MAX_SIZE = 2**31 - 1  # the largest dimension XLA indexes with int32
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -88,7 +122,14 @@ def _shape(text: str) -> tuple[int, ...]:
     shape = tuple(int(s) for s in text.replace(" ", "").split(","))
     if any(s < 1 for s in shape):
         raise BadInput(f"`--shape` sizes must be positive, got `{text}`.")
+    if any(s > MAX_SIZE for s in shape):
+        raise BadInput(f"`--shape` sizes must be at most {MAX_SIZE}, got `{text}`.")
     return shape
+
+
+# `audit MODULE:FUNCTION` builds n x m Jacobians both ways: keep n where that is cheap
+# (the suite's own bound, `Config.n`, is 256).
+MAX_AUDIT_WIDTH = 4096
 
 
 @click.group()
@@ -123,15 +164,18 @@ def audit(
 ) -> None:
     """Stage-1 checks of one function: linearity, transpose, Jacobians, finite differences."""
     from derivative_audit import audit as audit_mod
-    from derivative_audit import checkpoint, data, functions, plots
+    from derivative_audit import checkpoint, checks, data, functions, plots
 
     config = _config(config_path)
     dtype = _float_dtype(dtype)
     try:
         if ":" in function:
             dims = _shape(shape)
-            if len(dims) != 1:
-                raise BadInput(f"`audit` takes a vector input (one size), got `--shape {shape}`.")
+            if len(dims) != 1 or dims[0] > MAX_AUDIT_WIDTH:
+                raise BadInput(
+                    f"`audit` takes a vector input of at most {MAX_AUDIT_WIDTH} values "
+                    f"(one size), got `--shape {shape}`."
+                )
             problem = data.problem_from_callable(
                 function, _load_callable(function), dims, dtype, config.seed
             )
@@ -139,11 +183,14 @@ def audit(
         else:
             problem = data.make_problem(function, config, dtype)
             reference = data.make_problem(function, config, "float64").fn
-    except (functions.UnknownFunction, data.NotTraceable) as err:
+    except (functions.UnknownFunction, data.ProblemError) as err:
         raise BadInput(str(err)) from None
     label = problem.name.replace(":", ".")
-    out = Path(workdir or Path("runs") / f"audit-{label}-{dtype}-{_stamp()}")
-    report = audit_mod.audit_problem(problem, config, reference, progress=_progress)
+    out = _output(workdir or Path("runs") / f"audit-{label}-{dtype}-{_stamp()}", "--workdir", True)
+    try:
+        report = audit_mod.audit_problem(problem, config, reference, progress=_progress)
+    except checks.DerivativeInputError as err:
+        raise BadInput(str(err)) from None
     checkpoint.save_record(out / "report.json", report)
     plots.sweep_plot([report], out / "sweep.png", f"{problem.name} ({dtype})")
     for check in report["checks"]:
@@ -194,40 +241,39 @@ def inspect(
     """Audit the jaxpr of MODULE:FUNCTION (one array argument): primitives, shapes,
     dtypes, the documented table, and the reasons for any rejection."""
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
     from derivative_audit import checkpoint, jaxpr_audit
 
     fn = _load_callable(target)
     dims = _shape(shape)
-    try:
-        np_dtype = np.dtype(dtype)
-    except TypeError:
-        raise BadInput(f"Unknown dtype `{dtype}`.") from None
+    np_dtype = _jax_dtype(dtype)
+    wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
+    if not wanted:
+        raise BadInput(f"`--modes` must name `jvp`, `vjp` or both, got `{modes}`.")
     try:
         policy = jaxpr_audit.Policy(
-            modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+            modes=wanted,
             float_dtype=None if float_policy == "none" else float_policy,
             deterministic=not random_ok,
         )
     except ValueError as err:
         raise BadInput(str(err)) from None
-    x = (
-        jnp.zeros(dims, np_dtype)
-        if not jnp.issubdtype(np_dtype, jnp.floating)
-        else (jax.random.normal(jax.random.key(0), dims, jnp.float64).astype(np_dtype))
+    out = _output(
+        out_path or Path("runs") / f"inspect-{target.replace(':', '.')}.json", "--out", False
     )
+    # Tracing needs only the shape and dtype: no array is made, whatever its size.
+    x = jax.ShapeDtypeStruct(dims, np_dtype)
     try:
         result = jaxpr_audit.audit(fn, (x,), policy)
     except jaxpr_audit.AuditInputError as err:
         raise BadInput(str(err)) from None
     click.echo(f"{target}: inputs {list(result.inputs)} -> outputs {list(result.outputs)}")
-    for name, count in result.counts.items():
-        doc = jaxpr_audit.primitives.TABLE.get(name)
-        modes_text = ",".join(sorted(doc.modes)) if doc else "?"
-        summary = doc.summary if doc else "not in the documented table"
-        click.echo(f"  {count:>4} x {name:<20} [{modes_text or 'none'}] {summary}")
+    for heading, counts in (("", result.counts), ("in custom rules: ", result.rule_counts)):
+        for name, count in counts.items():
+            doc = jaxpr_audit.primitives.TABLE.get(name)
+            modes_text = ",".join(sorted(doc.modes)) if doc else "?"
+            summary = doc.summary if doc else "not in the documented table"
+            click.echo(f"  {heading}{count:>4} x {name:<20} [{modes_text or 'none'}] {summary}")
     for finding in result.findings:
         click.echo(
             f"REJECT {finding.rule}: {finding.reason} at {finding.source or '?'}"
@@ -237,7 +283,6 @@ def inspect(
         f"verdict: {'accepted' if result.accepted else 'rejected'} "
         f"({len(result.findings)} findings, {len(result.equations)} equations)"
     )
-    out = Path(out_path or Path("runs") / f"inspect-{target.replace(':', '.')}.json")
     checkpoint.save_record(out, result.to_json())
     click.echo(f"audit: {out}")
     if not result.accepted:
@@ -256,7 +301,7 @@ def report(config_path: str | None, workdir: str | None) -> None:
     from derivative_audit import report as report_mod
 
     config = _config(config_path)
-    out = Path(workdir or Path("runs") / f"report-{_stamp()}")
+    out = _output(workdir or Path("runs") / f"report-{_stamp()}", "--workdir", True)
     summary = report_mod.build(config, out, progress=_progress)
     for line in summary["verdicts"]:
         click.echo(line)
@@ -291,6 +336,10 @@ def bench(out_path: str, size: str, rounds: int | None) -> None:
     """Implicit vs unrolled gradients of a fixed-point solve; HVP vs the full Hessian."""
     from derivative_audit import bench as bench_mod
 
+    if not Path(out_path).name:
+        raise BadInput(f"`--out` must name a JSON file, got `{out_path}`.")
+    _output(out_path, "--out", False)
+    _output(Path(out_path).with_suffix(".png"), "--out (its PNG)", False)
     result = bench_mod.run(size, rounds, progress=_progress)
     path = bench_mod.write(result, out_path)
     click.echo(bench_mod.table(result))

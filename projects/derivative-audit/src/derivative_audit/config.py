@@ -68,8 +68,9 @@ class Config(BaseModel):
         if self.sweep_max_exponent - self.sweep_min_exponent < 4:
             raise ValueError(
                 f"The sweep must span at least 4 decades so that both the round-off and "
-                f"the truncation side show, but it spans 10**`{self.sweep_min_exponent}` to "
-                f"10**`{self.sweep_max_exponent}`."
+                f"the truncation side show, but `sweep_min_exponent` = {self.sweep_min_exponent} "
+                f"and `sweep_max_exponent` = {self.sweep_max_exponent} span "
+                f"{self.sweep_max_exponent - self.sweep_min_exponent}."
             )
         return self
 
@@ -104,22 +105,26 @@ def load_config(path: str | Path) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read config file `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Config file `{path}` is not UTF-8 text (byte {err.start}: {err.reason})."
+        ) from None
     return Config.from_json(text, source=str(path))
 
 
 def _describe(err: pydantic.ValidationError, source: str) -> str:
-    """Turns pydantic's errors into one full sentence per problem."""
-    lines = [f"Invalid config `{source}`:"]
+    """Turns pydantic's errors into one line: every problem, each naming its field."""
+    problems = []
     for item in err.errors(include_url=False):
         field = ".".join(str(part) for part in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
+        message = " ".join(item["msg"].removeprefix("Value error, ").split()).rstrip(".")
         if item["type"] == "extra_forbidden":
             known = ", ".join(f"`{name}`" for name in Config.model_fields)
-            lines.append(f"- Unknown field `{field}`; known fields: {known}.")
+            problems.append(f"unknown field `{field}` (known fields: {known})")
         elif item["type"] == "json_invalid":
-            lines.append(f"- The file is not valid JSON: {message}.")
+            problems.append(f"not valid JSON: {message}")
         elif not field:
-            lines.append(f"- {message.rstrip('.')}.")
+            problems.append(message)
         else:
-            lines.append(f"- Field `{field}` has value `{item.get('input')!r}`: {message}.")
-    return "\n".join(lines)
+            problems.append(f"field `{field}` has value `{item.get('input')!r}`: {message}")
+    return f"Invalid config `{source}`: " + "; ".join(problems) + "."

@@ -68,8 +68,17 @@ def make_problem(name: str, config: Config, dtype: str = "float64") -> Problem:
     return Problem(name, jax.jit(functools.partial(fn, weights)), x, dtype, weights)
 
 
-class NotTraceable(TypeError):
+class ProblemError(ValueError):
+    """A function or point the audit cannot use; the message says why."""
+
+
+class NotTraceable(ProblemError, TypeError):
     """A user function JAX cannot trace; the message says why."""
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def problem_from_callable(
@@ -78,7 +87,13 @@ def problem_from_callable(
     """A user function `fn(x)` at a standard-normal point of `shape` and `dtype`.
 
     Raises `NotTraceable` when `fn` cannot be traced by JAX (it converts a traced
-    value to a Python number or NumPy array, or branches on one)."""
+    value to a Python number or NumPy array, or branches on one), and
+    `ProblemError` for a dtype or shape the checks cannot use or an output that
+    is not one floating-point array of shape `()` or `(m,)`."""
+    if dtype not in FLOAT_DTYPES:
+        raise ProblemError(f"Unknown dtype `{dtype}`; choose one of {sorted(FLOAT_DTYPES)}.")
+    if not shape or any(not isinstance(s, int) or s < 1 for s in shape):
+        raise ProblemError(f"The shape of x must be positive sizes, got `{shape}`.")
     x = jax.random.normal(jax.random.key(seed), shape, jnp.float64).astype(dtype)
     try:
         out = jax.eval_shape(fn, x)
@@ -93,13 +108,18 @@ def problem_from_callable(
             f"`{label}` is not JAX-traceable: it needs a concrete value where JAX has only an "
             f"abstract one ({first}). Write it with `jax.numpy` and `lax` control flow."
         ) from None
-    except TypeError as err:
+    except (TypeError, ValueError, IndexError) as err:
         raise NotTraceable(
-            f"`{label}` cannot be called on a `{dtype}{list(shape)}` array: {err}"
+            f"`{label}` cannot be called on a `{dtype}{list(shape)}` array: {_first_line(err)}"
         ) from None
     if not hasattr(out, "shape") or len(out.shape) > 1:
-        raise NotTraceable(
+        raise ProblemError(
             f"`{label}` must return one array of shape `()` or `(m,)`, but returns `{out}`."
+        )
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        raise ProblemError(
+            f"`{label}` returns `{out.dtype}` values; derivative checks need a floating-point "
+            f"output (an integer or boolean result has no derivative)."
         )
     if out.shape == ():
         inner = fn

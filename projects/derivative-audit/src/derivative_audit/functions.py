@@ -64,8 +64,9 @@ SUITE: dict[str, SuiteFn] = {
 }
 
 
-class UnknownFunction(KeyError):
-    """A suite name that does not exist; the message lists the known ones."""
+class UnknownFunction(KeyError, ValueError):
+    """A suite name that does not exist; the message lists the known ones. A
+    `KeyError` (a name looked up) and a `ValueError`, like every bad input here."""
 
     def __str__(self) -> str:
         return str(self.args[0])

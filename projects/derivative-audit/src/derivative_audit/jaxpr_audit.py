@@ -5,7 +5,17 @@ equation, including those inside `jit`, `scan`, `cond` (every branch),
 `while` (condition and body), `custom_jvp_call` and `custom_vjp_call`, and
 returns an `Audit`: every equation with its nesting path, output shapes and
 dtypes and source location; primitive counts; and the `Finding`s that reject
-the program under the `Policy`:
+the program under the `Policy`.
+
+A custom rule is a program too: when JAX differentiates a `custom_jvp` it runs
+the JVP rule instead of the body, for a `custom_vjp` the forward and backward
+rules. None of them is in the traced jaxpr (the equation holds only the
+functions that trace them), so `walk_rules` traces each one on the equation's
+own shapes and walks it like the program: the rules of every custom call at
+any depth (inside `jit`, `scan`, a branch, another rule). Their equations are
+`Audit.rule_equations` (paths like `jit.jaxpr/custom_vjp_call.bwd_rule`) and
+are judged by the same rules below, except `mode-unsupported`: JAX evaluates
+a rule, it does not differentiate it, for a first derivative. The rules:
 
 - `unknown-primitive`: not in the documented table (`primitives.TABLE`);
 - `host-callback`: Python called back on the host (not differentiable);
@@ -83,6 +93,7 @@ class Audit:
     findings: tuple[Finding, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    rule_equations: tuple[Equation, ...] = ()  # inside the custom rules (`walk_rules`)
 
     @property
     def accepted(self) -> bool:
@@ -90,7 +101,13 @@ class Audit:
 
     @property
     def counts(self) -> dict[str, int]:
+        """Primitive counts of the program itself (what `make_jaxpr` prints)."""
         return dict(sorted(collections.Counter(e.primitive for e in self.equations).items()))
+
+    @property
+    def rule_counts(self) -> dict[str, int]:
+        """Primitive counts inside the custom derivative rules."""
+        return dict(sorted(collections.Counter(e.primitive for e in self.rule_equations).items()))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -99,17 +116,19 @@ class Audit:
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             "counts": self.counts,
+            "rule_counts": self.rule_counts,
             "primitives": {
                 name: {
                     "summary": primitives.TABLE[name].summary,
                     "modes": sorted(primitives.TABLE[name].modes),
                     "note": primitives.TABLE[name].note,
                 }
-                for name in self.counts
+                for name in {**self.counts, **self.rule_counts}
                 if name in primitives.TABLE
             },
             "findings": [dataclasses.asdict(f) for f in self.findings],
             "equations": [dataclasses.asdict(e) for e in self.equations],
+            "rule_equations": [dataclasses.asdict(e) for e in self.rule_equations],
         }
 
 
@@ -166,6 +185,93 @@ def walk(
             equations.extend(walk(sub, where, inner, source))
     # --- end exercise ---
     return equations
+
+
+def _has_tangent(aval: Any) -> bool:
+    """Whether a value of this aval carries a tangent (a float or complex array)."""
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.inexact)
+
+
+def _rule_key(eqn: jex_core.JaxprEqn) -> tuple:
+    """Which rule, on which shapes: a rule that calls its own function (softplus's
+    JVP rule calls softplus) meets itself again, and is walked once."""
+    params = eqn.params
+    funs = [params[k] for k in ("jvp_jaxpr_fun", "fwd_jaxpr_thunk", "bwd") if k in params]
+    where = tuple(getattr(f.debug_info, "func_src_info", None) or repr(f) for f in funs)
+    return (eqn.primitive.name, where, tuple(describe_aval(v.aval) for v in eqn.invars))
+
+
+def rule_jaxprs(eqn: jex_core.JaxprEqn) -> list[tuple[str, jex_core.Jaxpr]]:
+    """The custom derivative rules of a `custom_jvp_call` or `custom_vjp_call`
+    equation, traced on its shapes: `jvp_rule`, or `fwd_rule` and `bwd_rule`.
+
+    The equation's params (jax 0.10) hold no rule jaxpr, only what traces one:
+    `jvp_jaxpr_fun(*input_is_zero)` gives the JVP rule's jaxpr (inputs: primals,
+    then the nonzero tangents); `fwd_jaxpr_thunk(*input_is_nonzero)` the forward
+    rule's (outputs: residuals, then primal outputs); `bwd` is the backward rule,
+    called on residuals and output cotangents, whose avals come from the forward
+    rule's outputs and `out_trees()` (`input_fwds`: residuals that are inputs).
+    Any other equation: `[]`."""
+    name = eqn.primitive.name
+    if name not in primitives.CUSTOM_RULE_PRIMITIVES:
+        return []
+    params = eqn.params
+    inputs = [v.aval for v in eqn.invars[params["num_consts"] :]]
+    nonzero = [_has_tangent(a) for a in inputs]
+    if name == "custom_jvp_call":
+        rule = params["jvp_jaxpr_fun"]
+        jvp, _, _ = _trace_rule(lambda: rule.call_wrapped(*[not nz for nz in nonzero]), rule)
+        return [("jvp_rule", jvp)]
+    forward = params["fwd_jaxpr_thunk"]
+    fwd, _ = _trace_rule(lambda: forward.call_wrapped(*nonzero), forward)
+    _, res_tree, input_fwds = params["out_trees"]()
+    computed = iter(fwd.outvars[: res_tree.num_leaves - sum(f is not None for f in input_fwds)])
+    residuals = [next(computed).aval if f is None else eqn.invars[f].aval for f in input_fwds]
+    cotangents = [v.aval.to_tangent_aval() for v in eqn.outvars]
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (*residuals, *cotangents)]
+    backward = params["bwd"]
+    make_bwd = jax.make_jaxpr(lambda *a: backward.call_wrapped(*a))
+    bwd = _trace_rule(lambda: make_bwd(*specs), backward)
+    return [("fwd_rule", fwd), ("bwd_rule", bwd.jaxpr)]
+
+
+def _trace_rule(make: Callable[[], Any], rule: Any) -> Any:
+    """Runs a rule's tracing; a rule JAX cannot trace is an `AuditInputError`
+    naming the rule (`name at file:line`, as JAX records it)."""
+    try:
+        return make()
+    except (TypeError, ValueError, IndexError, NotImplementedError) as err:
+        debug = getattr(rule, "debug_info", None)
+        where = getattr(debug, "func_src_info", None) or repr(rule)
+        raise AuditInputError(
+            f"The custom derivative rule `{where}` could not be traced: {_first_line(err)}"
+        ) from None
+
+
+def walk_rules(
+    jaxpr: jex_core.Jaxpr, path: str = "", outer_source: str = "", _open: frozenset = frozenset()
+) -> list[Equation]:
+    """Every equation of the custom derivative rules of every custom call in
+    `jaxpr`, at any depth (sub-programs, the rules' own custom calls), depth
+    first. Rule equations are not differentiated by JAX at first order."""
+    found: list[Equation] = []
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        source = source_info_util.summarize(eqn.source_info) or outer_source
+        here = f"{path}/{name}" if path else name
+        for param, sub in sub_jaxprs(eqn.params):
+            found.extend(walk_rules(sub, f"{here}.{param}", source, _open))
+        if name not in primitives.CUSTOM_RULE_PRIMITIVES:
+            continue
+        key = _rule_key(eqn)
+        if key in _open:  # a rule calling its own function: already being walked
+            continue
+        for rule, sub in rule_jaxprs(eqn):
+            where = f"{here}.{rule}"
+            found.extend(walk(sub, where, False, source))
+            found.extend(walk_rules(sub, where, source, _open | {key}))
+    return found
 
 
 def check(equation: Equation, policy: Policy) -> list[Finding]:
@@ -229,24 +335,38 @@ def trace(fn: Callable, args: Sequence[Any]) -> jex_core.ClosedJaxpr:
             f"`{label}` is not JAX-traceable: it needs a concrete value where JAX has only "
             f"an abstract one ({first}). Write it with `jax.numpy` and `lax` control flow."
         ) from None
-    except TypeError as err:
+    except (TypeError, ValueError, IndexError, NotImplementedError) as err:
         raise AuditInputError(
             f"`{label}` could not be traced on inputs "
-            f"{[describe_aval(getattr(a, 'aval', a)) for a in args]}: {err}"
+            f"{[describe_aval(getattr(a, 'aval', a)) for a in args]}: {_first_line(err)}"
         ) from None
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def audit(fn: Callable, args: Sequence[Any], policy: Policy = Policy()) -> Audit:
-    """Traces `fn(*args)` and audits every equation under `policy`."""
+    """Traces `fn(*args)` and audits every equation under `policy`, the custom
+    derivative rules' included. `args`: a tuple of arrays (or `jax.ShapeDtypeStruct`s)."""
+    if not isinstance(args, tuple | list):
+        raise AuditInputError(
+            f"`args` must be a tuple of the function's arguments, got `{type(args).__name__}`."
+        )
+    if not isinstance(policy, Policy):
+        raise AuditInputError(f"`policy` must be a `Policy`, got `{type(policy).__name__}`.")
     closed = trace(fn, args)
     equations = walk(closed.jaxpr)
-    findings = [f for e in equations for f in check(e, policy)]
+    rule_equations = walk_rules(closed.jaxpr)
+    findings = [f for e in (*equations, *rule_equations) for f in check(e, policy)]
     return Audit(
         policy=policy,
         equations=tuple(equations),
         findings=tuple(findings),
         inputs=tuple(describe_aval(v.aval) for v in closed.jaxpr.invars),
         outputs=tuple(describe_aval(v.aval) for v in closed.jaxpr.outvars),
+        rule_equations=tuple(rule_equations),
     )
 
 

@@ -11,6 +11,7 @@ with a `custom_vjp` whose backward pass uses the implicit function theorem.
 exists, is unique, and iteration converges geometrically at that rate.
 """
 
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -27,6 +28,9 @@ class Params(NamedTuple):
 
 def init(key: jax.Array, n: int, d_in: int, contraction: float, dtype=jnp.float64) -> Params:
     """Random weights; `W` rescaled to spectral norm `contraction`."""
+    for name, size in (("n", n), ("d_in", d_in)):
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+            raise ValueError(f"`{name}` must be a positive integer, but got `{size!r}`.")
     if not 0.0 < contraction < 1.0:
         raise ValueError(f"`contraction` must lie in (0, 1), but got `{contraction}`.")
     kw, ku, kb = jax.random.split(key, 3)

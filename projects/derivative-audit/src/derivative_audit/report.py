@@ -149,7 +149,7 @@ def stage_3(config: Config, say: Callable[[str], None]) -> dict[str, Any]:
 
 def build(config: Config, out: str | Path, progress: Callable[[str], None] | None = None) -> dict:
     say = progress or (lambda _: None)
-    out = Path(out)
+    out = checkpoint.check_output_path(out, is_dir=True)  # before any work, not after it
     s1 = stage_1(config, say)
     s2 = stage_2(say)
     s3 = stage_3(config, say)

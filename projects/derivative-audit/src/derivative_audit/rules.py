@@ -21,6 +21,7 @@ Hessian of `softplus` is sigmoid'(x), exact even at x = 1000.
 """
 
 import functools
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -143,6 +144,12 @@ def solver_tolerance(dtype) -> float:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def fixed_point_implicit(params: model.Params, x: jax.Array, max_iterations: int) -> jax.Array:
     """z* = tanh(W z* + U x + b) solved to tolerance; `x`: `(..., d_in)`, returns `(..., n)`."""
+    if (
+        isinstance(max_iterations, bool)
+        or not isinstance(max_iterations, numbers.Integral)
+        or max_iterations < 1
+    ):
+        raise ValueError(f"`max_iterations` must be a positive integer, got `{max_iterations!r}`.")
     z0 = jnp.zeros(x.shape[:-1] + params.b.shape, params.b.dtype)
     tol = solver_tolerance(x.dtype)
     z, _ = _iterate(lambda z: model.step(params, z, x), z0, tol, max_iterations)
@@ -169,6 +176,10 @@ fixed_point_implicit.defvjp(_fixed_point_fwd, _fixed_point_bwd)
 
 def hvp(f, x: jax.Array, v: jax.Array) -> jax.Array:
     """H v for scalar `f` at `x`: the JVP of the gradient (forward over reverse)."""
+    if jnp.shape(v) != jnp.shape(x):
+        raise ValueError(
+            f"`v` has shape {jnp.shape(v)}, but H v needs the shape of x, {jnp.shape(x)}."
+        )
     # --- exercise stage 2: H v is the tangent output of jax.jvp of jax.grad(f). ---
     return jax.jvp(jax.grad(f), (x,), (v,))[1]
     # --- end exercise ---

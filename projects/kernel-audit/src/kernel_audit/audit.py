@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernel_audit import data, kernels, reference
-from kernel_audit.config import Config
+from kernel_audit.config import Config, ConfigError
 
 
 def compare(
@@ -59,6 +59,13 @@ def compare(
     return figures
 
 
+def _check_dtype_name(dtype: str) -> None:
+    if dtype not in kernels.DTYPES:
+        raise kernels.KernelInputError(
+            f"Unknown dtype `{dtype}`; use one of {', '.join(f'`{d}`' for d in kernels.DTYPES)}."
+        )
+
+
 def audit_matmul(
     case: data.MatmulCase,
     dtype: str,
@@ -67,7 +74,8 @@ def audit_matmul(
     seed: int,
     interpret: bool | None = None,
 ) -> dict[str, Any]:
-    """One cell of the matmul table."""
+    """One cell of the matmul table; an unknown `dtype` is a `KernelInputError`."""
+    _check_dtype_name(dtype)
     record: dict[str, Any] = {
         "kernel": "matmul_bias_act",
         "case": case.name,
@@ -109,7 +117,8 @@ def audit_layer_norm(
     seed: int,
     interpret: bool | None = None,
 ) -> dict[str, Any]:
-    """One cell of the layer-norm table."""
+    """One cell of the layer-norm table; an unknown `dtype` is a `KernelInputError`."""
+    _check_dtype_name(dtype)
     record: dict[str, Any] = {
         "kernel": "layer_norm",
         "case": case.name,
@@ -145,6 +154,11 @@ def run_audit(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every cell of the config's table; returns the report (records + summary)."""
+    if not isinstance(config, Config):
+        raise ConfigError(
+            f"`config` must be a `Config` (e.g. `load_config(path)`), not a "
+            f"`{type(config).__name__}`."
+        )
     cells: list[Callable[[], dict[str, Any]]] = []
     for case in (c for c in data.MATMUL_CASES if c.name in config.matmul_cases):
         for dtype in config.dtypes:

@@ -100,9 +100,12 @@ SIZES = {
 
 
 def resolve_size(name: str) -> str:
-    """`auto` means `gpu` on a GPU backend and `cpu` elsewhere."""
+    """`auto` means `gpu` on a GPU backend and `cpu` elsewhere; an unknown name is a
+    `ValueError` naming it."""
     if name == "auto":
         return "gpu" if jax.default_backend() == "gpu" else "cpu"
+    if name not in SIZES:
+        raise ValueError(f"Unknown bench size `{name}`; use `auto` or one of {sorted(SIZES)}.")
     return name
 
 
@@ -494,6 +497,11 @@ def bench(out: Path, size: str, repeats: int | None, mode: str) -> None:
         click.echo(message, err=True)
         sys.stderr.flush()
 
+    try:
+        for target in (out, out.with_suffix(".png"), out.with_name(out.name + ".sha256")):
+            checkpoint.check_writable(target, directory=False, what="Bench report")
+    except checkpoint.RecordError as err:
+        raise click.BadParameter(str(err), param_hint="'--out'") from None
     if mode == "compiled" and jax.default_backend() != "gpu":
         raise click.UsageError(
             f"`--mode compiled` needs a GPU, but the JAX backend is `{jax.default_backend()}`; "

@@ -15,7 +15,31 @@ from typing import Any
 
 
 class RecordError(ValueError):
-    """A record that is missing, unreadable or does not match its sha256."""
+    """A record that is missing, unreadable or does not match its sha256, or a place
+    where one cannot be written."""
+
+
+def check_writable(path: str | Path, *, directory: bool, what: str) -> Path:
+    """Refuses an output path that cannot be written, before any work is done.
+
+    `directory`: the path is a folder to create (else a file to create or replace).
+    The path, if it exists, must be of that kind, and its nearest existing ancestor
+    must be a folder; raises `RecordError` naming `what` and the path.
+    """
+    given = Path(path)
+    path = Path(os.path.abspath(given))  # `..` taken lexically, as `mkdir` will meet it
+    if path.exists() and path.is_dir() != directory:
+        kind = "a folder" if directory else "a file"
+        raise RecordError(f"{what} `{given}` exists and is not {kind}.")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                shown = parent if given.is_absolute() else os.path.relpath(parent)
+                raise RecordError(
+                    f"{what} `{given}` cannot be created: `{shown}` is a file, not a folder."
+                )
+            break
+    return given
 
 
 def _digest(text: str) -> str:
@@ -43,9 +67,21 @@ def load_record(path: str | Path) -> dict[str, Any]:
         expected = path.with_name(path.name + ".sha256").read_text(encoding="utf-8").strip()
     except OSError as err:
         raise RecordError(f"Cannot read record `{path}` or its digest: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise RecordError(
+            f"Record `{path}` or its digest is not UTF-8 text (byte {err.start}: {err.reason})."
+        ) from None
     if _digest(text) != expected:
         raise RecordError(
             f"Record `{path}` does not match its sha256 `{expected[:12]}...`: it was changed "
             f"after it was written; re-run the command that produced it."
         )
-    return json.loads(text)
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RecordError(f"Record `{path}` is not valid JSON: {err.msg}.") from None
+    if not isinstance(payload, dict):
+        raise RecordError(
+            f"Record `{path}` holds a JSON {type(payload).__name__}, not a record's object."
+        )
+    return payload

@@ -17,7 +17,12 @@ from pathlib import Path
 import click
 
 from kernel_audit.bench import bench
+from kernel_audit.checkpoint import RecordError, check_writable
 from kernel_audit.config import Config, ConfigError, load_config
+
+# Largest operand or output `check` builds: 2**24 entries (64 MiB in float32, twice
+# that for the float64 reference).
+MAX_CHECK_ENTRIES = 2**24
 
 
 class BadInput(click.ClickException):
@@ -36,10 +41,14 @@ def _config(path: str | None) -> Config:
 
 
 def _workdir(workdir: str | None, prefix: str) -> Path:
-    if workdir is not None:
-        return Path(workdir)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{prefix}-{stamp}"
+    """The output folder, checked for writing before any work starts."""
+    if workdir is None:
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+        workdir = str(Path("runs") / f"{prefix}-{stamp}")
+    try:
+        return check_writable(workdir, directory=True, what="Output folder `--workdir`")
+    except RecordError as err:
+        raise BadInput(str(err)) from None
 
 
 def _progress(message: str) -> None:
@@ -91,7 +100,7 @@ def audit(config_path: str | None, workdir: str | None) -> None:
 @click.option(
     "--blocks", type=(int, int, int), default=(32, 32, 32), show_default=True, help="BM BN BK."
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True)
 def check(
     m: int, k: int, n: int, dtype: str, activation: str, blocks: tuple[int, int, int], seed: int
 ) -> None:
@@ -103,6 +112,12 @@ def check(
     for name, value in (("M", m), ("K", k), ("N", n)):
         if value < 1:
             raise BadInput(f"`{name}` must be at least 1, but got `{value}`.")
+    for name, entries in (("x (M, K)", m * k), ("w (K, N)", k * n), ("the output (M, N)", m * n)):
+        if entries > MAX_CHECK_ENTRIES:
+            raise BadInput(
+                f"{name} would hold {entries} entries for (M, K, N) = `{(m, k, n)}`, more "
+                f"than the {MAX_CHECK_ENTRIES} `check` builds; use smaller dimensions."
+            )
     record = audit_module.audit_matmul(
         data.MatmulCase("cli", m, k, n),
         dtype,

@@ -145,11 +145,16 @@ def load_config(path: str | Path) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read config file `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Config file `{path}` is not UTF-8 text (byte {err.start}: {err.reason}); "
+            "a config is a JSON object."
+        ) from None
     return Config.from_json(text, source=str(path))
 
 
 def _describe(err: pydantic.ValidationError, source: str) -> str:
-    """Turns pydantic's errors into one full sentence per problem."""
+    """Turns pydantic's errors into one line: one full sentence per problem."""
     lines = [f"Invalid config `{source}`:"]
     for item in err.errors(include_url=False):
         field = ".".join(str(part) for part in item["loc"])
@@ -157,16 +162,20 @@ def _describe(err: pydantic.ValidationError, source: str) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             known = ", ".join(f"`{name}`" for name in Config.model_fields)
-            lines.append(f"- Unknown field `{field}` (value `{value}`); known fields: {known}.")
+            lines.append(
+                f"Unknown field `{field}` (value `{_short(value)}`); known fields: {known}."
+            )
         elif item["type"] == "json_invalid":
-            lines.append(f"- The file is not valid JSON: {message}.")
+            lines.append(f"The file is not valid JSON: {message}.")
+        elif item["type"] == "model_type":
+            lines.append(f"A config is a JSON object of fields, not `{_short(value)}`.")
         elif not field:
-            lines.append(f"- {message.rstrip('.')}.")
+            lines.append(f"{message.rstrip('.')}.")
         else:
-            lines.append(f"- Field `{field}` has value `{_short(value)}`: {message}.")
-    return "\n".join(lines)
+            lines.append(f"Field `{field}` has value `{_short(value)}`: {message}.")
+    return " ".join(lines)
 
 
 def _short(value: object) -> str:
-    text = json.dumps(value)
+    text = json.dumps(value, default=repr)
     return text if len(text) <= 60 else text[:57] + "..."

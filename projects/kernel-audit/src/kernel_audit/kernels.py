@@ -24,7 +24,9 @@ Execution mode. `interpret=None` picks the mode from the backend: compiled
 it; every audit record carries that name.
 
 Every public function validates its operands and block sizes before any
-kernel is traced (`KernelInputError`, a full sentence naming the value).
+kernel is traced (`KernelInputError`, a full sentence naming the value);
+concrete operands must also be finite (traced ones, inside `jit` or `grad`,
+have no values to check, and NaN propagates there as in `jnp.dot`).
 """
 
 import dataclasses
@@ -33,6 +35,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -106,6 +109,11 @@ def _dtype_name(array: jax.Array) -> str:
 
 
 def _check_dtypes(**arrays: jax.Array) -> None:
+    for name, a in arrays.items():
+        if not hasattr(a, "dtype") or not hasattr(a, "ndim"):
+            raise KernelInputError(
+                f"`{name}` must be an array (`jax.Array` or NumPy), not a `{type(a).__name__}`."
+            )
     names = {name: _dtype_name(a) for name, a in arrays.items()}
     for name, dtype in names.items():
         if dtype not in DTYPES:
@@ -116,6 +124,22 @@ def _check_dtypes(**arrays: jax.Array) -> None:
     if len(set(names.values())) > 1:
         listed = ", ".join(f"`{n}`: `{d}`" for n, d in names.items())
         raise KernelInputError(f"All operands must share one dtype, but got {listed}.")
+
+
+def _check_finite(**arrays: jax.Array) -> None:
+    """Refuses NaN or infinite entries in concrete operands (a traced operand, inside
+    `jit` or `grad`, has no values yet: there NaN propagates as in `jnp.dot`)."""
+    for name, a in arrays.items():
+        if isinstance(a, jax.core.Tracer) or a.size == 0:
+            continue
+        host = np.asarray(a)  # On the host: no program compiled per operand shape.
+        finite = np.isfinite(host)
+        if not finite.all():
+            index = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise KernelInputError(
+                f"`{name}` has a non-finite entry at {index} (`{float(host[index])}`); the "
+                f"kernels take finite operands."
+            )
 
 
 def _is_power_of_two(value: int) -> bool:
@@ -182,6 +206,7 @@ def check_matmul(
             f"operands and {blocks.num_stages} stages need {staged} bytes of shared memory, "
             f"more than the {SHARED_MEMORY_BYTES} a block may use; use smaller blocks."
         )
+    _check_finite(x=x, w=w, b=b)
 
 
 def matmul_staged_bytes(blocks: MatmulBlocks, itemsize: int) -> int:
@@ -234,6 +259,7 @@ def check_layer_norm(x: jax.Array, gamma: jax.Array, beta: jax.Array, blocks: Ro
             f"A `{blocks.block_rows}` x `{block_cols}` tile of `{_dtype_name(x)}` is {tile} "
             f"bytes, more than the {SHARED_MEMORY_BYTES} a block may use; lower `block_rows`."
         )
+    _check_finite(x=x, gamma=gamma, beta=beta)
 
 
 # --- MATMUL + BIAS + ACTIVATION ----------------------------------------------------
@@ -336,7 +362,7 @@ def matmul_bias_act(
     problems). `mask_edges=False` is for the out-of-bounds test only; it is not
     differentiable.
     """
-    if blocks is None and x.ndim == 2 and w.ndim == 2:
+    if blocks is None and getattr(x, "ndim", 0) == 2 and getattr(w, "ndim", 0) == 2:
         blocks = fit_matmul_blocks(x.shape[0], x.shape[1], w.shape[1])
     check_matmul(x, w, b, blocks or MatmulBlocks(), activation)
     if interpret is None:
@@ -465,7 +491,7 @@ def layer_norm(
     whose backward pass is the closed-form layer-norm gradient in `jax.numpy`,
     from the mean and 1/std the kernel saved).
     """
-    if blocks is None and x.ndim == 2:
+    if blocks is None and getattr(x, "ndim", 0) == 2:
         blocks = fit_row_blocks(x.shape[0])
     check_layer_norm(x, gamma, beta, blocks or RowBlocks())
     if interpret is None:

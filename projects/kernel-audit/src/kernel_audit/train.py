@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernel_audit import checkpoint, data, kernels, model
-from kernel_audit.config import Config
+from kernel_audit.config import Config, ConfigError
 
 D_IN, D_OUT = 24, 8
 
@@ -56,6 +56,13 @@ def train_and_evaluate(
 ) -> dict[str, Any]:
     """Trains both paths for `config.train_steps` steps; returns (and, with a
     `workdir`, writes as `metrics.json`) the per-step losses and their gap."""
+    if not isinstance(config, Config):
+        raise ConfigError(
+            f"`config` must be a `Config` (e.g. `load_config(path)`), not a "
+            f"`{type(config).__name__}`."
+        )
+    if workdir is not None:
+        checkpoint.check_writable(workdir, directory=True, what="Output folder")
     key = jax.random.key(config.seed)
     key, init_key, teacher_key = jax.random.split(key, 3)
     params0 = model.init(init_key, D_IN, config.hidden, D_OUT)

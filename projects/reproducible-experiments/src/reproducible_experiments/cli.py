@@ -42,23 +42,52 @@ def _config(path: str | None) -> Config:
         raise BadInput(str(err)) from None
 
 
-def _store(uri: str | None, experiment: str) -> tuple[Any, str]:
+def _store(uri: str | None, experiment: str, *, create: bool = True) -> tuple[Any, str]:
+    """The client and experiment id; `create=False` (for reading) needs both to exist."""
     from reproducible_experiments import tracking
 
     try:
-        client = tracking.connect(uri)
-        return client, tracking.experiment_id(client, experiment)
+        client = tracking.connect(uri, create=create)
+        if create:
+            return client, tracking.experiment_id(client, experiment)
+        return client, tracking.existing_experiment_id(client, experiment)
     except TrackingError as err:
         raise BadInput(str(err)) from None
 
 
 def _client(uri: str | None) -> Any:
+    """A client of an existing store: for the commands that read a run."""
     from reproducible_experiments import tracking
 
     try:
-        return tracking.connect(uri)
+        return tracking.connect(uri, create=False)
     except TrackingError as err:
         raise BadInput(str(err)) from None
+
+
+def _check_out_dir(out: str | None) -> None:
+    """A report folder must be creatable; checked before any work, not after."""
+    if out is None:
+        return
+    parent = Path(out).absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(f"`--out {out}` cannot be created: `{parent}` is not a directory.")
+
+
+def _check_out_file(out: str) -> None:
+    """A JSON report path whose folder can be made and which is not the plot's path."""
+    path = Path(out)
+    if path.with_suffix(".png") == path:
+        raise BadInput(f"`--out {out}` is where the plot goes; give the JSON report another name.")
+    _check_out_dir(str(path.parent))
+
+
+def _experiment_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value.strip():
+        raise click.BadParameter(f"the experiment name `{value}` is blank.")
+    return value
 
 
 _uri = click.option(
@@ -69,7 +98,11 @@ _uri = click.option(
     "runs/mlflow.db).",
 )
 _experiment = click.option(
-    "--experiment", default=DEFAULT_EXPERIMENT, show_default=True, help="Experiment name."
+    "--experiment",
+    default=DEFAULT_EXPERIMENT,
+    show_default=True,
+    callback=_experiment_name,
+    help="Experiment name.",
 )
 
 
@@ -180,7 +213,7 @@ def inventory(tracking_uri: str | None, experiment: str, as_json: bool, page_siz
     count the runs by status. Read-only: nothing is marked or deleted."""
     from reproducible_experiments import inventory as inv
 
-    client, exp_id = _store(tracking_uri, experiment)
+    client, exp_id = _store(tracking_uri, experiment, create=False)
     result = inv.inventory(client, experiment, exp_id, page_size=page_size)
     click.echo(json.dumps(result.to_json(), indent=1) if as_json else inv.render(result))
 
@@ -203,6 +236,7 @@ def compare(spec_path: str, tracking_uri: str | None, experiment: str, out: str 
         spec = comparison.load_spec(spec_path)
     except comparison.SpecError as err:
         raise BadInput(str(err)) from None
+    _check_out_dir(out)
     client, exp_id = _store(tracking_uri, experiment)
     try:
         ran = comparison.run_comparison(
@@ -219,6 +253,7 @@ def compare(spec_path: str, tracking_uri: str | None, experiment: str, out: str 
 @click.option("--out", type=click.Path(file_okay=False), help="Report directory.")
 def analyze(parent_run_id: str, tracking_uri: str | None, out: str | None) -> None:
     """Analyze a registered comparison again, from the store alone."""
+    _check_out_dir(out)
     client = _client(tracking_uri)
     _report(client, parent_run_id, out)
 
@@ -292,9 +327,11 @@ def bench(out: str, config_path: str | None, reps: int, values: int) -> None:
     """Time batched vs per-value metric logging, and training untracked vs tracked."""
     from reproducible_experiments.bench import bench as run_bench
 
+    config = _config(config_path)
+    _check_out_file(out)
     report = run_bench(
         out,
-        config=_config(config_path),
+        config=config,
         reps=reps,
         values=values,
         progress=lambda line: click.echo(line, err=True),

@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 import pydantic
@@ -35,13 +35,16 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from reproducible_experiments import data, plots, record
 from reproducible_experiments.config import Config
 from reproducible_experiments.tracking import TrackedRun, TrackingError, iter_runs
 
 METRICS = ("test_accuracy", "test_loss")
+# A seed as `Config` takes it (`train_seed`, `eval_seed`): checked when the spec is read,
+# not when the first child run is built.
+Seed = Annotated[int, Field(ge=0, lt=2**31)]
 SEED_FIELDS = ("train_seed", "eval_seed")
 ARMS = ("baseline", "candidate")
 
@@ -68,12 +71,12 @@ class Mechanism(_Strict):
 class MetricDefinition(_Strict):
     name: Literal["test_accuracy", "test_loss"] = "test_accuracy"
     """The final metric each run logs that the question is about."""
-    higher_is_better: bool = True
+    higher_is_better: StrictBool = True
     """Direction of improvement."""
 
 
 class DecisionRule(_Strict):
-    min_difference: float = Field(default=0.0, ge=0.0)
+    min_difference: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     """The candidate wins when the whole bootstrap interval of the mean paired
     difference lies beyond this margin, on the side of improvement."""
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
@@ -82,7 +85,7 @@ class DecisionRule(_Strict):
     """Bootstrap resamples."""
     bootstrap_seed: int = Field(default=0, ge=0)
     """Seed of the bootstrap's NumPy generator (the analysis is deterministic)."""
-    require_complete: bool = True
+    require_complete: StrictBool = True
     """Any incomplete pair makes the verdict `undecided`."""
 
 
@@ -96,9 +99,9 @@ class Spec(_Strict):
     baseline: dict[str, Any]
     """Config fields of the baseline (the rest take `Config` defaults); no seeds."""
     mechanism: Mechanism
-    train_seeds: list[int] = Field(min_length=1)
+    train_seeds: list[Seed] = Field(min_length=1)
     """Training seeds; every one is crossed with every evaluation seed."""
-    eval_seeds: list[int] = Field(min_length=1)
+    eval_seeds: list[Seed] = Field(min_length=1)
     """Evaluation (split) seeds."""
     metric: MetricDefinition = MetricDefinition()
     decision: DecisionRule = DecisionRule()
@@ -159,28 +162,40 @@ def parse_spec(text: str, source: str = "<string>") -> Spec:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise SpecError(f"Spec `{source}` is not valid YAML: {err}") from None
+        raise SpecError(f"Spec `{source}` is not valid YAML: {_yaml_problem(err)}.") from None
     if not isinstance(raw, dict):
         raise SpecError(f"Spec `{source}` must be a mapping of fields, not `{type(raw).__name__}`.")
     try:
         return Spec.model_validate(raw)
     except pydantic.ValidationError as err:
-        lines = [f"Invalid comparison spec `{source}`:"]
+        problems = []
         for item in err.errors(include_url=False):
             where = ".".join(str(part) for part in item["loc"])
-            message = item["msg"].removeprefix("Value error, ")
-            lines.append(f"- `{where}`: {message}" if where else f"- {message}")
-        raise SpecError("\n".join(lines)) from None
+            message = item["msg"].removeprefix("Value error, ").rstrip(".")
+            problems.append(f"`{where}`: {message}" if where else message)
+        raise SpecError(f"Invalid comparison spec `{source}`: {'; '.join(problems)}.") from None
     except ValueError as err:  # ConfigError from the baseline or candidate config.
         raise SpecError(f"Invalid comparison spec `{source}`: {err}") from None
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one line: the problem and where it is."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
 def load_spec(path: str | Path) -> Spec:
+    """Reads a YAML spec file; raises `SpecError` naming the file or the field."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(f"Cannot read spec file `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(
+            f"Cannot read spec file `{path}`: it is not UTF-8 text (byte {err.start})."
+        ) from None
     return parse_spec(text, str(path))
 
 
@@ -362,14 +377,48 @@ def load_parent_spec(client: MlflowClient, parent_run_id: str) -> Spec:
     if parent.data.tags.get("comparison.role") != "parent" or tag is None:
         raise TrackingError(f"Run `{parent_run_id}` is not the parent run of a comparison.")
     with tempfile.TemporaryDirectory() as tmp:
-        path = client.download_artifacts(parent_run_id, "spec.json", tmp)
-        spec = parse_spec(Path(path).read_text(), f"{parent_run_id}/spec.json")
+        try:
+            path = client.download_artifacts(parent_run_id, "spec.json", tmp)
+        except (MlflowException, OSError) as err:
+            raise TrackingError(
+                f"Run `{parent_run_id}` has no `spec.json` artifact: {err}"
+            ) from None
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise TrackingError(f"Run `{parent_run_id}`: `spec.json` is not UTF-8 text.") from None
+        spec = parse_spec(text, f"{parent_run_id}/spec.json")
     if spec.sha256() != tag:
         raise TrackingError(
             f"The spec stored on `{parent_run_id}` hashes to `{spec.sha256()}`, not to its tag "
-            f"`{tag}`: the record was altered."
+            f"`comparison.spec_sha256` (`{tag}`): the record was altered."
         )
     return spec
+
+
+def _child_key(run: Any, spec: Spec) -> tuple[tuple[int, int], str]:
+    """`((train seed, eval seed), arm)` of a child run of `spec`, checked: a child
+    that carries the spec's hash but not a pair and an arm of it is an altered record."""
+    run_id, tags, params = run.info.run_id, run.data.tags, run.data.params
+    arm = tags.get("comparison.arm")
+    if arm not in ARMS:
+        raise TrackingError(
+            f"Child run `{run_id}` has the tag `comparison.arm` = `{arm}`, not one of "
+            f"{', '.join(ARMS)}: the record was altered."
+        )
+    seeds = []
+    for name, allowed in (("train_seed", spec.train_seeds), ("eval_seed", spec.eval_seeds)):
+        try:
+            value = json.loads(params[name])
+        except (KeyError, json.JSONDecodeError):
+            value = params.get(name)
+        if type(value) is not int or value not in allowed:
+            raise TrackingError(
+                f"Child run `{run_id}` has the param `{name}` = `{params.get(name)}`, not one "
+                f"of the spec's {allowed}: the record was altered."
+            )
+        seeds.append(value)
+    return (seeds[0], seeds[1]), arm
 
 
 def analyze(client: MlflowClient, parent_run_id: str) -> Analysis:
@@ -390,8 +439,8 @@ def analyze(client: MlflowClient, parent_run_id: str) -> Analysis:
         if tags.get("comparison.spec_sha256") != spec.sha256():
             foreign.append(run.info.run_id)
             continue
-        key = (json.loads(run.data.params["train_seed"]), json.loads(run.data.params["eval_seed"]))
-        by_pair.setdefault(key, {arm: [] for arm in ARMS})[tags["comparison.arm"]].append(run)
+        key, arm = _child_key(run, spec)
+        by_pair.setdefault(key, {name: [] for name in ARMS})[arm].append(run)
     metric = spec.metric.name
     pairs = []
     for key in spec.pairs():

@@ -138,26 +138,32 @@ def load_config(path: str | Path) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read config file `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Cannot read config file `{path}`: it is not UTF-8 text (byte {err.start})."
+        ) from None
     return Config.from_json(text, source=str(path))
 
 
 def _describe(err: pydantic.ValidationError, source: str) -> str:
-    """Turns pydantic's errors into one full sentence per problem."""
-    lines = [f"Invalid config `{source}`:"]
+    """Turns pydantic's errors into one line: a clause per problem, `;`-separated."""
+    problems = []
     for item in err.errors(include_url=False):
         field = ".".join(str(part) for part in item["loc"])
         value = item.get("input")
-        message = item["msg"].removeprefix("Value error, ")
+        message = item["msg"].removeprefix("Value error, ").rstrip(".")
         if item["type"] == "extra_forbidden":
             known = ", ".join(f"`{name}`" for name in Config.model_fields)
-            lines.append(f"- Unknown field `{field}` (value `{value}`); known fields: {known}.")
+            problems.append(f"Unknown field `{field}` (value `{_short(value)}`; known: {known})")
         elif item["type"] == "json_invalid":
-            lines.append(f"- The file is not valid JSON: {message}.")
+            problems.append(f"The file is not valid JSON ({message})")
+        elif item["type"] in ("model_type", "dict_type"):
+            problems.append(f"The top level must be a JSON object, not `{_short(value)}`")
         elif not field:
-            lines.append(f"- {message.rstrip('.')}.")
+            problems.append(message)
         else:
-            lines.append(f"- Field `{field}` has value `{_short(value)}`: {message}.")
-    return "\n".join(lines)
+            problems.append(f"Field `{field}` has value `{_short(value)}`: {message}")
+    return f"Invalid config `{source}`: " + "; ".join(problems) + "."
 
 
 def _short(value: object) -> str:

@@ -15,6 +15,7 @@ from sklearn.datasets import load_digits
 
 NUM_FEATURES = 64
 NUM_CLASSES = 10
+NUM_EXAMPLES = 1797  # Rows of `load_digits()`: sample IDs are 0..1796.
 SPLITS = ("train", "validation", "test")
 
 
@@ -53,7 +54,24 @@ def split_ids(
     split on any machine (`jax.random` is counter-based).
 
     Returns sorted int32 ID arrays that are disjoint and cover `range(len(labels))`.
+
+    Raises `ValueError` for labels that are not a non-empty 1-D integer array, or
+    fractions that are not numbers in (0, 1) summing to less than 1.
     """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"`labels` must be a non-empty 1-D integer array, but it has shape {labels.shape} "
+            f"and dtype {labels.dtype}."
+        )
+    for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not (isinstance(fraction, int | float | np.floating) and 0.0 < fraction < 1.0):
+            raise ValueError(f"`{name}` must be a number in (0, 1), but it is {fraction!r}.")
+    if val_fraction + test_fraction >= 1.0:
+        raise ValueError(
+            f"`val_fraction` + `test_fraction` must stay below 1 so that training keeps some "
+            f"examples, but they sum to {val_fraction + test_fraction:g}."
+        )
     classes = np.unique(labels)
     class_keys = jax.random.split(key, len(classes))
     parts: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}

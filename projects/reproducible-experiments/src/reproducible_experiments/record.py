@@ -141,6 +141,35 @@ def _prefixed(tags: dict[str, str], prefix: str) -> dict[str, str]:
     return {k: v for k, v in tags.items() if k.startswith(prefix)}
 
 
+def _read_split_ids(run_id: str, path: Path) -> dict[str, list[int]]:
+    """The run's `split_ids.json`: disjoint lists of sample IDs covering the data set."""
+    from reproducible_experiments.data import NUM_EXAMPLES, SPLITS
+
+    where = f"Run `{run_id}`: `split_ids.json`"
+    try:
+        split = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TrackingError(f"{where} is not JSON text ({err}).") from None
+    if not isinstance(split, dict) or set(split) != set(SPLITS):
+        keys = sorted(split) if isinstance(split, dict) else type(split).__name__
+        raise TrackingError(f"{where} must map exactly {list(SPLITS)} to ID lists, not {keys}.")
+    seen: set[int] = set()
+    for name in SPLITS:
+        ids = split[name]
+        if not isinstance(ids, list) or not all(
+            type(i) is int and 0 <= i < NUM_EXAMPLES for i in ids
+        ):
+            raise TrackingError(
+                f"{where}: `{name}` must be a list of sample IDs from 0 to {NUM_EXAMPLES - 1}."
+            )
+        if seen & set(ids) or len(set(ids)) != len(ids):
+            raise TrackingError(f"{where}: `{name}` repeats sample IDs.")
+        seen |= set(ids)
+    if len(seen) != NUM_EXAMPLES:
+        raise TrackingError(f"{where}: the lists hold {len(seen)} of the {NUM_EXAMPLES} IDs.")
+    return split
+
+
 def load_record(client: MlflowClient, run_id: str) -> RunRecord:
     """Reads run `run_id` back from the store; raises `TrackingError` when the
     run is missing or its record is inconsistent (a config that does not match
@@ -158,22 +187,32 @@ def load_record(client: MlflowClient, run_id: str) -> RunRecord:
         except (MlflowException, OSError) as err:
             raise TrackingError(f"Run `{run_id}` has no `config.json` artifact: {err}") from None
         try:
-            config = Config.from_json(Path(config_path).read_text(), f"{run_id}/config.json")
+            text = Path(config_path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise TrackingError(f"Run `{run_id}`: `config.json` is not UTF-8 text.") from None
+        try:
+            config = Config.from_json(text, f"{run_id}/config.json")
         except ConfigError as err:
             raise TrackingError(str(err)) from None
         try:
             split_path = client.download_artifacts(run_id, "split_ids.json", tmp)
-            split_ids = json.loads(Path(split_path).read_text())
         except (MlflowException, OSError):
-            split_ids = None
+            split_ids = None  # A record without split lists; `reproduce` checks the hashes.
+        else:
+            split_ids = _read_split_ids(run_id, Path(split_path))
     if tags.get("config.sha256") != config.sha256():
         raise TrackingError(
             f"Run `{run_id}`: `config.json` hashes to `{config.sha256()}` but the tag "
             f"`config.sha256` says `{tags.get('config.sha256')}`; the record was altered."
         )
     params = {k: json.dumps(v) for k, v in config.model_dump(mode="json").items()}
-    if dict(run.data.params) != params:
-        raise TrackingError(f"Run `{run_id}`: its params do not match its `config.json`.")
+    recorded = dict(run.data.params)
+    for name in sorted(set(params) | set(recorded)):
+        if recorded.get(name) != params.get(name):
+            raise TrackingError(
+                f"Run `{run_id}`: its param `{name}` is `{recorded.get(name)}` but its "
+                f"`config.json` says `{params.get(name)}`; the record was altered."
+            )
     metrics = {
         key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
         for key in sorted(run.data.metrics)

@@ -22,6 +22,7 @@ The store is always named explicitly (`resolve_uri`): MLflow otherwise falls
 back to `./mlruns` or `MLFLOW_TRACKING_URI`, silently.
 """
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -51,7 +52,7 @@ _STORE_CALLS = [0]
 _PENDING_TERMINATION = [False]
 
 
-class TrackingError(RuntimeError):
+class TrackingError(ValueError):
     """A tracking store or record that cannot be used; the message says why."""
 
 
@@ -68,22 +69,77 @@ class Terminated(SystemExit):
 def resolve_uri(uri: str | os.PathLike[str] | None) -> str:
     """An explicit tracking URI: `None` gives the SQLite file `runs/mlflow.db`
     under the current directory; a plain path gives a SQLite file there; a URI
-    with a scheme (`sqlite:///`, `http://`, `postgresql://`) is kept as is."""
+    with a scheme (`sqlite:///`, `http://`, `postgresql://`) is kept as is.
+    Raises `TrackingError` for an empty URI."""
     if uri is None:
         uri = DEFAULT_STORE
     text = os.fspath(uri)
+    if not text.strip():
+        raise TrackingError(
+            "The tracking URI is empty; give a SQLite path, `sqlite:///...` or `http://...`."
+        )
     if "://" in text:
         return text
-    path = Path(text).resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
+    return f"sqlite:///{Path(text).resolve()}"
+
+
+def _check_sqlite_path(database: Path, *, create: bool) -> None:
+    """Refuses a SQLite store path that cannot be (or, with `create=False`, is not)
+    a tracking store, before MLflow opens it: MLflow would retry a directory for
+    minutes, and would add its tables to any SQLite file it is given.
+
+    The file itself is only ever read through SQLite: opening and closing it with
+    another file descriptor would drop the POSIX locks that this process's SQLite
+    connections hold on it, and let other writers corrupt it."""
+    if database.is_dir():
+        raise TrackingError(f"The tracking store `{database}` is a directory, not a SQLite file.")
+    parent = database.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise TrackingError(
+            f"The tracking store `{database}` cannot be created: `{parent}` is not a directory."
+        )
+    if not database.exists():
+        if not create:
+            raise TrackingError(
+                f"There is no tracking store at `{database}`; check `--tracking-uri` "
+                f"(a store is created by `train` or `compare`)."
+            )
+        return
+    if database.stat().st_size == 0:
+        if not create:
+            raise TrackingError(f"The tracking store `{database}` is an empty file.")
+        return  # SQLite turns an empty file into a new database; nothing is lost.
+    tables = _sqlite_tables(database)
+    if not create and "experiments" not in tables:
+        raise _not_mlflow(database)
+
+
+def _sqlite_tables(database: Path) -> set[str]:
+    """The table names of an existing SQLite file, read through SQLite (which also
+    refuses a file that is not a SQLite database); the connection only reads."""
+    try:
+        with contextlib.closing(sqlite3.connect(database, timeout=LOCK_RETRY_S)) as conn:
+            return {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.DatabaseError as err:
+        raise TrackingError(
+            f"The tracking store `{database}` is not a usable SQLite database ({err})."
+        ) from None
+
+
+def _not_mlflow(database: Path) -> TrackingError:
+    return TrackingError(
+        f"`{database}` is a SQLite database but not an MLflow tracking store "
+        f"(it has no `experiments` table)."
+    )
 
 
 def is_sqlite(uri: str) -> bool:
     return uri.startswith("sqlite:")
 
 
-def connect(uri: str | os.PathLike[str] | None) -> MlflowClient:
+def connect(uri: str | os.PathLike[str] | None, *, create: bool = True) -> MlflowClient:
     """A client bound to `uri`, with the schema created (or migrated) now.
 
     Safe when several processes start together on a fresh SQLite file: building
@@ -91,14 +147,26 @@ def connect(uri: str | os.PathLike[str] | None) -> MlflowClient:
     is built only while holding an exclusive lock on a file beside the database
     (`<file>.lock`); the processes take turns, and the first one creates the
     schema for all.
+
+    With `create=False` (the commands that only read a store) a SQLite store must
+    already exist and hold MLflow's tables. Raises `TrackingError` for a store
+    that cannot be used: a directory, a path under a file, a file that is not a
+    SQLite database, or one MLflow refuses.
     """
     resolved = resolve_uri(uri)
     try:
         if is_sqlite(resolved):
             database = Path(resolved.removeprefix("sqlite:///"))
+            _check_sqlite_path(database, create=create)
             database.parent.mkdir(parents=True, exist_ok=True)
             with open(f"{database}.lock", "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
+                if database.exists() and database.stat().st_size:
+                    # Inside the lock no other process is creating the schema, so a
+                    # database with tables but not MLflow's belongs to something else.
+                    tables = _sqlite_tables(database)
+                    if tables and "experiments" not in tables:
+                        raise _not_mlflow(database)
                 client = Client(tracking_uri=resolved)
                 client.search_experiments(max_results=1)  # Creates the schema on first use.
                 # WAL: readers and the writer no longer block each other (a setting
@@ -109,10 +177,17 @@ def connect(uri: str | os.PathLike[str] | None) -> MlflowClient:
             client = Client(tracking_uri=resolved)
             client.search_experiments(max_results=1)
     except MlflowException as err:
-        raise TrackingError(f"Cannot open the tracking store `{resolved}`: {err.message}") from None
+        raise TrackingError(
+            f"Cannot open the tracking store `{resolved}`: {_first_line(err.message)}"
+        ) from None
     except OSError as err:
         raise TrackingError(f"Cannot open the tracking store `{resolved}`: {err}") from None
     return client
+
+
+def _first_line(text: str) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0].strip() if lines else "no details"
 
 
 def _locked(err: MlflowException) -> bool:
@@ -173,6 +248,7 @@ def experiment_id(client: MlflowClient, name: str = DEFAULT_EXPERIMENT) -> str:
     With a SQLite store, artifacts go to `artifacts/` beside the database file;
     with a tracking server, the server decides.
     """
+    check_experiment_name(name)
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
@@ -187,6 +263,24 @@ def experiment_id(client: MlflowClient, name: str = DEFAULT_EXPERIMENT) -> str:
         if found is None:
             raise
         return found.experiment_id
+
+
+def check_experiment_name(name: str) -> None:
+    """Refuses a blank experiment name (MLflow would refuse `""` and accept `"  "`)."""
+    if not name.strip():
+        raise TrackingError(f"The experiment name `{name}` is blank; give `--experiment NAME`.")
+
+
+def existing_experiment_id(client: MlflowClient, name: str) -> str:
+    """The id of experiment `name`, which must exist: for the commands that only read."""
+    check_experiment_name(name)
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        known = ", ".join(f"`{e.name}`" for e in client.search_experiments()) or "none"
+        raise TrackingError(
+            f"There is no experiment `{name}` in `{client.tracking_uri}`; experiments: {known}."
+        )
+    return found.experiment_id
 
 
 # LEASES --------------------------------------------------------------------

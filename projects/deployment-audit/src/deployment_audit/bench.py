@@ -42,7 +42,7 @@ import jaxlib
 import numpy as np
 
 from deployment_audit import data, export, train
-from deployment_audit.config import Config, LoadConfig, ServeConfig
+from deployment_audit.config import Config, ConfigError, LoadConfig, ServeConfig, check_output_path
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 TARGETS = {"exported_vs_native": 0.83, "batched_vs_unbatched": 8.0}
@@ -98,6 +98,8 @@ def _round(path: dict[str, Any], calls: int) -> float:
 
 
 def run_bench(size: str, with_load: bool, log: Any) -> dict[str, Any]:
+    if size not in SIZES:
+        raise ValueError(f"Unknown bench size `{size}`; use one of {sorted(SIZES)}.")
     setting = SIZES[size]
     config: Config = setting["config"]
     log(f"[{size}] training {config.hidden_sizes} for {config.num_epochs} epochs")
@@ -267,6 +269,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
 @click.option("--load/--no-load", "with_load", default=True, help="Include the server load run.")
 def bench(out: str, size: str, with_load: bool) -> None:
     """Time the exported call against the in-process model, batch 64 against batch 1."""
+    try:
+        for target in (Path(out), Path(out).with_suffix(".png")):
+            check_output_path(target, directory=False, what="Bench report")
+    except ConfigError as err:
+        raise click.BadParameter(str(err), param_hint="'--out'") from None
     result = run_bench(size, with_load, log=lambda m: click.echo(m, err=True))
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)

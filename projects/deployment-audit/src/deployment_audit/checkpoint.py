@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 HASHES = "sha256.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ValueError):
     """A checkpoint that is missing, damaged or does not fit the model."""
 
 

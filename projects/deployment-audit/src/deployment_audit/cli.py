@@ -15,13 +15,21 @@ then writes `runs/train/artifact`, which `serve` and `load` use.
 """
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from deployment_audit.config import Config, ConfigError, LoadConfig, ServeConfig, load_config
+from deployment_audit.config import (
+    Config,
+    ConfigError,
+    LoadConfig,
+    ServeConfig,
+    check_output_path,
+    load_config,
+)
 
 
 class BadInput(click.ClickException):
@@ -37,6 +45,31 @@ def _load(path: str | None, kind: Any, default: Any) -> Any:
         return load_config(path, kind)
     except ConfigError as err:
         raise BadInput(str(err)) from None
+
+
+def _output(path: str | Path, *, directory: bool, what: str) -> Path:
+    """`path` checked for writing before any work starts (`BadInput` if it cannot be)."""
+    try:
+        return check_output_path(path, directory=directory, what=what)
+    except ConfigError as err:
+        raise BadInput(str(err)) from None
+
+
+def _report_paths(path: str | Path, what: str) -> Path:
+    """A JSON report and the PNG plot next to it, both checked for writing."""
+    out = Path(path)
+    for target in (out, out.with_suffix(".png")):
+        _output(target, directory=False, what=what)
+    return out
+
+
+def _sha256(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise click.BadParameter(
+            f"`{value}` is not a sha256 (64 lowercase hexadecimal digits), so no artifact "
+            "could ever match it."
+        )
+    return value
 
 
 @click.group()
@@ -80,11 +113,11 @@ def export_command(workdir: str, out: str | None) -> None:
     """Export the trained model with jax.export (symbolic batch) and write its manifest."""
     from deployment_audit import checkpoint, export, train
 
+    out = str(_output(out or Path(workdir) / "artifact", directory=True, what="Artifact `--out`"))
     try:
         params, spec, golden = train.load_trained(workdir)
     except (checkpoint.CheckpointError, OSError) as err:
         raise BadInput(f"Cannot read the trained model in `{workdir}`: {err}") from None
-    out = out or str(Path(workdir) / "artifact")
     manifest = export.write_artifact(
         out, export.export_model(params, spec["preprocessing"]), spec, golden
     )
@@ -100,7 +133,7 @@ def export_command(workdir: str, out: str | None) -> None:
 
 @main.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--expect-sha256", help="Refuse any other model version.")
+@click.option("--expect-sha256", callback=_sha256, help="Refuse any other model version.")
 @click.option("--accept-outside-window", is_flag=True, help="Load a stale artifact anyway.")
 def verify(artifact: str, expect_sha256: str | None, accept_outside_window: bool) -> None:
     """Verify an artifact: hash, manifest, compatibility window, golden self-test."""
@@ -129,6 +162,7 @@ def predict(artifact: str, inputs: str, output: str) -> None:
 
     from deployment_audit import export
 
+    _output(output, directory=False, what="Logits file OUTPUT")
     try:
         # No pickles: an object array (or a pickle posing as .npy) is refused, not run.
         x = np.load(inputs, allow_pickle=False)
@@ -143,6 +177,10 @@ def predict(artifact: str, inputs: str, output: str) -> None:
             f"`{inputs}` is a .npz archive, not one .npy array; save a float32 array of "
             f"shape (n, 64) with `numpy.save`."
         )
+    try:
+        export.check_input(x)  # Before the artifact is loaded: the input alone is wrong.
+    except export.InputError as err:
+        raise BadInput(f"`{inputs}`: {err}") from None
     try:
         loaded = export.load_artifact(artifact)
         logits = loaded.predict(x)
@@ -159,11 +197,11 @@ def precision(workdir: str, out: str | None) -> None:
     """Compare the precision policies on the held-out split against f32."""
     from deployment_audit import checkpoint, report
 
+    out_path = _report_paths(out or Path(workdir) / "precision.json", "Precision report `--out`")
     try:
         result = report.precision_report(workdir)
     except (checkpoint.CheckpointError, OSError) as err:
         raise BadInput(f"Cannot read the trained model in `{workdir}`: {err}") from None
-    out_path = Path(out or Path(workdir) / "precision.json")
     out_path.write_text(json.dumps(result, indent=1) + "\n")
     report.plot_precision(result, out_path.with_suffix(".png"))
     click.echo(report.precision_table(result))
@@ -171,11 +209,13 @@ def precision(workdir: str, out: str | None) -> None:
 
 
 @main.command()
-@click.argument("artifact", type=click.Path())
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
 @click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here.")
 @click.option("--config", "config_path", type=click.Path(), help="ServeConfig JSON file.")
-@click.option("--expect-sha256", help="Never become ready with any other model version.")
+@click.option(
+    "--expect-sha256", callback=_sha256, help="Never become ready with any other model version."
+)
 def serve(
     artifact: str,
     port: int,
@@ -187,11 +227,14 @@ def serve(
     from deployment_audit.serve import run_server
 
     config = _load(config_path, ServeConfig, ServeConfig())
+    if port_file is not None:
+        _output(port_file, directory=False, what="Port file `--port-file`")
+        _output(f"{port_file}.tmp", directory=False, what="Port file `--port-file`")
     run_server(artifact, config, port=port, port_file=port_file, expected_sha256=expect_sha256)
 
 
 @main.command()
-@click.argument("artifact", type=click.Path())
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
 @click.option("--config", "config_path", type=click.Path(), help="LoadConfig JSON file.")
 @click.option("--serve-config", "serve_path", type=click.Path(), help="ServeConfig JSON file.")
 @click.option("--out", default="runs/load.json", show_default=True, type=click.Path())
@@ -202,13 +245,13 @@ def load(artifact: str, config_path: str | None, serve_path: str | None, out: st
 
     load_config_ = _load(config_path, LoadConfig, LoadConfig.default())
     serve_config = _load(serve_path, ServeConfig, ServeConfig())
+    out_path = _report_paths(out, "Load report `--out`")
     try:
         result = loadgen.run_load_test(
             artifact, load_config_, serve_config, log=lambda m: click.echo(m, err=True)
         )
     except loadgen.ServerStartError as err:
         raise BadInput(str(err)) from None
-    out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1) + "\n")
     report.plot_load(result, out_path.with_suffix(".png"))

@@ -10,6 +10,7 @@ values are refused with a message that names the field.
 """
 
 import json
+import os
 from pathlib import Path
 from typing import Self, TypeVar
 
@@ -23,7 +24,10 @@ class ConfigError(ValueError):
 
 # frozen: a config is a value. extra="forbid": a misspelt key is an error.
 # strict: `"0.1"` is not a float. use_attribute_docstrings: field docs below.
-_MODEL_CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True)
+# allow_inf_nan=False: NaN and infinity are refused, in tuples (`rates`) too.
+_MODEL_CONFIG = ConfigDict(
+    frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True, allow_inf_nan=False
+)
 
 
 class _Base(BaseModel):
@@ -187,11 +191,39 @@ def load_config(path: str | Path, kind: type[C] = Config) -> C:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read config file `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Config file `{path}` is not UTF-8 text (byte {err.start}: {err.reason}); "
+            "a config is a JSON object."
+        ) from None
     return kind.from_json(text, source=str(path))
 
 
+def check_output_path(path: str | Path, *, directory: bool, what: str) -> Path:
+    """Refuses an output path that cannot be written, before any work is done.
+
+    `directory`: the path is a folder to create (else a file to create or replace).
+    The path, if it exists, must be of that kind, and its nearest existing ancestor
+    must be a folder; raises `ConfigError` naming `what` and the path.
+    """
+    given = Path(path)
+    path = Path(os.path.abspath(given))  # `..` taken lexically, as `mkdir` will meet it
+    if path.exists() and path.is_dir() != directory:
+        kind = "a folder" if directory else "a file"
+        raise ConfigError(f"{what} `{given}` exists and is not {kind}.")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                shown = parent if given.is_absolute() else os.path.relpath(parent)
+                raise ConfigError(
+                    f"{what} `{given}` cannot be created: `{shown}` is a file, not a folder."
+                )
+            break
+    return given
+
+
 def _describe(kind: type[BaseModel], err: pydantic.ValidationError, source: str) -> str:
-    """Turns pydantic's errors into one full sentence per problem."""
+    """Turns pydantic's errors into one line: one full sentence per problem."""
     lines = [f"Invalid {kind.__name__} `{source}`:"]
     for item in err.errors(include_url=False):
         field = ".".join(str(part) for part in item["loc"])
@@ -199,16 +231,20 @@ def _describe(kind: type[BaseModel], err: pydantic.ValidationError, source: str)
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             known = ", ".join(f"`{name}`" for name in kind.model_fields)
-            lines.append(f"- Unknown field `{field}` (value `{value}`); known fields: {known}.")
+            lines.append(
+                f"Unknown field `{field}` (value `{_short(value)}`); known fields: {known}."
+            )
         elif item["type"] == "json_invalid":
-            lines.append(f"- The file is not valid JSON: {message}.")
+            lines.append(f"The file is not valid JSON: {message}.")
+        elif item["type"] == "model_type":
+            lines.append(f"A {kind.__name__} is a JSON object of fields, not `{_short(value)}`.")
         elif not field:
-            lines.append(f"- {message.rstrip('.')}.")
+            lines.append(f"{message.rstrip('.')}.")
         else:
-            lines.append(f"- Field `{field}` has value `{_short(value)}`: {message}.")
-    return "\n".join(lines)
+            lines.append(f"Field `{field}` has value `{_short(value)}`: {message}.")
+    return " ".join(lines)
 
 
 def _short(value: object) -> str:
-    text = json.dumps(value)
+    text = json.dumps(value, default=repr)
     return text if len(text) <= 60 else text[:57] + "..."

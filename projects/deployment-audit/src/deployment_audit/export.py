@@ -19,10 +19,11 @@ hash; a calling convention this jax cannot run; bytes whose signature is not
 the manifest's; and an artifact outside the jax.export compatibility window
 (`StaleArtifactError`, unless the caller accepts it, which is then recorded).
 
-`LoadedArtifact.predict` refuses wrong inputs with an `InputError`: wrong
+``LoadedArtifact.predict` refuses wrong inputs with an `InputError`: wrong
 argument structure, a non-array, wrong rank, wrong feature count, an empty
-batch, or a dtype other than float32. The dtype check is the loader's own:
-with x64 off, jax silently converts a float64 array to float32 and runs.
+batch, a dtype other than float32, or a pixel outside [0, 16] (NaN included).
+The dtype check is the loader's own: with x64 off, jax silently converts a
+float64 array to float32 and runs.
 """
 
 import datetime
@@ -58,13 +59,16 @@ MANIFEST_FORMAT = "deployment-audit-manifest/1"
 # unless it is dated at most 30 days from now.
 BACKWARD_WINDOW_DAYS = 180
 FORWARD_WINDOW_DAYS = 30
+# Raw pixel intensities of scikit-learn's digits (`data.INPUT_LAYOUT`).
+PIXEL_MAX = 16.0
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 INPUT_SIGNATURE = {
     "args": [{"name": "x", "shape": ["b", data.NUM_FEATURES], "dtype": "float32"}],
     "kwargs": {},
 }
 
 
-class ArtifactError(RuntimeError):
+class ArtifactError(ValueError):
     """An artifact that must not be loaded; the message says why."""
 
 
@@ -213,6 +217,18 @@ def check_input(*args: Any, **kwargs: Any) -> np.ndarray | jax.Array:
             f"`x` must be float32, but is `{x.dtype}`; convert it explicitly "
             f"(jax would otherwise convert it silently)."
         )
+    if isinstance(x, jax.core.Tracer):
+        return x  # Inside `jit`: no values to check yet.
+    values = np.asarray(x)
+    finite = values[np.isfinite(values)]
+    if finite.size < values.size or finite.min() < 0.0 or finite.max() > PIXEL_MAX:
+        span = f"[{finite.min():g}, {finite.max():g}]" if finite.size else "no finite value"
+        bad = values.size - finite.size
+        raise InputError(
+            f"Pixels must be raw intensities in [0, {PIXEL_MAX:g}] (the artifact's input "
+            f"layout: {data.INPUT_LAYOUT}), but the values span {span}"
+            + (f" and {bad} are NaN or infinite." if bad else ".")
+        )
     return x
 
 
@@ -232,6 +248,13 @@ def load_artifact(
       accept_outside_window: load a stale artifact anyway; `checks` records it.
     """
     path = Path(path)
+    if expected_sha256 is not None and (
+        not isinstance(expected_sha256, str) or not SHA256_HEX.fullmatch(expected_sha256)
+    ):
+        raise ArtifactError(
+            f"The expected sha256 `{expected_sha256}` is not 64 lowercase hexadecimal digits, "
+            f"so no artifact could ever match it."
+        )
     manifest = _read_manifest(path)
     blob_path = path / manifest["artifact_file"]
     try:
@@ -247,6 +270,12 @@ def load_artifact(
             f"the ones the manifest describes ({manifest['size_bytes']} bytes, sha256 "
             f"`{manifest['sha256'][:16]}...`): the artifact was truncated or altered; "
             f"refusing to deserialize it."
+        )
+    if len(blob) != manifest["size_bytes"]:
+        raise ArtifactError(
+            f"The bytes of `{blob_path}` match the manifest's sha256 but are {len(blob)} bytes, "
+            f"not the manifest's `size_bytes` {manifest['size_bytes']}: the manifest is "
+            f"inconsistent."
         )
     if expected_sha256 is not None and actual != expected_sha256:
         raise ArtifactError(
@@ -272,8 +301,18 @@ def load_artifact(
         raise ArtifactError(
             f"The artifact `{blob_path}` has signature {_signature(exported.in_avals)} -> "
             f"{_signature(exported.out_avals)}, not the manifest's "
-            f"{manifest['exported_in_avals']} -> {manifest['exported_out_avals']}."
+            f"{manifest['exported_in_avals']} -> {manifest['exported_out_avals']} "
+            f"(`exported_in_avals` -> `exported_out_avals`)."
         )
+    for key, value in (
+        ("platforms", list(exported.platforms)),
+        ("calling_convention_version", exported.calling_convention_version),
+    ):
+        if manifest[key] != value:
+            raise ArtifactError(
+                f"The artifact `{blob_path}` has {key} `{value}`, but its manifest says "
+                f"`{manifest[key]}`."
+            )
     if exported.out_avals[0].shape[-1] != len(manifest["labels"]):
         raise ArtifactError(
             f"The model gives {exported.out_avals[0].shape[-1]} logits but the manifest's label "
@@ -282,23 +321,24 @@ def load_artifact(
     return LoadedArtifact(path, manifest, exported, golden, checks)
 
 
-_REQUIRED = (
-    "format",
-    "artifact_file",
-    "sha256",
-    "size_bytes",
-    "input_signature",
-    "exported_in_avals",
-    "exported_out_avals",
-    "preprocessing_version",
-    "labels",
-    "jax_version",
-    "platforms",
-    "calling_convention_version",
-    "created_at",
-    "golden_file",
-    "golden_sha256",
-)
+# Every field the loader reads, with its JSON type.
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "format": str,
+    "artifact_file": str,
+    "sha256": str,
+    "size_bytes": int,
+    "input_signature": dict,
+    "exported_in_avals": list,
+    "exported_out_avals": list,
+    "preprocessing_version": str,
+    "labels": list,
+    "jax_version": str,
+    "platforms": list,
+    "calling_convention_version": int,
+    "created_at": str,
+    "golden_file": str,
+    "golden_sha256": str,
+}
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -317,6 +357,41 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     missing = [key for key in _REQUIRED if key not in manifest]
     if missing:
         raise ArtifactError(f"The manifest `{manifest_path}` lacks the fields {missing}.")
+    for key, kind in _REQUIRED.items():
+        value = manifest[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ArtifactError(
+                f"The manifest `{manifest_path}` field `{key}` must be a JSON "
+                f"{_JSON_NAMES[kind]}, but is `{json.dumps(value)[:60]}`."
+            )
+    for key in ("artifact_file", "golden_file"):
+        name = manifest[key]
+        if name in ("", ".", "..") or Path(name).name != name:
+            raise ArtifactError(
+                f"The manifest `{manifest_path}` field `{key}` must name a file inside the "
+                f"artifact directory, but is `{name}`."
+            )
+    for key in ("sha256", "golden_sha256"):
+        if not SHA256_HEX.fullmatch(manifest[key]):
+            raise ArtifactError(
+                f"The manifest `{manifest_path}` field `{key}` is not a sha256 (64 lowercase "
+                f"hexadecimal digits): `{manifest[key][:70]}`."
+            )
+    if not manifest["labels"] or not all(isinstance(label, str) for label in manifest["labels"]):
+        raise ArtifactError(
+            f"The manifest `{manifest_path}` field `labels` must list the class names as strings."
+        )
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", manifest["jax_version"]):
+        raise ArtifactError(
+            f"The manifest `{manifest_path}` field `jax_version` is not a jax version like "
+            f"`0.10.2`: `{manifest['jax_version'][:40]}`; the compatibility window needs it."
+        )
+    if manifest["input_signature"] != INPUT_SIGNATURE:
+        raise ArtifactError(
+            f"The manifest `{manifest_path}` field `input_signature` declares "
+            f"`{json.dumps(manifest['input_signature'])[:80]}`, not this model's "
+            f"`{json.dumps(INPUT_SIGNATURE)}`."
+        )
     if manifest["format"] != MANIFEST_FORMAT:
         raise ArtifactError(
             f"The manifest `{manifest_path}` has format `{manifest['format']}`, not "
@@ -328,6 +403,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
             f"code implements `{data.PREPROCESSING_VERSION}`."
         )
     return manifest
+
+
+_JSON_NAMES = {str: "string", int: "integer", dict: "object", list: "array"}
 
 
 def _read_golden(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -343,7 +421,42 @@ def _read_golden(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
             f"The golden sample `{golden_path}` is not the one the manifest describes "
             f"(sha256 mismatch): it was altered."
         )
-    return json.loads(text)
+    try:
+        golden = json.loads(text)
+    except ValueError as err:
+        raise ArtifactError(
+            f"The golden sample `{golden_path}` is not valid JSON: {err}."
+        ) from None
+    problem = _golden_problem(golden, len(manifest["labels"]))
+    if problem:
+        raise ArtifactError(f"The golden sample `{golden_path}` {problem}.")
+    return golden
+
+
+def _golden_problem(golden: Any, num_labels: int) -> str:
+    """What is wrong with the structure of a golden sample, or `""`."""
+    if not isinstance(golden, dict) or not {"inputs", "logits", "predictions"} <= set(golden):
+        return "must be a JSON object with `inputs`, `logits` and `predictions`"
+    try:
+        inputs = np.asarray(golden["inputs"], np.float64)
+        logits = np.asarray(golden["logits"], np.float64)
+    except (TypeError, ValueError):
+        return "must hold rectangular arrays of numbers as `inputs` and `logits`"
+    rows = inputs.shape[0] if inputs.ndim == 2 else 0
+    if rows < 1 or inputs.shape != (rows, data.NUM_FEATURES):
+        return f"`inputs` must have shape (n, {data.NUM_FEATURES}), n >= 1, not `{inputs.shape}`"
+    if logits.shape != (rows, num_labels):
+        return f"`logits` must have shape ({rows}, {num_labels}), not `{logits.shape}`"
+    if not (np.all(np.isfinite(inputs)) and inputs.min() >= 0 and inputs.max() <= PIXEL_MAX):
+        return f"`inputs` must be pixels in [0, {PIXEL_MAX:g}]"
+    predictions = golden["predictions"]
+    if (
+        not isinstance(predictions, list)
+        or len(predictions) != rows
+        or not all(isinstance(p, int) and not isinstance(p, bool) for p in predictions)
+    ):
+        return f"`predictions` must list {rows} integer classes"
+    return ""
 
 
 def version_key(version: str) -> tuple[int, ...]:

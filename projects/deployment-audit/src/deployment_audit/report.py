@@ -12,29 +12,52 @@ The capacity report keeps three things apart, in three top-level sections:
                         no time or throughput figure.
 """
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from deployment_audit import data, precision, queue_model, train
+from deployment_audit import checkpoint, data, precision, queue_model, train
 from deployment_audit.config import LoadConfig, ServeConfig
 
 # --- PRECISION ---------------------------------------------------------------
 
 
 def precision_report(workdir: str | Path) -> dict[str, Any]:
-    """All policies on the held-out split of the stage-1 workdir, against f32."""
-    params, spec, _golden = train.load_trained(workdir)
-    split = json.loads((Path(workdir) / "metrics.json").read_text())["split"]
+    """All policies on the held-out split of the stage-1 workdir, against f32.
+
+    The split is read and checked (`metrics.json`: sample IDs of the data set)
+    before the checkpoint is restored; a damaged part is a `CheckpointError`."""
+    metrics_path = Path(workdir) / "metrics.json"
+    split = train.read_json(metrics_path, "training metrics").get("split")
+    if not isinstance(split, dict) or not {"train", "test"} <= set(split):
+        raise checkpoint.CheckpointError(
+            f"The training metrics `{metrics_path}` lack the `split` (`train` and `test` "
+            f"sample IDs) of the run."
+        )
     digits = data.load()
+    ids = {}
+    for name in ("test", "train"):
+        try:
+            ids[name] = np.asarray(split[name])
+        except ValueError:
+            ids[name] = np.asarray([None])  # Ragged: refused just below.
+        if ids[name].ndim != 1 or ids[name].size == 0 or ids[name].dtype.kind not in "iu":
+            raise checkpoint.CheckpointError(
+                f"The `{name}` split of `{metrics_path}` must be a non-empty list of sample IDs."
+            )
+        if ids[name].min() < 0 or ids[name].max() >= len(digits.labels):
+            raise checkpoint.CheckpointError(
+                f"The `{name}` split of `{metrics_path}` holds sample IDs outside "
+                f"0..{len(digits.labels) - 1} (from {ids[name].min()} to {ids[name].max()})."
+            )
+    params, spec, _golden = train.load_trained(workdir)
     mean, scale = data.spec_arrays(spec["preprocessing"])
 
-    def normalized(ids: np.ndarray) -> np.ndarray:
-        return ((digits.images[ids] - mean) * scale).astype(np.float32)
+    def normalized(sample_ids: np.ndarray) -> np.ndarray:
+        return ((digits.images[sample_ids] - mean) * scale).astype(np.float32)
 
-    test, train_ids = np.asarray(split["test"]), np.asarray(split["train"])
+    test, train_ids = ids["test"], ids["train"]
     result = precision.compare(
         params, normalized(test), digits.labels[test], test, normalized(train_ids)
     )

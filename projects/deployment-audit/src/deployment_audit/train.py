@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 
 from deployment_audit import checkpoint, data
-from deployment_audit.config import Config
+from deployment_audit.config import Config, ConfigError, check_output_path
 from deployment_audit.model import MLP, Params, logits_from_raw, normalize, params_of
 
 
@@ -104,6 +104,11 @@ def train_and_evaluate(
     (not written to `metrics.json`).
     """
     start = time.perf_counter()
+    if not isinstance(config, Config):
+        raise ConfigError(
+            f"`config` must be a `Config` (e.g. `load_config(path)`), not a "
+            f"`{type(config).__name__}`."
+        )
     if workdir is not None:
         check_writable(workdir, overwrite)  # Fail before training, not after.
     digits = data.load()
@@ -163,18 +168,23 @@ def train_and_evaluate(
     return {**metrics, "_params": trained, "_spec": spec, "_golden": golden}
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(ValueError):
     """A workdir that cannot be written; the message says what to do."""
 
 
 def check_writable(workdir: str | Path, overwrite: bool) -> None:
-    """Refuses a non-empty `workdir` unless `overwrite`."""
+    """Refuses a non-empty `workdir` unless `overwrite`, and one that cannot be
+    created (a file at its place or where a folder of its path would go)."""
     workdir = Path(workdir)
-    if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())) and not overwrite:
+    if workdir.is_dir() and any(workdir.iterdir()) and not overwrite:
         raise WorkdirError(
             f"`{workdir}` already exists and is not empty; pass `--overwrite` to replace it "
             f"or choose another `--workdir`."
         )
+    try:
+        check_output_path(workdir, directory=True, what="The workdir")
+    except ConfigError as err:
+        raise WorkdirError(str(err)) from None
 
 
 def golden_record(ids: np.ndarray, inputs: np.ndarray, logits: np.ndarray) -> dict[str, Any]:
@@ -200,9 +210,25 @@ def like_params(config_json: dict[str, Any]) -> Params:
 
 
 def load_trained(workdir: str | Path) -> tuple[Params, dict[str, Any], dict[str, Any]]:
-    """`(params, spec, golden)` read back from a stage-1 workdir."""
+    """`(params, spec, golden)` read back from a stage-1 workdir; a missing or damaged
+    part is a `CheckpointError` naming it."""
     workdir = Path(workdir)
     spec = checkpoint.read_spec(workdir / "checkpoint")
     params, spec = checkpoint.restore(workdir / "checkpoint", like_params(spec["config"]))
-    golden = json.loads((workdir / "golden.json").read_text())
+    golden = read_json(workdir / "golden.json", "golden sample")
     return params, spec, golden
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object file of a workdir; `CheckpointError` if missing, not JSON or not an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise checkpoint.CheckpointError(
+            f"Cannot read the {what} `{path}`: {err.strerror}."
+        ) from None
+    except ValueError as err:
+        raise checkpoint.CheckpointError(f"The {what} `{path}` is not valid JSON: {err}.") from None
+    if not isinstance(value, dict):
+        raise checkpoint.CheckpointError(f"The {what} `{path}` is not a JSON object.")
+    return value

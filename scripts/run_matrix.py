@@ -319,10 +319,8 @@ def main(argv: list[str]) -> int:
         f"matrix wall time {time.perf_counter() - start:.0f} s on {JOBS} jobs; "
         f"suites not passing: {', '.join(bad) if bad else 'none'}"
     )
-    timings = {f"suite:{d.job.name}": round(d.seconds, 1) for d in done if d.job.part == "suites"}
-    timings |= {
-        f"{d.job.part}:{d.job.name}": round(d.seconds, 1) for d in done if d.job.part != "suites"
-    }
+    # Keyed as the estimates are looked up: `<part>:<job name>`.
+    timings = {f"{d.job.part}:{d.job.name}": round(d.seconds, 1) for d in done}
     (ROOT / "matrix-report.json").write_text(
         json.dumps(
             {"rows": [r.__dict__ for r in all_rows], "exit_codes": codes, "job_seconds": timings},

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from workload_operations import data, drill, train
-from workload_operations.config import Config
+from workload_operations.config import Config, ConfigError, check_output_path
 from workload_operations.observe import Observer
 
 
@@ -148,6 +148,13 @@ def bench(
     say=None,
 ) -> dict:
     say = say or (lambda _: None)
+    if not isinstance(config, Config):
+        raise ConfigError(f"`config` must be a `Config`, not a `{type(config).__name__}`.")
+    out_json = Path(out_json)
+    check_output_path(out_json, directory=False, what="The bench report")
+    check_output_path(
+        out_json.parent / (out_json.stem + "-drills"), directory=True, what="The bench drills"
+    )
     say(f"observation cost: {reps} x (A, B, A') of {chunk} steps")
     cost = observation_cost(config, reps=reps, chunk=chunk)
     detection = {}

@@ -37,9 +37,16 @@ LEDGER_FILES = {
     "completed": "completed.jsonl",
     "verdicts": "verdicts.jsonl",
 }
+# The fields every record of a ledger file holds, with their JSON types ("t" is
+# added by `Ledger.append`); the verifier checks what else it reads from a request.
+LEDGER_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "requested": {"step": int, "t": (int, float)},
+    "completed": {"step": int, "t": (int, float)},
+    "verdicts": {"step": int, "t": (int, float), "accepted": bool, "reasons": list},
+}
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ValueError):
     """A checkpoint folder that cannot be used; the message says why."""
 
 
@@ -90,12 +97,18 @@ class Ledger:
         if not path.exists():
             return []
         records = []
-        lines = path.read_text(encoding="utf-8").splitlines()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as err:
+            raise CheckpointError(
+                f"`{path}` is not UTF-8 text (byte {err.start}); the ledger is damaged. "
+                f"Move the workdir aside and start a new run."
+            ) from None
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 # A line cut short by a kill is the last one; anything else is damage.
                 if number != len(lines):
@@ -103,6 +116,16 @@ class Ledger:
                         f"Line {number} of `{path}` is not JSON; the ledger is damaged. "
                         f"Move the workdir aside and start a new run."
                     ) from None
+                continue
+            problem = record_problem(record, LEDGER_FIELDS[kind])
+            if not problem and record["step"] < 0:
+                problem = f"has a negative `step` = `{record['step']}`"
+            if problem:
+                raise CheckpointError(
+                    f"Line {number} of `{path}` {problem}; the ledger is damaged. "
+                    f"Move the workdir aside and start a new run."
+                )
+            records.append(record)
         return records
 
     def by_step(self, kind: str) -> dict[int, dict]:
@@ -112,6 +135,19 @@ class Ledger:
     def rewrite(self, kind: str, records: list[dict]) -> None:
         path = self.root / LEDGER_FILES[kind]
         path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def record_problem(record: object, fields: dict[str, type | tuple[type, ...]]) -> str:
+    """What is wrong with one ledger record, or `""`."""
+    if not isinstance(record, dict):
+        return f"is a JSON {type(record).__name__}, not a record"
+    for name, kind in fields.items():
+        if name not in record:
+            return f"lacks the field `{name}`"
+        value = record[name]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            return f"has `{name}` = `{json.dumps(value)[:40]}`, of the wrong type"
+    return ""
 
 
 def committed_steps(workdir: Path) -> list[int]:

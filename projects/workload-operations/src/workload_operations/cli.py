@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from workload_operations import faults
-from workload_operations.config import Config, ConfigError, load
+from workload_operations.config import Config, ConfigError, check_output_path, load
 
 
 def _config(path: str | None) -> Config:
@@ -44,6 +44,18 @@ def _stamp(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _output(path: str | Path, option: str, *, directory: bool = True) -> Path:
+    """`path` checked for writing before anything starts (a usage error if it cannot be)."""
+    try:
+        return check_output_path(path, directory=directory, what="The output path")
+    except ConfigError as err:
+        raise click.BadParameter(str(err), param_hint=option) from None
+
+
+def _read_error(err: Exception, hint: str) -> click.BadParameter:
+    return click.BadParameter(str(err), param_hint=hint)
+
+
 @click.group()
 def main() -> None:
     """A supervised JAX training job: observed, failed on purpose, continued only
@@ -63,7 +75,7 @@ def run(config_path, workdir, fault, resume) -> None:
             faults.check(faults.parse(fault), config)
         except faults.FaultError as err:
             raise click.BadParameter(str(err), param_hint="--fault") from None
-    workdir = Path(workdir) if workdir else _stamp("run")
+    workdir = _output(workdir or _stamp("run"), "--workdir")
     if resume:
         _check_checkpoints(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +118,7 @@ def supervise(config_path, workdir, fault, restarts) -> None:
             faults.check(faults.parse(fault), config)
         except faults.FaultError as err:
             raise click.BadParameter(str(err), param_hint="--fault") from None
-    workdir = Path(workdir) if workdir else _stamp("supervise")
+    workdir = _output(workdir or _stamp("supervise"), "--workdir")
     result = run_supervised(
         config, workdir, fault=fault, restarts=restarts, say=lambda m: click.echo(m, err=True)
     )
@@ -140,13 +152,18 @@ def drill(config_path, out, kinds, repeats, parallel, at_step) -> None:
 
     config = _config(config_path) if config_path else Config.tiny()
     names = [k.strip() for k in kinds.split(",") if k.strip()]
+    if not names:
+        raise click.BadParameter(
+            f"`{kinds}` names no fault; choose from {', '.join(faults.DRILL_FAULTS)}.",
+            param_hint="--faults",
+        )
     for name in names:
         if name not in faults.DRILL_FAULTS:
             raise click.BadParameter(
                 f"Unknown drill fault `{name}`; choose from {', '.join(faults.DRILL_FAULTS)}.",
                 param_hint="--faults",
             )
-    out = Path(out) if out else _stamp("drill")
+    out = _output(out or _stamp("drill"), "--out")
     try:
         summary = run_drills(
             config,
@@ -170,11 +187,14 @@ def drill(config_path, out, kinds, repeats, parallel, at_step) -> None:
 @click.argument("root", type=click.Path(), default="runs")
 def incidents(root) -> None:
     """List the incident records kept under ROOT."""
-    from workload_operations.report import find_incidents, incident_rows, table
+    from workload_operations.report import ReportError, find_incidents, incident_rows, table
 
     if not Path(root).is_dir():
         raise click.BadParameter(f"`{root}` is not a folder.", param_hint="ROOT")
-    records = find_incidents(root)
+    try:
+        records = find_incidents(root)
+    except ReportError as err:
+        raise _read_error(err, "ROOT") from None
     header = ["incident", "class", "detection/bound (intervals)", "diagnosis"]
     click.echo(table(header, incident_rows(records)))
     click.echo(f"{len(records)} incident(s) under {root}", err=True)
@@ -184,7 +204,7 @@ def incidents(root) -> None:
 @click.argument("drill_dir", type=click.Path())
 def report(drill_dir) -> None:
     """Write and print the report of the drill in DRILL_DIR."""
-    from workload_operations.report import drill_report
+    from workload_operations.report import ReportError, drill_report
 
     if not (Path(drill_dir) / "summary.json").is_file():
         raise click.BadParameter(
@@ -192,7 +212,11 @@ def report(drill_dir) -> None:
             f"`workload-operations drill`.",
             param_hint="DRILL_DIR",
         )
-    text = drill_report(drill_dir)
+    _output(Path(drill_dir) / "report.md", "DRILL_DIR", directory=False)
+    try:
+        text = drill_report(drill_dir)
+    except ReportError as err:
+        raise _read_error(err, "DRILL_DIR") from None
     (Path(drill_dir) / "report.md").write_text(text, encoding="utf-8")
     click.echo(text)
 
@@ -228,6 +252,8 @@ def bench(config_path, out, reps, chunk, detection_repeats) -> None:
     from workload_operations.bench import bench as run_bench
 
     config = _config(config_path) if config_path else Config.tiny()
+    _output(out, "--out", directory=False)
+    _output(Path(out).parent / (Path(out).stem + "-drills"), "--out")
     result = run_bench(
         config,
         Path(out),

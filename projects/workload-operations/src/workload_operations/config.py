@@ -11,6 +11,7 @@ into heartbeat intervals (`heartbeat_interval_s`), the unit a runbook uses.
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Self
 
@@ -34,8 +35,13 @@ class Config(BaseModel):
         log(4) = 1.39 to under 0.3, about 15 s on a 2-core CPU.
     """
 
+    # allow_inf_nan=False: NaN and infinity are refused for every float, bounded or not.
     model_config = ConfigDict(
-        frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        use_attribute_docstrings=True,
+        allow_inf_nan=False,
     )
 
     seed: int = Field(default=0, ge=0, lt=2**32)
@@ -83,14 +89,14 @@ class Config(BaseModel):
     startup_timeout_s: float = Field(default=300.0, gt=0.0, le=86400.0)
     """Allowance for the first heartbeat and the first step (imports, compilation)."""
 
-    min_examples_per_s: float = Field(default=80.0, gt=0.0)
+    min_examples_per_s: float = Field(default=80.0, gt=0.0, le=1e9)
     """The stated rate: fewer examples per second over `rate_window_steps` is slow."""
 
     rate_window_steps: int = Field(default=3, ge=1, le=10_000)
     """Steps over which the supervisor measures the rate against the stated one."""
 
-    memory_limit_mb: float = Field(default=2048.0, gt=0.0)
-    """Resident memory of the job's whole process group above this is a fault."""
+    memory_limit_mb: float = Field(default=2048.0, gt=0.0, le=1_048_576.0)
+    """Resident memory of the job's whole process group above this (at most 1 TiB) is a fault."""
 
     checkpoint_every: int = Field(default=100, ge=0)
     """Request an Orbax checkpoint every this many steps; 0 saves none."""
@@ -194,8 +200,10 @@ def load_dict(data: dict) -> Config:
     except pydantic.ValidationError as err:
         problems = []
         for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "config"
-            problems.append(f"`{where}`: {e['msg']} (got `{e.get('input')!r}`)")
+            where = ".".join(str(p) for p in e["loc"]) if e["loc"] else "config"
+            got = repr(e.get("input"))
+            got = got if len(got) <= 60 else got[:57] + "..."
+            problems.append(f"`{where}`: {e['msg']} (got `{got}`)")
         raise ConfigError("Invalid config: " + "; ".join(problems)) from None
 
 
@@ -208,4 +216,34 @@ def load(path: str | Path | None) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read the config file `{path}`: {err.strerror}.") from None
-    return Config.from_json(text)
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"The config file `{path}` is not UTF-8 text (byte {err.start}: {err.reason})."
+        ) from None
+    try:
+        return Config.from_json(text)
+    except ConfigError as err:
+        raise ConfigError(f"`{path}`: {err}") from None
+
+
+def check_output_path(path: str | Path, *, directory: bool, what: str) -> Path:
+    """Refuses an output path that cannot be written, before anything starts.
+
+    `directory`: the path is a folder to create (else a file to create or replace).
+    The path, if it exists, must be of that kind, and its nearest existing ancestor
+    must be a folder; raises `ConfigError` naming `what` and the path.
+    """
+    given = Path(path)
+    path = Path(os.path.abspath(given))  # `..` taken lexically, as `mkdir` will meet it
+    if path.exists() and path.is_dir() != directory:
+        kind = "a folder" if directory else "a file"
+        raise ConfigError(f"{what} `{given}` exists and is not {kind}.")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                shown = parent if given.is_absolute() else os.path.relpath(parent)
+                raise ConfigError(
+                    f"{what} `{given}` cannot be created: `{shown}` is a file, not a folder."
+                )
+            break
+    return given

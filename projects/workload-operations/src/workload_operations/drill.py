@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from workload_operations import diagnose, faults
-from workload_operations.config import Config
+from workload_operations.config import Config, ConfigError, check_output_path
 from workload_operations.supervisor import Supervisor
 
 
@@ -90,18 +90,23 @@ def run_drills(
     """Runs the drills and writes `summary.json` into `out`. Repetition `r` injects
     its faults after step `at_step + 2 r`: the same fault at another point of the run."""
     say = say or (lambda _: None)
+    if not isinstance(config, Config):
+        raise ConfigError(f"`config` must be a `Config`, not a `{type(config).__name__}`.")
     kinds = list(kinds or faults.DRILL_FAULTS)
     for kind in kinds:
         if kind not in faults.DRILL_FAULTS:
             raise faults.FaultError(
                 f"Unknown drill fault `{kind}`; choose from {', '.join(faults.DRILL_FAULTS)}."
             )
-    out = Path(out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
+    for name, value in (("repeats", repeats), ("parallel", parallel), ("at_step", at_step)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise faults.FaultError(f"`{name}` must be a positive integer, not `{value}`.")
     config = config.replace(sidecar=True, checkpoint_every=0)
     plan = [faults.Fault(kind, at_step + 2 * rep) for rep in range(repeats) for kind in kinds]
-    for fault in plan:
+    for fault in plan:  # Every fault is checked before anything is written or started.
         faults.check(fault, config)
+    out = check_output_path(out, directory=True, what="The drill folder").absolute()
+    out.mkdir(parents=True, exist_ok=True)
     cache = Path(compilation_cache) if compilation_cache else out / "jax-cache"
     started = time.monotonic()
     results = []

@@ -1,14 +1,78 @@
-"""Reading what was kept: the incident list and a drill's report (Markdown + PNG)."""
+"""Reading what was kept: the incident list and a drill's report (Markdown + PNG).
+
+A kept file that cannot be read (not UTF-8, not JSON, a field missing or of the
+wrong type) is a `ReportError` naming the file and the field, before anything
+is written.
+"""
 
 import json
 from pathlib import Path
+from typing import Any
+
+NUMBER = (int, float)
+INCIDENT_FIELDS = {"id": str, "classification": str, "diagnosis": str}
+DETECTION_FIELDS = {"intervals_since_fault": NUMBER, "bound_intervals": NUMBER}
+SUMMARY_FIELDS = {"verdict": str, "per_fault": dict, "config": dict, "runs": int, "wall_s": NUMBER}
+PER_FAULT_FIELDS = {
+    "runs": int,
+    "correct": int,
+    "classifications": list,
+    "detection_intervals": list,
+    "bound_intervals": (*NUMBER, type(None)),
+    "processes_left": int,
+}
+
+
+class ReportError(ValueError):
+    """A kept record that cannot be read or reported; the message names the file."""
+
+
+def read_record(path: Path) -> Any:
+    """The JSON value of a kept file; `ReportError` if unreadable or not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ReportError(f"Cannot read `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise ReportError(f"`{path}` is not UTF-8 text (byte {err.start}).") from None
+    except ValueError as err:
+        raise ReportError(f"`{path}` is not valid JSON: {err}.") from None
+
+
+def check_fields(path: Path, where: str, value: Any, fields: dict) -> None:
+    """Refuses `value` unless it is an object holding `fields` with their types."""
+    if not isinstance(value, dict):
+        raise ReportError(f"`{path}`: {where} must be a JSON object, not `{_short(value)}`.")
+    for name, kind in fields.items():
+        if name not in value:
+            raise ReportError(f"`{path}`: {where} lacks the field `{name}`.")
+        item = value[name]
+        if not isinstance(item, kind) or (isinstance(item, bool) and bool not in _tuple(kind)):
+            raise ReportError(
+                f"`{path}`: {where} field `{name}` has the wrong type: `{_short(item)}`."
+            )
+
+
+def _tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def find_incidents(root: str | Path) -> list[dict]:
-    """Every incident record under `root`, oldest first."""
+    """Every incident record under `root`, oldest first; `ReportError` for a damaged one."""
     records = []
     for path in sorted(Path(root).rglob("incidents/*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_record(path)
+        check_fields(path, "the incident", record, INCIDENT_FIELDS)
+        detection = record.get("detection")
+        if detection is not None:
+            check_fields(path, "`detection`", detection, {})
+            if detection.get("intervals_since_fault") is not None:
+                check_fields(path, "`detection`", detection, DETECTION_FIELDS)
         record["path"] = str(path)
         records.append(record)
     return records
@@ -39,7 +103,20 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def drill_report(drill_dir: str | Path) -> str:
     """Markdown for a drill folder's `summary.json`; writes `detection.png` beside it."""
     drill_dir = Path(drill_dir)
-    summary = json.loads((drill_dir / "summary.json").read_text(encoding="utf-8"))
+    path = drill_dir / "summary.json"
+    summary = read_record(path)
+    check_fields(path, "the summary", summary, SUMMARY_FIELDS)
+    check_fields(path, "`config`", summary["config"], {"heartbeat_interval_s": NUMBER})
+    for kind, fault in summary["per_fault"].items():
+        check_fields(path, f"`per_fault.{kind}`", fault, PER_FAULT_FIELDS)
+        if not all(
+            isinstance(d, NUMBER) and not isinstance(d, bool) for d in fault["detection_intervals"]
+        ):
+            raise ReportError(
+                f"`{path}`: `per_fault.{kind}.detection_intervals` must list numbers."
+            )
+        if not all(isinstance(c, str) for c in fault["classifications"]):
+            raise ReportError(f"`{path}`: `per_fault.{kind}.classifications` must list names.")
     rows = []
     for kind, f in summary["per_fault"].items():
         d = f["detection_intervals"]

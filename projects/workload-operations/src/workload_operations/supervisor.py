@@ -34,8 +34,8 @@ from pathlib import Path
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from workload_operations import diagnose
-from workload_operations.config import Config
+from workload_operations import diagnose, faults
+from workload_operations.config import Config, ConfigError, check_output_path
 
 PR_SET_CHILD_SUBREAPER = 36
 _subreaper_lock = threading.Lock()
@@ -597,7 +597,11 @@ def supervise(
     incident. With checkpoints, the verifier judges the recovery points after
     every attempt, and a restart continues from the latest accepted step only."""
     say = say or (lambda _: None)
-    workdir = Path(workdir).absolute()
+    if not isinstance(config, Config):
+        raise ConfigError(f"`config` must be a `Config`, not a `{type(config).__name__}`.")
+    if fault:
+        faults.check(faults.parse(fault), config)
+    workdir = check_output_path(workdir, directory=True, what="The workdir").absolute()
     outcomes, verifications = [], []
     for attempt in range(restarts + 1):
         sup = Supervisor(

@@ -24,6 +24,10 @@ from pathlib import Path
 from workload_operations import checkpoint, data, train
 from workload_operations.config import Config, ConfigError, load
 
+# What `judge` reads from a request record, with the JSON types.
+REQUEST_FIELDS = {"checksums": dict, "data_state_sha256": str, "heldout": dict}
+HELDOUT_FIELDS = {"loss_bits": str, "predictions_sha256": str}
+
 
 def judge(workdir: Path, step: int, config: Config, dataset: dict) -> dict:
     """The verdict on one step: `accepted`, the `reasons` against it, and the figures."""
@@ -82,7 +86,6 @@ def verify(workdir: Path, config: Config | None = None, *, rejudge: bool = False
         )
     if config is None:
         config = load(workdir / "config.json")
-    dataset = data.make_dataset(config)
     requested = ledger.by_step("requested")
     verdicts_so_far = {} if rejudge else ledger.by_step("verdicts")
     # A step requested again (by a continued run) after its verdict is judged again.
@@ -91,6 +94,17 @@ def verify(workdir: Path, config: Config | None = None, *, rejudge: bool = False
         for step, request in requested.items()
         if step not in verdicts_so_far or verdicts_so_far[step]["t"] < request["t"]
     ]
+    for step in sorted(pending):  # Every record is checked before any step is judged.
+        problem = checkpoint.record_problem(requested[step], REQUEST_FIELDS)
+        if not problem:
+            problem = checkpoint.record_problem(requested[step]["heldout"], HELDOUT_FIELDS)
+            problem = problem and f"`heldout` {problem}"
+        if problem:
+            raise checkpoint.CheckpointError(
+                f"The request record of step {step} in `{ledger.root / 'requested.jsonl'}` "
+                f"{problem}; it cannot be judged."
+            )
+    dataset = data.make_dataset(config)
     verdicts = []
     for step in sorted(pending):
         verdict = judge(workdir, step, config, dataset)

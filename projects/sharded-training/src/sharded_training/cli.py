@@ -12,11 +12,12 @@ With no `--config`, `train` and `launch` run `Config.default()` (300 steps of a
 
 import datetime
 import json
+import math
 from pathlib import Path
 
 import click
 
-from sharded_training.config import Config, ConfigError, load_config
+from sharded_training.config import Config, ConfigError, check_output_dir, load_config
 
 
 class BadInput(click.ClickException):
@@ -32,6 +33,29 @@ def _config(path: str | None) -> Config:
         return load_config(path)
     except ConfigError as err:
         raise BadInput(str(err)) from None
+
+
+def _output_dir(path: str | Path, what: str) -> None:
+    try:
+        check_output_dir(path, what)
+    except ConfigError as err:
+        raise BadInput(str(err)) from None
+
+
+def _mesh_fits(config: Config, devices: int, where: str) -> None:
+    """The mesh against the device count, before JAX starts with that many devices."""
+    data, model = config.mesh_shape
+    if data * model != devices:
+        raise BadInput(
+            f"The mesh shape `({data}, {model})` needs {data * model} devices, but there are "
+            f"`{devices}` ({where}); choose (data, model) sizes whose product is {devices}."
+        )
+
+
+def _positive_seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"{value} is not a positive, finite number of seconds.")
+    return value
 
 
 def _workdir(workdir: str | None, kind: str) -> Path:
@@ -67,6 +91,9 @@ def train(config_path: str | None, workdir: str | None, devices: int) -> None:
     import jax
 
     config = _config(config_path)
+    _mesh_fits(config, devices, "`--devices`")
+    if workdir is not None:
+        _output_dir(workdir, "`--workdir`")
     jax.config.update("jax_num_cpu_devices", devices)
     from sharded_training import plots
     from sharded_training import train as train_mod
@@ -92,8 +119,19 @@ def train(config_path: str | None, workdir: str | None, devices: int) -> None:
 @click.option("--workdir", type=click.Path(file_okay=False), help="Output (default runs/).")
 @click.option("--processes", default=2, show_default=True, type=int)
 @click.option("--devices-per-process", default=4, show_default=True, type=int)
-@click.option("--port", type=int, help="Coordinator port on 127.0.0.1 (default: a free one).")
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds before giving up.")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    help="Coordinator port on 127.0.0.1 (default: a free one).",
+)
+@click.option(
+    "--timeout",
+    default=600.0,
+    show_default=True,
+    type=float,
+    callback=_positive_seconds,
+    help="Seconds before giving up.",
+)
 def launch(config_path, workdir, processes, devices_per_process, port, timeout) -> None:
     """Run the same training as several real processes on this machine."""
     from sharded_training import launch as launch_mod
@@ -158,11 +196,15 @@ def profile(config_path: str | None, out_dir: str | None, steps: int) -> None:
     """Train under jax.profiler.trace, read the trace, optimize, report before/after."""
     import jax
 
+    config = _config(config_path) if config_path else None
+    if config is not None:
+        _mesh_fits(config, 8, "`profile` runs on 8 simulated devices")
+    out = Path(out_dir) if out_dir else _workdir(None, "profile")
+    _output_dir(out, "`--out`")
     jax.config.update("jax_num_cpu_devices", 8)
     from sharded_training import profile as profile_mod
 
-    config = _config(config_path) if config_path else profile_mod.profile_config()
-    out = Path(out_dir) if out_dir else _workdir(None, "profile")
+    config = config or profile_mod.profile_config()
     report = profile_mod.run_profile(config, out, steps=steps, progress=_echo)
     click.echo(profile_mod.summary_text(report))
     click.echo(f"report: {out / 'report.md'}, {out / 'report.json'}, {out / 'step_breakdown.png'}")
@@ -182,10 +224,13 @@ def bench(out_path: str, steps: int) -> None:
     """The profile's measurements as a report: identity, measurements, ratios."""
     import jax
 
+    out = Path(out_path)
+    if out.with_suffix(".png") == out:
+        raise BadInput(f"`--out {out}` is where the plot goes; give the JSON report another name.")
+    _output_dir(out.parent, "The folder of `--out`")
     jax.config.update("jax_num_cpu_devices", 8)
     from sharded_training import profile as profile_mod
 
-    out = Path(out_path)
     report = profile_mod.run_profile(
         profile_mod.profile_config(),
         out.parent / (out.stem + "-profile"),

@@ -19,6 +19,16 @@ class ConfigError(ValueError):
     """A config file or value that cannot be used; the message says why."""
 
 
+def check_output_dir(path: str | Path, what: str) -> None:
+    """Refuses an output folder that is a file or lies under one: checked before a job
+    starts, not when its first file is written."""
+    existing = Path(path).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{what} `{path}` cannot be created: `{existing}` is not a directory.")
+
+
 class Config(BaseModel):
     """Everything a training run depends on.
 
@@ -149,19 +159,26 @@ def load_config(path: str | Path) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"Cannot read config file `{path}`: {err.strerror}.") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Cannot read config file `{path}`: it is not UTF-8 text (byte {err.start})."
+        ) from None
     return Config.from_json(text, source=str(path))
 
 
 def _describe(err: pydantic.ValidationError, source: str) -> str:
-    lines = [f"Invalid config `{source}`:"]
+    """Turns pydantic's errors into one line: a clause per problem, `;`-separated."""
+    problems = []
     for item in err.errors(include_url=False):
         field = ".".join(str(part) for part in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
+        message = item["msg"].removeprefix("Value error, ").rstrip(".")
         if item["type"] == "extra_forbidden":
             known = ", ".join(f"`{name}`" for name in Config.model_fields)
-            lines.append(f"- Unknown field `{field}`; known fields: {known}.")
+            problems.append(f"Unknown field `{field}`; known fields: {known}")
+        elif item["type"] in ("model_type", "dict_type"):
+            problems.append(f"The top level must be a JSON object, not `{item.get('input')}`")
         elif not field:
-            lines.append(f"- {message.rstrip('.')}.")
+            problems.append(message)
         else:
-            lines.append(f"- Field `{field}` has value `{item.get('input')}`: {message}.")
-    return "\n".join(lines)
+            problems.append(f"Field `{field}` has value `{item.get('input')}`: {message}")
+    return f"Invalid config `{source}`: " + "; ".join(problems) + "."

@@ -44,7 +44,21 @@ def global_id_batches(config: Config) -> grain.MapDataset:
 def process_rows(batch_size: int, process_index: int, process_count: int) -> slice:
     """The rows of every global batch that process `process_index` of
     `process_count` loads: one contiguous block, in process order, so that the
-    data axis of the mesh (devices ordered by process) gets them in place."""
+    data axis of the mesh (devices ordered by process) gets them in place.
+
+    Raises `ValueError` unless `0 <= process_index < process_count` and the batch
+    divides into `process_count` equal, non-empty blocks."""
+    if process_count < 1:
+        raise ValueError(f"`process_count` must be at least 1, not `{process_count}`.")
+    if not 0 <= process_index < process_count:
+        raise ValueError(
+            f"`process_index` must be from 0 to {process_count - 1}, not `{process_index}`."
+        )
+    if batch_size < 1 or batch_size % process_count:
+        raise ValueError(
+            f"`batch_size` = `{batch_size}` does not divide into {process_count} equal, "
+            f"non-empty blocks of rows."
+        )
     # --- exercise stage 2: Process p owns rows [p * B / P, (p + 1) * B / P) of each batch. ---
     per_process = batch_size // process_count
     return slice(process_index * per_process, (process_index + 1) * per_process)

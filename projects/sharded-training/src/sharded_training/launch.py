@@ -8,6 +8,7 @@ one dies the others are SIGKILLed too (a preempted job). With
 how the heartbeat timeout is tested.
 """
 
+import math
 import socket
 import subprocess
 import sys
@@ -15,13 +16,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sharded_training.config import Config
+from sharded_training.config import Config, ConfigError, check_output_dir
 
 PROGRESS_EVERY_S = 5.0  # How often `echo` gets each process's newest progress line.
 
 
 class LaunchError(RuntimeError):
     """The job could not be started or did not finish in time; the message says why."""
+
+
+class BadLaunch(LaunchError, ValueError):
+    """Launch arguments that cannot start a job: refused before any process starts."""
 
 
 @dataclass
@@ -40,11 +45,13 @@ def free_port() -> int:
 
 
 def check_port(port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise BadLaunch(f"`--port` must be from 1 to 65535, not `{port}`.")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
-            raise LaunchError(
+            raise BadLaunch(
                 f"Port `{port}` on 127.0.0.1 is in use, so the coordinator cannot listen "
                 f"there; choose another `--port` or leave it out to pick a free one."
             ) from None
@@ -115,22 +122,28 @@ def launch(
     `compilation_cache` (default `workdir/jax-cache`) is JAX's persistent cache:
     a relaunch loads the executables the first launch compiled."""
     if processes < 1 or devices_per_process < 1:
-        raise LaunchError(
+        raise BadLaunch(
             f"`--processes` (`{processes}`) and `--devices-per-process` "
             f"(`{devices_per_process}`) must both be at least 1."
         )
     data, model = config.mesh_shape
     if data * model != processes * devices_per_process:
-        raise LaunchError(
+        raise BadLaunch(
             f"The mesh shape `({data}, {model})` needs {data * model} devices, but "
             f"{processes} processes x {devices_per_process} devices give "
             f"`{processes * devices_per_process}`."
         )
     if config.batch_size % processes:
-        raise LaunchError(
+        raise BadLaunch(
             f"`batch_size` = `{config.batch_size}` does not divide over `{processes}` "
             f"processes; use a multiple of {processes}."
         )
+    if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise BadLaunch(f"`--timeout` must be a positive number of seconds, not `{timeout_s}`.")
+    try:
+        check_output_dir(workdir, "The workdir")
+    except ConfigError as err:
+        raise BadLaunch(str(err)) from None
     if port is None:
         port = free_port()
     else:

@@ -27,8 +27,13 @@ class MeshError(ValueError):
 
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A (data, model) mesh over `devices` (default: every device of every process)."""
+    shape = tuple(shape)
+    if len(shape) != 2 or not all(type(s) is int and s >= 1 for s in shape):
+        raise MeshError(
+            f"The mesh shape `{shape}` must be two positive whole numbers (data, model)."
+        )
     devices = list(jax.devices() if devices is None else devices)
-    data, model_size = (int(s) for s in shape)
+    data, model_size = shape
     if data * model_size != len(devices):
         raise MeshError(
             f"The mesh shape `({data}, {model_size})` needs {data * model_size} devices, but "
@@ -61,7 +66,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def check_batch(batch_size: int, mesh: Mesh) -> None:
     data = mesh.shape["data"]
-    if batch_size % data:
+    if batch_size < 1 or batch_size % data:
         raise MeshError(
             f"The batch of `{batch_size}` examples does not divide over the data axis of size "
             f"`{data}`; use a batch size that is a multiple of {data}."

@@ -24,7 +24,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from sharded_training import checkpoint, data, model, sharding
-from sharded_training.config import Config
+from sharded_training.config import Config, check_output_dir
 
 
 class TrainState(NamedTuple):
@@ -222,6 +222,8 @@ def run(
     mesh = sharding.make_mesh(config.mesh_shape, devices)
     sharding.check_batch(config.batch_size, mesh)
     workdir = None if workdir is None else Path(workdir).absolute()
+    if workdir is not None:
+        check_output_dir(workdir, "The workdir")
     logger = Logger(None)
     if workdir is not None:
         (workdir / "logs").mkdir(parents=True, exist_ok=True)

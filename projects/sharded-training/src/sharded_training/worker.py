@@ -13,7 +13,6 @@ traceback. A process of a several-process job runs under a small supervisor
 
 import argparse
 import collections
-import contextlib
 import json
 import os
 import platform
@@ -160,9 +159,19 @@ def supervise(argv: list[str], process_id: int, heartbeat_timeout_s: int | None)
     return 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (no usage block): exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+KILL_PHASES = ("step", "save", "idle")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The worker's command line (what `launch` passes to every process)."""
-    parser = argparse.ArgumentParser(prog="sharded_training.worker")
+    parser = _Parser(prog="sharded_training.worker")
     parser.add_argument("--config", required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--process-id", type=int, default=0)
@@ -182,6 +191,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(args: argparse.Namespace) -> str:
+    """Empty when the options can start a process of a job, else the reason: checked
+    before the supervisor starts a child and before the job is joined."""
+    if args.num_processes < 1:
+        return f"`--num-processes` must be at least 1, not `{args.num_processes}`."
+    if not 0 <= args.process_id < args.num_processes:
+        return (
+            f"`--process-id` must be from 0 to {args.num_processes - 1} for "
+            f"{args.num_processes} processes, not `{args.process_id}`."
+        )
+    if args.devices_per_process < 1:
+        return f"`--devices-per-process` must be at least 1, not `{args.devices_per_process}`."
+    if args.init_timeout < 1:
+        return f"`--init-timeout` must be at least 1 second, not `{args.init_timeout}`."
+    if args.attempt < 0:
+        return f"`--attempt` must be 0 or more, not `{args.attempt}`."
+    if args.num_processes > 1:
+        host, _, port = args.coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            return (
+                f"the coordinator address `{args.coordinator}` is not of the form HOST:PORT "
+                f"with a port from 1 to 65535."
+            )
+    if args.kill_at:
+        parts = args.kill_at.split(":")
+        if (
+            len(parts) != 3
+            or not parts[0].isdigit()
+            or parts[1] not in KILL_PHASES
+            or not parts[2].isdigit()
+            or int(parts[2]) >= args.num_processes
+        ):
+            return (
+                f"`--kill-at` must be STEP:PHASE:PROCESS with PHASE one of "
+                f"{', '.join(KILL_PHASES)} and PROCESS below {args.num_processes}, "
+                f"not `{args.kill_at}`."
+            )
+    return ""
+
+
 def distributed_options(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     """Keyword arguments of `jax.distributed.initialize` for this process of the job.
 
@@ -198,10 +247,23 @@ def distributed_options(args: argparse.Namespace, config: Any) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Bad input is refused here, before a child process starts or the job is joined;
+    # nothing has been initialised yet, so a plain return is a clean exit.
+    from sharded_training.config import ConfigError, check_output_dir, load_config
+
+    # (The mesh is checked against the devices after JAX starts: on GPU or TPU hosts
+    # the real devices count, not `--devices-per-process`.)
+    problem = check_args(args)
+    try:
+        config = load_config(args.config)
+        check_output_dir(args.workdir, "`--workdir`")
+    except ConfigError as err:
+        problem = problem or str(err)
+    if problem:
+        print(f"process {args.process_id}: {problem}", file=sys.stderr, flush=True)
+        return 2
     if args.num_processes > 1 and os.environ.get(SUPERVISED) != "1":
-        heartbeat = None
-        with contextlib.suppress(Exception):
-            heartbeat = json.loads(Path(args.config).read_text())["heartbeat_timeout_s"]
+        heartbeat = config.heartbeat_timeout_s
         return supervise(sys.argv[1:] if argv is None else argv, args.process_id, heartbeat)
 
     import jax
@@ -209,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from sharded_training import train
     from sharded_training.checkpoint import CheckpointError
-    from sharded_training.config import ConfigError, load_config
     from sharded_training.sharding import MeshError
 
     def fail(message: str, code: int) -> int:
@@ -218,10 +279,6 @@ def main(argv: list[str] | None = None) -> int:
         # for peers that may be gone.
         os._exit(code)
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as err:
-        return fail(str(err), 2)
     jax.config.update("jax_num_cpu_devices", args.devices_per_process)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if args.compilation_cache:

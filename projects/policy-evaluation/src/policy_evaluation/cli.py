@@ -20,6 +20,21 @@ from policy_evaluation.config import Config, ConfigError
 from policy_evaluation.devices import DeviceError, request_cpu_devices
 
 
+class BadInput(click.ClickException):
+    """A user-facing error: printed as one message, exit code 2, no traceback."""
+
+    exit_code = 2
+
+
+def _output_dir(path: Path, what: str) -> None:
+    """An output folder must be creatable: checked before training, not after."""
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise BadInput(f"{what} `{path}` cannot be created: `{existing}` is not a directory.")
+
+
 def _progress(message: str) -> None:
     click.echo(f"[policy-evaluation] {message}", err=True)
 
@@ -52,7 +67,7 @@ def inspect(env: str, config_path: str | None) -> None:
     try:
         click.echo(_config(env, config_path).to_json(), nl=False)
     except ConfigError as err:
-        raise click.ClickException(str(err)) from None
+        raise BadInput(str(err)) from None
 
 
 @main.command()
@@ -60,7 +75,9 @@ def inspect(env: str, config_path: str | None) -> None:
     "--env", type=click.Choice(["cartpole", "gridworld"]), default="cartpole", show_default=True
 )
 @click.option("--config", "config_path", type=click.Path(), help="JSON config file.")
-@click.option("--workdir", type=click.Path(), help="Output folder [default: runs/<env>].")
+@click.option(
+    "--workdir", type=click.Path(file_okay=False), help="Output folder [default: runs/<env>]."
+)
 def train(env: str, config_path: str | None, workdir: str | None) -> None:
     """Train all seeds (vmapped), evaluate on held-out keys, write the report."""
     from policy_evaluation.checkpoint import save_params
@@ -70,14 +87,15 @@ def train(env: str, config_path: str | None, workdir: str | None) -> None:
     try:
         config = _config(env, config_path)
     except ConfigError as err:
-        raise click.ClickException(str(err)) from None
-    request_cpu_devices(config.seed_shards)
+        raise BadInput(str(err)) from None
     out = Path(workdir) if workdir else Path("runs") / config.env
+    _output_dir(out, "`--workdir`")
+    request_cpu_devices(config.seed_shards)
     start = time.perf_counter()
     try:
         result = run_experiment(config, progress=_progress)
-    except DeviceError as err:
-        raise click.ClickException(str(err)) from None
+    except DeviceError as err:  # More seed shards than CPU devices: found before training.
+        raise BadInput(str(err)) from None
     seconds = time.perf_counter() - start
     worst = result["summary"]["worst_seed"]
     _, eval_keys = seed_keys(config)
@@ -108,9 +126,14 @@ def train(env: str, config_path: str | None, workdir: str | None) -> None:
 @click.option(
     "--size", type=click.Choice(["default", "tiny"]), default="default", show_default=True
 )
-@click.option("--out", type=click.Path(), default="runs/bench.json", show_default=True)
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default="runs/bench.json", show_default=True
+)
 def bench(size: str, out: str) -> None:
     """Time the three ratios side by side; JSON + PNG report."""
+    if Path(out).with_suffix(".png") == Path(out):
+        raise BadInput(f"`--out {out}` is where the plot goes; give the JSON report another name.")
+    _output_dir(Path(out).parent, "The folder of `--out`")
     try:
         import gymnasium  # noqa: F401
     except ImportError:
@@ -124,7 +147,7 @@ def bench(size: str, out: str) -> None:
     try:
         report = run_bench(size, Path(out), progress=_progress)
     except DeviceError as err:
-        raise click.ClickException(str(err)) from None
+        raise BadInput(str(err)) from None
     for name, value in report["ratios"].items():
         target = report["targets"].get(name)
         click.echo(f"{name}: {value:.2f}" + (f" (target >= {target:g})" if target else ""))

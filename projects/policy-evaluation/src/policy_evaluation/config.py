@@ -21,8 +21,14 @@ class ConfigError(ValueError):
 class Config(BaseModel):
     """Everything a PPO run (all seeds) and its evaluation depend on."""
 
+    # allow_inf_nan=False: NaN and infinity are refused in every float field (an
+    # infinite `ent_coef` passes `ge=0` but gives a NaN loss).
     model_config = ConfigDict(
-        frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        use_attribute_docstrings=True,
+        allow_inf_nan=False,
     )
 
     env: Literal["gridworld", "cartpole"] = "cartpole"
@@ -150,6 +156,11 @@ class Config(BaseModel):
 
     @classmethod
     def from_dict(cls, data: dict) -> "Config":
+        """Validates a mapping; raises `ConfigError` naming each bad field."""
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"Invalid config: it must be a mapping of fields, not `{type(data).__name__}`."
+            )
         try:
             return cls.model_validate(data)
         except pydantic.ValidationError as err:
@@ -164,13 +175,23 @@ class Config(BaseModel):
 
     @classmethod
     def from_json(cls, path: str | Path) -> "Config":
+        """Reads a JSON config file; raises `ConfigError` naming the file or the field."""
         path = Path(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"Config file `{path}` does not exist.") from None
+        except OSError as err:
+            raise ConfigError(f"Cannot read config file `{path}`: {err.strerror}.") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"Config file `{path}` is not UTF-8 text (byte {err.start})."
+            ) from None
         except json.JSONDecodeError as err:
             raise ConfigError(f"Config file `{path}` is not valid JSON: {err}.") from None
         if not isinstance(data, dict):
             raise ConfigError(f"Config file `{path}` must hold a JSON object.")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"{err} (in `{path}`)") from None

@@ -36,6 +36,28 @@ class StepOut(NamedTuple):
     truncated: jax.Array
 
 
+def _check_fields(env: object, positive: tuple[str, ...], nonnegative: tuple[str, ...]) -> None:
+    """Raises `ValueError` naming the first parameter that is not a finite number in
+    its range (`positive`: > 0, `nonnegative`: >= 0)."""
+    for name in positive + nonnegative:
+        value = getattr(env, name)
+        low_ok = value > 0 if name in positive else value >= 0
+        if not (isinstance(value, int | float) and math.isfinite(value) and low_ok):
+            bound = "> 0" if name in positive else ">= 0"
+            raise ValueError(
+                f"`{type(env).__name__}.{name}` must be a finite number {bound}, not {value!r}."
+            )
+
+
+def _check_int(env: object, name: str, low: int, high: int | None = None) -> None:
+    value = getattr(env, name)
+    if type(value) is not int or value < low or (high is not None and value > high):
+        span = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise ValueError(
+            f"`{type(env).__name__}.{name}` must be a whole number {span}, not {value!r}."
+        )
+
+
 # Grid moves: up, right, down, left as (row, column) offsets.
 MOVES = ((-1, 0), (0, 1), (1, 0), (0, -1))
 
@@ -59,6 +81,24 @@ class GridWorld:
     max_steps: int = 50
 
     num_actions: int = 4
+
+    def __post_init__(self) -> None:
+        _check_int(self, "size", 2, 64)
+        for name in ("goal", "pit", "start"):
+            _check_int(self, name, 0, self.size * self.size - 1)
+        if len({self.goal, self.pit, self.start}) != 3:
+            raise ValueError(
+                f"`GridWorld.start`, `goal` and `pit` must be three different cells, not "
+                f"{self.start}, {self.goal} and {self.pit}."
+            )
+        if not (isinstance(self.slip, int | float) and 0.0 <= self.slip <= 1.0):
+            raise ValueError(
+                f"`GridWorld.slip` must be a probability in [0, 1], not {self.slip!r}."
+            )
+        if not (isinstance(self.step_reward, int | float) and math.isfinite(self.step_reward)):
+            raise ValueError(f"`GridWorld.step_reward` must be finite, not {self.step_reward!r}.")
+        _check_int(self, "max_steps", 1)
+        _check_int(self, "num_actions", len(MOVES), len(MOVES))
 
     @property
     def num_states(self) -> int:
@@ -148,6 +188,16 @@ class CartPole:
     num_actions: int = 2
     obs_size: int = 4
 
+    def __post_init__(self) -> None:
+        _check_fields(
+            self,
+            ("masscart", "masspole", "length", "force_mag", "tau", "theta_threshold"),
+            ("gravity", "x_threshold"),
+        )
+        _check_int(self, "max_steps", 1)
+        _check_int(self, "num_actions", 2, 2)
+        _check_int(self, "obs_size", 4, 4)
+
     def reset(self, key: jax.Array) -> tuple[EnvState, jax.Array]:
         physics = jax.random.uniform(key, (4,), jnp.float32, -0.05, 0.05)
         return EnvState(physics, jnp.asarray(0, jnp.int32)), physics
@@ -183,8 +233,15 @@ class CartPole:
 
 
 def make_env(name: str, **overrides) -> GridWorld | CartPole:
-    if name == "gridworld":
-        return GridWorld(**overrides)
-    if name == "cartpole":
-        return CartPole(**overrides)
-    raise ValueError(f"Unknown environment `{name}`; expected `gridworld` or `cartpole`.")
+    """The environment `name` with parameters `overrides`; raises `ValueError` naming
+    an unknown environment, an unknown parameter or a value out of its range."""
+    kinds = {"gridworld": GridWorld, "cartpole": CartPole}
+    if name not in kinds:
+        raise ValueError(f"Unknown environment `{name}`; expected `gridworld` or `cartpole`.")
+    known = {f.name for f in dataclasses.fields(kinds[name])}
+    for key in overrides:
+        if key not in known:
+            raise ValueError(
+                f"`{key}` is not a parameter of `{name}`; known: {', '.join(sorted(known))}."
+            )
+    return kinds[name](**overrides)

@@ -9,6 +9,38 @@ dJ/dtheta[s, a] = d(s) pi(a|s) (Q(s, a) - V(s)).
 import numpy as np
 
 
+def check_mdp(P, R, terminal) -> None:
+    """Raises `ValueError` naming the argument unless `P` is a transition table
+    `[S, A, S]` whose rows are probability distributions, `R` finite rewards of the
+    same shape and `terminal` a bool `[S]`: a damaged table would give values
+    that look like answers."""
+    P, R, terminal = np.asarray(P), np.asarray(R), np.asarray(terminal)
+    if P.ndim != 3 or P.shape[0] != P.shape[2] or P.shape[0] == 0 or P.shape[1] == 0:
+        raise ValueError(f"`P` must have shape [S, A, S], not {P.shape}.")
+    if not np.isfinite(P).all() or (P < 0).any() or not np.allclose(P.sum(axis=2), 1.0):
+        raise ValueError("`P` must hold probabilities: finite, >= 0, each P[s, a, :] summing to 1.")
+    if R.shape != P.shape or not np.isfinite(R).all():
+        raise ValueError(f"`R` must be finite with the shape of `P` {P.shape}, not {R.shape}.")
+    if terminal.shape != P.shape[:1] or terminal.dtype != bool:
+        raise ValueError(
+            f"`terminal` must be a bool array of shape {P.shape[:1]}, not "
+            f"{terminal.dtype}{list(terminal.shape)}."
+        )
+
+
+def check_gamma(gamma: float) -> None:
+    if not (isinstance(gamma, int | float | np.floating) and 0.0 <= gamma < 1.0):
+        raise ValueError(f"`gamma` must be a number in [0, 1), not {gamma!r}.")
+
+
+def check_policy(pi, shape: tuple[int, int]) -> None:
+    pi = np.asarray(pi)
+    if pi.shape != shape:
+        raise ValueError(f"`pi` must have shape {list(shape)} (states, actions), not {pi.shape}.")
+    if not np.isfinite(pi).all() or (pi < 0).any() or not np.allclose(pi.sum(axis=1), 1.0):
+        raise ValueError("`pi` must hold probabilities: finite, >= 0, each row summing to 1.")
+
+
 def policy_matrices(P, R, terminal, pi):
     # --- exercise stage 3: Average P and R over pi(a|s); terminal rows stay zero. ---
     live = (~terminal).astype(np.float64)[:, None]
@@ -19,7 +51,11 @@ def policy_matrices(P, R, terminal, pi):
 
 
 def evaluate_policy(P, R, terminal, pi, gamma: float) -> np.ndarray:
-    """V^pi for every state (0 at terminal states)."""
+    """V^pi for every state (0 at terminal states). Raises `ValueError` naming a
+    damaged argument (see `check_mdp`, `check_policy`, `check_gamma`)."""
+    check_mdp(P, R, terminal)
+    check_policy(pi, np.shape(P)[:2])
+    check_gamma(gamma)
     # --- exercise stage 3: Solve (I - gamma P_pi) V = r_pi. ---
     P_pi, r_pi = policy_matrices(P, R, terminal, pi)
     return np.linalg.solve(np.eye(len(r_pi)) - gamma * P_pi, r_pi)
@@ -33,6 +69,8 @@ def q_values(P, R, terminal, V, gamma: float) -> np.ndarray:
 
 def value_iteration(P, R, terminal, gamma: float, tol: float = 1e-12, max_iter: int = 100_000):
     """Optimal values and a greedy optimal policy (one-hot table)."""
+    check_mdp(P, R, terminal)
+    check_gamma(gamma)
     # --- exercise stage 4: Iterate V(s) <- max_a Q(s, a) to tol; return V and greedy pi. ---
     V = np.zeros(P.shape[0])
     for _ in range(max_iter):
@@ -53,6 +91,15 @@ def softmax(theta: np.ndarray) -> np.ndarray:
 
 def exact_policy_gradient(P, R, terminal, theta, gamma: float, start: int) -> np.ndarray:
     """Gradient of J = V^pi(start) with respect to softmax logits `theta[s, a]`."""
+    check_mdp(P, R, terminal)
+    check_gamma(gamma)
+    theta = np.asarray(theta)
+    if theta.shape != np.shape(P)[:2] or not np.isfinite(theta).all():
+        raise ValueError(
+            f"`theta` must be finite logits of shape {list(np.shape(P)[:2])}, not {theta.shape}."
+        )
+    if type(start) not in (int, np.int32, np.int64) or not 0 <= start < np.shape(P)[0]:
+        raise ValueError(f"`start` must be a state from 0 to {np.shape(P)[0] - 1}, not {start!r}.")
     # --- exercise stage 3: d(s) pi(a|s) (Q - V); occupancy d: (I - gamma P_pi)^T d = e_start. ---
     pi = softmax(theta)
     P_pi, r_pi = policy_matrices(P, R, terminal, pi)

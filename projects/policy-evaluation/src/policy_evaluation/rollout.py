@@ -12,11 +12,13 @@ Two modes:
   its later steps are padding with `mask = 0` and reward 0.
 """
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from policy_evaluation.envs import EnvState
 
@@ -103,11 +105,48 @@ def rollout(
     return carry, traj
 
 
+def _check_series(last_value: jax.Array, series: dict[str, jax.Array], rates: dict) -> None:
+    """Raises `ValueError` naming the argument unless every series is `[T, N]`,
+    `last_value` is `[N]`, `dones` is bool or 0/1, the rates lie in [0, 1], and
+    (for arrays that are not traced) every value is finite: a NaN here would
+    come out as NaN returns, not as an error. Shapes are checked under `jit` too."""
+    shape = jnp.shape(series["rewards"])
+    if len(shape) != 2:
+        raise ValueError(f"`rewards` must have shape [T, N], not {shape}.")
+    for name, array in series.items():
+        if jnp.shape(array) != shape:
+            raise ValueError(
+                f"`{name}` must have the shape of `rewards` {shape}, not {jnp.shape(array)}."
+            )
+    if jnp.shape(last_value) != shape[1:]:
+        raise ValueError(f"`last_value` must have shape {shape[1:]}, not {jnp.shape(last_value)}.")
+    for name, rate in rates.items():
+        if isinstance(rate, jax.core.Tracer):
+            continue
+        try:
+            value = float(rate) if np.ndim(rate) == 0 else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"`{name}` must be a number in [0, 1], not {rate!r}.")
+    for name, array in {**series, "last_value": last_value}.items():
+        if isinstance(array, jax.core.Tracer):
+            continue
+        values = np.asarray(array)
+        if not np.isfinite(values.astype(np.float64)).all():
+            raise ValueError(f"`{name}` holds NaN or infinite values.")
+        if name == "dones" and values.dtype != bool and not np.isin(values, (0, 1)).all():
+            raise ValueError("`dones` must be bool (or 0/1) flags.")
+
+
 def discounted_returns(
     rewards: jax.Array, dones: jax.Array, masks: jax.Array, last_value: jax.Array, gamma: float
 ) -> jax.Array:
     """G_t = r_t + gamma (1 - done_t) G_{t+1}, G_T = last_value; 0 on padding.
-    Inputs `[T, N]`, `last_value` `[N]`."""
+    Inputs `[T, N]`, `last_value` `[N]`. Raises `ValueError` naming a bad argument."""
+    _check_series(
+        last_value, {"rewards": rewards, "dones": dones, "masks": masks}, {"gamma": gamma}
+    )
 
     # --- exercise stage 2: Reverse scan: G_t = mask_t (r_t + gamma (1 - done_t) G_{t+1}). ---
     def back(g_next, xs):
@@ -133,7 +172,13 @@ def gae(
 
     delta_t = r_t + gamma (1 - done_t) V_{t+1} - V_t;
     A_t = mask_t (delta_t + gamma lam (1 - done_t) A_{t+1}); a done step
-    (terminated or truncated) does not bootstrap, padded steps give 0."""
+    (terminated or truncated) does not bootstrap, padded steps give 0. Raises
+    `ValueError` naming a bad argument."""
+    _check_series(
+        last_value,
+        {"rewards": rewards, "values": values, "dones": dones, "masks": masks},
+        {"gamma": gamma, "lam": lam},
+    )
 
     # --- exercise stage 2: Reverse scan of delta_t + gamma lam (1 - done_t) A_{t+1}, masked. ---
     def back(carry, xs):

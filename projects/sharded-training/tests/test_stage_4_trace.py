@@ -56,7 +56,19 @@ def test_trace_agrees_with_host_timers(evidence, report, variant):
     timers = np.array(trace["timer_iteration_s_all"][variant])
     same_count = len(from_trace) == len(timers)
     diff = np.abs(from_trace - timers) if same_count else np.array([np.inf])
-    per_step_ok = bool(np.all(diff <= 1e-3 + 0.05 * timers)) if same_count else False
+    # The host timer starts before the step annotation opens and stops after it
+    # closes, so every traced iteration lies inside its timed one: trace <= timer,
+    # with 1 ms of slack for the two clocks. The timer can be longer by however
+    # long the thread was descheduled around the annotation, which depends on the
+    # machine's load, so the two must agree within 1 ms + 5% at their medians,
+    # not at every iteration.
+    if same_count:
+        contained = bool(np.all(from_trace <= timers + 1e-3))
+        median_timer = float(np.median(timers))
+        median_diff = abs(float(np.median(from_trace)) - median_timer)
+        per_step_ok = contained and median_diff <= 1e-3 + 0.05 * median_timer
+    else:
+        contained, median_diff, per_step_ok = False, float("inf"), False
     compile_trace = trace["compile_s_from_trace"][variant]
     compile_timer = trace["timer_compile_s"][variant]
     compile_ok = abs(compile_trace - compile_timer) <= 0.05 + 0.05 * compile_timer
@@ -80,6 +92,8 @@ def test_trace_agrees_with_host_timers(evidence, report, variant):
             "iterations_trace": len(from_trace),
             "iterations_timer": len(timers),
             "max_abs_diff_s": float(diff.max()),
+            "every_trace_iteration_within_its_timer": contained,
+            "median_abs_diff_s": median_diff,
             "compile_trace_s": compile_trace,
             "compile_timer_s": compile_timer,
             "per_step_s": parts,
@@ -87,7 +101,7 @@ def test_trace_agrees_with_host_timers(evidence, report, variant):
             "per_step_iteration_recomputed_s": per_step_iteration,
         },
         {
-            "per_iteration": "1 ms + 5%",
+            "per_iteration": "trace <= timer + 1 ms; medians within 1 ms + 5%",
             "compile": "50 ms + 5%",
             "nested": "annotated parts <= their step",
         },

@@ -1,11 +1,10 @@
 """One scheduler for the matrix: jobs run longest first, one per core.
 
-A `Job` has an estimate (seconds), a part (`suites`, `learner`,
-`seeded-bugs`) and an action that a `Worker` runs; the action may return
-follow-up jobs (a project's checks, queued when its suite ends). `run_jobs`
-runs every job with ``jobs`` worker threads, always taking the longest
-queued job next (longest-processing-time-first packs the tail tight), and
-returns each job's result and seconds.
+A `Job` has an estimate (seconds), a part (`suites`, `stages`,
+`seeded-bugs`) and an action that a `Worker` runs. `run_jobs` runs every job
+with ``jobs`` worker threads, always taking the longest queued job next
+(longest-processing-time-first packs the tail tight), and returns each job's
+result and seconds.
 
 Each worker owns one warm pytest server (`warm_runner`), started on its first
 check run, so no two threads ever share one.
@@ -35,8 +34,6 @@ class Job:
     part: str = field(compare=False)
     estimate: float = field(compare=False)
     action: Callable[[Worker], Any] = field(compare=False, repr=False)
-    # Follow-up jobs to queue once this one has finished, given its result.
-    then: Callable[[Any], list[Job]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.sort_key = (-self.estimate, next(_SEQ))
@@ -87,8 +84,8 @@ def run_jobs(
     cache_dir: Path,
     on_done: Callable[[Done, int, int], None] | None = None,
 ) -> list[Done]:
-    """Run ``initial`` and every follow-up, ``jobs`` at a time, longest first.
-    ``on_done(done, finished, queued_so_far)`` is called under a lock as each ends."""
+    """Run ``initial``, ``jobs`` at a time, longest first. ``on_done(done, finished,
+    total)`` is called under a lock as each ends."""
     heap: list[Job] = list(initial)
     heapq.heapify(heap)
     cond = threading.Condition()
@@ -99,7 +96,7 @@ def run_jobs(
     start = time.perf_counter()
 
     def work() -> None:
-        nonlocal running, total
+        nonlocal running
         worker = Worker(cache_dir)
         try:
             while True:
@@ -113,7 +110,6 @@ def run_jobs(
                 began = time.perf_counter()
                 try:
                     result = job.action(worker)
-                    follow = job.then(result) if job.then else []
                 except BaseException as exc:  # noqa: BLE001 - reported once all stop
                     with cond:
                         errors.append(exc)
@@ -123,9 +119,6 @@ def run_jobs(
                 done = Done(job, result, time.perf_counter() - began, began - start)
                 with cond:
                     running -= 1
-                    for j in follow:
-                        heapq.heappush(heap, j)
-                    total += len(follow)
                     finished.append(done)
                     if on_done:
                         on_done(done, len(finished), total)

@@ -206,19 +206,13 @@ def test_the_warm_server_refuses_to_fork_once_a_backend_runs():
     assert done.returncode != 0 and "JAX backend started" in done.stderr
 
 
-def test_the_scheduler_runs_longest_first_and_queues_follow_ups(tmp_path: Path):
+def test_the_scheduler_runs_longest_first(tmp_path: Path):
     order: list[str] = []
 
-    def job(name: str, estimate: float, then=None) -> Job:
-        return Job(name, "suites", estimate, lambda w: order.append(name), then)
+    def job(name: str, estimate: float) -> Job:
+        return Job(name, "suites", estimate, lambda w: order.append(name))
 
-    follow = [job("follow-up", 100.0)]
-    done = run_jobs(
-        [job("short", 1.0), job("long", 5.0, lambda _r: follow), job("mid", 3.0)],
-        1,
-        tmp_path,
-    )
-    # One worker: longest first; the follow-up, though longest of all, only
-    # exists once its parent has finished.
-    assert order == ["long", "follow-up", "mid", "short"]
-    assert len(done) == 4
+    done = run_jobs([job("short", 1.0), job("long", 5.0), job("mid", 3.0)], 1, tmp_path)
+    # One worker: longest estimate first, whatever the order they were queued in.
+    assert order == ["long", "mid", "short"]
+    assert len(done) == 3

@@ -3,6 +3,8 @@
 #               and publish every ready project's learner starter there
 #   make test   build .venv if needed, then run the whole test matrix
 #   make learn P=<id>   write the learner starter of one project to learn/<id>/
+#   make mutate P=<id> [STAGE=<k>]   mutation-test a project's stages, write
+#               its mutation-report.json and the README's score column
 # The environment is pinned by constraints.txt; every `ready` project is
 # installed in editable mode with all of its extras.
 
@@ -12,7 +14,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: site test venv lint clean learn
+.PHONY: site test venv lint clean learn mutate
 
 site: $(STAMP)
 	$(BIN)/catalog-compile --out build
@@ -21,6 +23,10 @@ site: $(STAMP)
 learn: $(STAMP)
 	@test -n "$(P)" || { echo "Usage: make learn P=<project-id>"; exit 2; }
 	$(BIN)/python scripts/learner.py starter $(P) --out learn/$(P)
+
+mutate: $(STAMP)
+	@test -n "$(P)" || { echo "Usage: make mutate P=<project-id> [STAGE=<k>]"; exit 2; }
+	$(BIN)/python scripts/mutate.py $(P) $(if $(STAGE),--stage $(STAGE))
 
 test: $(STAMP)
 	$(BIN)/python scripts/run_matrix.py

@@ -1,0 +1,270 @@
+"""The mutants of one project stage: which code is mutated, and how.
+
+A stage's *targets* are every function (or method) that holds one of the
+stage's exercise regions, plus the functions its `mutation.toml` names: the
+identities, digests, tolerances, gates, detectors and diagnostics the stage's
+tests exist to verify::
+
+    [stages."1"]
+    targets = ["src/pkg/module.py::function", "src/pkg/module.py::Class.method"]
+
+    [[equivalent]]          # a mutant no test can tell apart, and why
+    stage = "1"
+    key = "src/pkg/module.py::function: `a < b` => `a <= b`"
+    why = "a and b are never equal: a is drawn continuous and b is an integer"
+
+Cosmic Ray (`cosmic_ray.commands.init`) enumerates every mutation of each
+target's file; those whose position lies in a target are the stage's
+mutants. Each mutant has a *key* that survives edits elsewhere in the file:
+its file, function and changed line before and after (`mutant_key`). A
+stage with more mutants than `SAMPLE` is scored on a random sample of
+`SAMPLE`, drawn with a seed made from the project and stage ids.
+
+`stage_hash` is the identity of what a report scored: the bytes of the
+target files, the stage's test files, the project's `tests/conftest.py` and
+`mutation.toml`. A report whose hash differs from the code on disk is stale.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import random
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from catalog_compiler.exercises import find_regions, source_files
+from cosmic_ray.commands.init import _all_work_items
+from cosmic_ray.mutating import mutate_code
+from cosmic_ray.plugins import get_operator
+
+SAMPLE = 50
+CONFIG = "mutation.toml"
+REPORT = "mutation-report.json"
+
+_ARITHMETIC = "Add|Sub|Mul|Div|FloorDiv|Mod|Pow"
+_BITWISE = "RShift|LShift|BitOr|BitAnd|BitXor"
+_ORDERING = "Eq|NotEq|Lt|LtE|Gt|GtE"
+# Operators left out, each with the reason it would only inflate or deflate a
+# score without saying anything about the tests.
+EXCLUDED = {
+    rf"ReplaceBinaryOperator_({_ARITHMETIC})_({_BITWISE})$": (
+        "an arithmetic operator made bitwise raises a TypeError on every float array"
+    ),
+    rf"ReplaceBinaryOperator_({_BITWISE})_({_ARITHMETIC})$": (
+        "a bitwise operator made arithmetic raises on floats and, on boolean masks, "
+        "`&`->`*` and `|`->`+` compute the same values"
+    ),
+    rf"ReplaceComparisonOperator_({_ORDERING})_(Is|IsNot)$": (
+        "identity against a fresh array or number is a constant, never a plausible slip"
+    ),
+    rf"ReplaceComparisonOperator_(Is|IsNot)_({_ORDERING})$": (
+        "`x is None` made an ordering raises a TypeError wherever it runs"
+    ),
+}
+# Removing these decorators changes compilation or caching, never a value.
+_NEUTRAL_DECORATORS = re.compile(r"\b(jit|cache|lru_cache|cached_property|wraps)\b")
+
+
+def operator_excluded(name: str) -> bool:
+    return any(re.search(pattern, name) for pattern in EXCLUDED)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One mutated definition: ``path`` relative to the project, lines inclusive."""
+
+    path: str
+    name: str  # `function`, `Class.method` or `Class`
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class Mutant:
+    key: str
+    stage: str
+    path: str
+    function: str
+    line: int
+    operator: str
+    occurrence: int
+    before: str
+    after: str
+
+
+@dataclass
+class StageMutants:
+    stage: str
+    targets: list[Target]
+    total: int  # every mutant of the targets, before sampling
+    mutants: list[Mutant] = field(default_factory=list)  # the sample that is run
+
+    @property
+    def sampled(self) -> bool:
+        return self.total > len(self.mutants)
+
+
+def load_config(project: Path) -> dict:
+    path = project / CONFIG
+    if not path.is_file():
+        return {}
+    with path.open("rb") as f:
+        return tomllib.load(f)
+
+
+def _definitions(tree: ast.Module) -> dict[str, tuple[int, int]]:
+    """Top-level functions, classes and methods: name -> (first line, last line),
+    decorators included."""
+    spans: dict[str, tuple[int, int]] = {}
+
+    def span(node: ast.AST) -> tuple[int, int]:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        return first, node.end_lineno
+
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            spans[node.name] = span(node)
+        elif isinstance(node, ast.ClassDef):
+            spans[node.name] = span(node)
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    spans[f"{node.name}.{item.name}"] = span(item)
+    return spans
+
+
+def stage_targets(project: Path, stage: str) -> list[Target]:
+    """The definitions mutated for ``stage``: those holding its exercise regions,
+    then those its `mutation.toml` lists. Raises ValueError on a name not found."""
+    targets: dict[tuple[str, str], Target] = {}
+    for path in source_files(project):
+        rel = path.relative_to(project).as_posix()
+        text = path.read_text(encoding="utf-8")
+        regions = [r for r in find_regions(text, rel) if r.stage == stage]
+        if not regions:
+            continue
+        spans = _definitions(ast.parse(text))
+        for region in regions:
+            # The innermost top-level definition or method that holds the region.
+            holders = [(n, s) for n, s in spans.items() if s[0] <= region.start <= s[1]]
+            if not holders:
+                raise ValueError(f"{rel}:{region.start}: region outside any function")
+            name, (first, last) = min(holders, key=lambda h: h[1][1] - h[1][0])
+            targets[(rel, name)] = Target(rel, name, first, last)
+    listed = load_config(project).get("stages", {}).get(stage, {}).get("targets", [])
+    for entry in listed:
+        rel, _, name = entry.partition("::")
+        path = project / rel
+        if not path.is_file() or not name:
+            raise ValueError(f"{project.name}/{CONFIG}: stage {stage}: no file for `{entry}`")
+        spans = _definitions(ast.parse(path.read_text(encoding="utf-8")))
+        if name not in spans:
+            raise ValueError(f"{project.name}/{CONFIG}: stage {stage}: `{entry}` not found")
+        targets.setdefault((rel, name), Target(rel, name, *spans[name]))
+    return list(targets.values())
+
+
+def _changed_lines(original: str, mutated: str) -> tuple[int, str, str]:
+    """(1-based line, old text, new text) of the first line the mutation changed."""
+    old, new = original.splitlines(), mutated.splitlines()
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            before = " / ".join(s.strip() for s in old[i1:i2])
+            after = " / ".join(s.strip() for s in new[j1:j2])
+            return i1 + 1, before, after
+    return 0, "", ""
+
+
+def mutant_key(path: str, function: str, before: str, after: str) -> str:
+    return f"{path}::{function}: `{before}` => `{after}`"
+
+
+def mutated_source(project: Path, mutant: Mutant) -> str:
+    """The target file's text with ``mutant`` applied (Cosmic Ray's own visitor)."""
+    text = (project / mutant.path).read_text(encoding="utf-8")
+    code = mutate_code(text, get_operator(mutant.operator)(), mutant.occurrence)
+    if code is None:
+        raise ValueError(f"{mutant.key}: Cosmic Ray no longer applies this mutation")
+    return code
+
+
+def enumerate_mutants(project: Path, stage: str, targets: list[Target]) -> list[Mutant]:
+    """Every mutant of ``targets``, in file and position order, keys made unique."""
+    mutants: list[Mutant] = []
+    seen: dict[str, int] = {}
+    by_file: dict[str, list[Target]] = {}
+    for t in targets:
+        by_file.setdefault(t.path, []).append(t)
+    for rel, file_targets in by_file.items():
+        path = project / rel
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for item in _all_work_items([path], {}):
+            spec = item.mutations[0]
+            if operator_excluded(spec.operator_name):
+                continue
+            line = spec.start_pos[0]
+            holder = next((t for t in file_targets if t.first <= line <= t.last), None)
+            if holder is None:
+                continue
+            if spec.operator_name.endswith("RemoveDecorator") and _NEUTRAL_DECORATORS.search(
+                lines[line - 1]
+            ):
+                continue
+            code = mutate_code(text, get_operator(spec.operator_name)(), spec.occurrence)
+            if code is None:
+                continue
+            changed, before, after = _changed_lines(text, code)
+            key = mutant_key(rel, holder.name, before, after)
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] > 1:
+                key = f"{key} #{seen[key]}"
+            mutants.append(
+                Mutant(
+                    key,
+                    stage,
+                    rel,
+                    holder.name,
+                    changed or line,
+                    spec.operator_name,
+                    spec.occurrence,
+                    before,
+                    after,
+                )
+            )
+    return mutants
+
+
+def stage_mutants(project: Path, stage: str, sample: int = SAMPLE) -> StageMutants:
+    targets = stage_targets(project, stage)
+    every = enumerate_mutants(project, stage, targets)
+    chosen = every
+    if len(every) > sample:
+        rng = random.Random(f"{project.name}/stage {stage}")
+        picked = set(rng.sample(range(len(every)), sample))
+        chosen = [m for i, m in enumerate(every) if i in picked]
+    return StageMutants(stage, targets, len(every), chosen)
+
+
+def equivalents(project: Path, stage: str) -> dict[str, str]:
+    """Declared equivalent mutants of ``stage``: key -> reason."""
+    found = {}
+    for entry in load_config(project).get("equivalent", []):
+        if str(entry.get("stage")) == stage:
+            found[entry["key"]] = entry["why"]
+    return found
+
+
+def stage_hash(project: Path, stage: str, tests: list[str], targets: list[Target]) -> str:
+    """sha256 over what the stage's score depends on (module docstring)."""
+    paths = sorted({t.path for t in targets} | set(tests) | {"tests/conftest.py", CONFIG})
+    digest = hashlib.sha256(f"stage {stage}\n".encode())
+    for rel in paths:
+        path = project / rel
+        digest.update(f"{rel}\n".encode())
+        digest.update(path.read_bytes() if path.is_file() else b"<absent>")
+    return digest.hexdigest()

@@ -1,0 +1,398 @@
+"""Mutation testing of each stage: does the stage's test file kill its mutants?
+
+    make mutate P=<id> [STAGE=<k>]      score the stages, write the report
+    python scripts/mutate.py <id> --survivors   rerun only the report's survivors
+    python scripts/mutate.py confirm    rerun a sample of reported kills (the matrix)
+
+Mutants come from Cosmic Ray (`mutants.py`: targets, operators, keys,
+sampling). Each mutant is written into a scratch copy of the project and the
+stage's declared test files run there with `-x`, forked from a warm pytest
+server: every mutant gets its own process, which imports the mutated source
+fresh, and no process that started a JAX backend is ever forked.
+
+Outcomes: `killed` (a test failed, or collection failed because the mutant
+broke an import), `timed out` (the tests ran past three times the
+unmutated run plus 30 s: a hang a learner sees), `survived` (every test
+passed), and `equivalent` (survived, and `mutation.toml` says why no test
+can tell it apart). A stage's score is (killed + timed out) / (mutants -
+equivalent).
+
+The report, `<project>/mutation-report.json`, holds per stage the code hash
+(`mutants.stage_hash`), the counts, the score and every mutant's outcome,
+and the README's stage table shows the scores (`--readme`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mutants import (
+    EXCLUDED,
+    REPORT,
+    SAMPLE,
+    Mutant,
+    StageMutants,
+    equivalents,
+    mutated_source,
+    stage_hash,
+    stage_mutants,
+)
+from ready_projects import learning_checked
+from schedule import Job, Worker, run_jobs
+from scratch import copy_project, run_pytest, stage_ids, stage_tests
+from warm_runner import TIMED_OUT, WRONG_IMPORT
+
+ROOT = Path(__file__).resolve().parent.parent
+COSMIC_RAY_VERSION = importlib.metadata.version("cosmic-ray")
+KILLED, SURVIVED, TIMEOUT, EQUIVALENT = "killed", "survived", "timed out", "equivalent"
+MIN_SCORE, MAX_EQUIVALENT = 0.9, 0.10
+
+
+@dataclass
+class Result:
+    mutant: Mutant
+    outcome: str
+    detail: str  # the first failing test, or why the run counts as it does
+    seconds: float
+
+
+class Copies:
+    """One scratch copy of the project per worker, reused for every mutant that
+    worker runs (each run restores the file it mutated)."""
+
+    def __init__(self, project: Path, work: Path) -> None:
+        self.project, self.work = project, work
+
+    def of(self, worker: Worker) -> Path:
+        copies = worker.__dict__.setdefault("copies", {})
+        if self.project not in copies:
+            parent = Path(tempfile.mkdtemp(prefix=f"{self.project.name}-", dir=self.work))
+            copies[self.project] = copy_project(self.project, parent / self.project.name)
+        return copies[self.project]
+
+
+def judge(code: int, output: str, first_failure: str) -> tuple[str, str]:
+    if code == 0:
+        return SURVIVED, "every test passed"
+    if code == 1:
+        return KILLED, first_failure
+    if code == 2 and "error" in output.lower():
+        return KILLED, "collection failed: " + (first_failure or "the mutant breaks an import")
+    if code == TIMED_OUT:
+        return TIMEOUT, "the tests ran past the timeout"
+    if code == WRONG_IMPORT:
+        raise RuntimeError("the copy's package is not the one Python imports")
+    tail = " | ".join(output.strip().splitlines()[-3:])
+    raise RuntimeError(f"pytest exit {code} is no verdict on a mutant: {tail}")
+
+
+def mutant_job(
+    project: Path,
+    copies: Copies,
+    tests: list[str],
+    cache: Path,
+    timeout: float,
+    mutant: Mutant,
+    estimate: float,
+) -> Job:
+    source = mutated_source(project, mutant)
+
+    def action(worker: Worker) -> Result:
+        copy = copies.of(worker)
+        target = copy / mutant.path
+        original = target.read_text(encoding="utf-8")
+        target.write_text(source, encoding="utf-8")
+        try:
+            run = run_pytest(copy, tests, cache, timeout=timeout, runner=worker.runner)
+        finally:
+            target.write_text(original, encoding="utf-8")
+        outcome, detail = judge(run.code, run.output, run.first_failure)
+        return Result(mutant, outcome, detail, run.seconds)
+
+    return Job(mutant.key, f"mutants:{mutant.stage}", estimate, action)
+
+
+def baseline(
+    project: Path, copies: Copies, stages: list[str], cache: Path, jobs: int
+) -> dict[str, float]:
+    """Run each stage's tests once unmutated; they must pass. Returns seconds."""
+
+    def job(stage: str) -> Job:
+        def action(worker: Worker) -> tuple[str, float]:
+            run = run_pytest(
+                copies.of(worker), stage_tests(project, stage), cache, runner=worker.runner
+            )
+            if run.code != 0:
+                tail = "\n".join(run.output.strip().splitlines()[-8:])
+                raise RuntimeError(f"stage {stage} fails unmutated (exit {run.code}):\n{tail}")
+            return stage, run.seconds
+
+        return Job(f"baseline {stage}", "baseline", 1.0, action)
+
+    return dict(d.result for d in run_jobs([job(s) for s in stages], jobs, cache))
+
+
+def stage_report(project: Path, found: StageMutants, results: list[Result], seconds: float) -> dict:
+    declared = equivalents(project, found.stage)
+    rows, counts = [], {KILLED: 0, SURVIVED: 0, TIMEOUT: 0, EQUIVALENT: 0}
+    for r in sorted(results, key=lambda r: (r.mutant.path, r.mutant.line, r.mutant.key)):
+        outcome = r.outcome
+        if outcome == SURVIVED and r.mutant.key in declared:
+            outcome = EQUIVALENT
+        counts[outcome] += 1
+        row = {
+            "key": r.mutant.key,
+            "operator": r.mutant.operator,
+            "line": r.mutant.line,
+            "outcome": outcome,
+            "detail": declared.get(r.mutant.key, r.detail),
+            "seconds": round(r.seconds, 2),
+        }
+        rows.append(row)
+    judged = len(results) - counts[EQUIVALENT]
+    score = (counts[KILLED] + counts[TIMEOUT]) / judged if judged else 1.0
+    tests = stage_tests(project, found.stage)
+    return {
+        "code_hash": stage_hash(project, found.stage, tests, found.targets),
+        "tests": tests,
+        "targets": [f"{t.path}::{t.name}" for t in found.targets],
+        "mutants_total": found.total,
+        "mutants_run": len(results),
+        "sampled": found.sampled,
+        "sample_seed": f"{project.name}/stage {found.stage}" if found.sampled else None,
+        "killed": counts[KILLED],
+        "survived": counts[SURVIVED],
+        "timed_out": counts[TIMEOUT],
+        "equivalent": counts[EQUIVALENT],
+        "score": round(score, 4),
+        "seconds": round(seconds, 1),
+        "mutants": rows,
+    }
+
+
+def write_report(project: Path, stages: dict[str, dict]) -> Path:
+    path = project / REPORT
+    old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    merged = {**old.get("stages", {}), **stages}
+    order = stage_ids(project)
+    report = {
+        "project": project.name,
+        "tool": f"cosmic-ray {COSMIC_RAY_VERSION}",
+        "score": "(killed + timed out) / (mutants run - equivalent), per stage",
+        "sample_size": SAMPLE,
+        "excluded_operators": EXCLUDED,
+        "stages": {s: merged[s] for s in order if s in merged},
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)  # A reader never sees half a report.
+    return path
+
+
+def run_stages(project: Path, stages: list[str], jobs: int, survivors_only: bool) -> int:
+    found = {s: stage_mutants(project, s) for s in stages}
+    if survivors_only:
+        old = json.loads((project / REPORT).read_text(encoding="utf-8"))["stages"]
+        keep = {
+            r["key"]
+            for s in stages
+            for r in old.get(s, {}).get("mutants", [])
+            if r["outcome"] in (SURVIVED, EQUIVALENT)
+        }
+        for f in found.values():
+            f.mutants = [m for m in f.mutants if m.key in keep]
+    total = sum(len(f.mutants) for f in found.values())
+    print(
+        f"{project.name}: {total} mutants over stages {', '.join(stages)} "
+        f"(cosmic-ray {COSMIC_RAY_VERSION}, {jobs} jobs)",
+        flush=True,
+    )
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
+        work, cache = Path(tmp), Path(tmp) / "jax-cache"
+        copies = Copies(project, work)
+        base = baseline(project, copies, stages, cache, jobs)
+        job_list = [
+            mutant_job(
+                project, copies, stage_tests(project, s), cache, 3 * base[s] + 30, m, base[s]
+            )
+            for s in stages
+            for m in found[s].mutants
+        ]
+
+        def show(done, n, total):
+            r = done.result
+            mark = "" if r.outcome == KILLED else f"  <- {r.detail}"
+            print(
+                f"  [{n:>4}/{total}] {r.outcome:<9} {r.seconds:5.1f} s  stage {r.mutant.stage}"
+                f"  {r.mutant.key}{mark}",
+                flush=True,
+            )
+
+        done = run_jobs(job_list, jobs, cache, show)
+    by_stage: dict[str, list[Result]] = {s: [] for s in stages}
+    seconds: dict[str, float] = {s: 0.0 for s in stages}
+    for d in done:
+        by_stage[d.result.mutant.stage].append(d.result)
+        seconds[d.result.mutant.stage] += d.seconds
+    reports = {s: stage_report(project, found[s], by_stage[s], seconds[s]) for s in stages}
+    status = print_scores(project, reports)
+    if survivors_only:
+        print("(survivors only: the report is not rewritten; run without --survivors)")
+    else:
+        path = write_report(project, reports)
+        print(f"wrote {path.relative_to(ROOT)} in {time.perf_counter() - start:.0f} s")
+    return status
+
+
+def print_scores(project: Path, reports: dict[str, dict]) -> int:
+    status = 0
+    print(
+        f"\n{'stage':<6} {'run':>4} {'killed':>6} {'t/o':>4} {'surv':>5} {'equiv':>5} {'score':>6}"
+    )
+    for stage, r in reports.items():
+        low = r["score"] < MIN_SCORE or r["equivalent"] > MAX_EQUIVALENT * r["mutants_run"]
+        status |= int(low)
+        print(
+            f"{stage:<6} {r['mutants_run']:>4} {r['killed']:>6} {r['timed_out']:>4} "
+            f"{r['survived']:>5} {r['equivalent']:>5} {r['score']:>6.2f}"
+            f"{'  BELOW 0.9 OR OVER 10% EQUIVALENT' if low else ''}"
+        )
+        for row in r["mutants"]:
+            if row["outcome"] == SURVIVED:
+                print(f"    survived: {row['key']}  [line {row['line']}, {row['operator']}]")
+    return status
+
+
+def readme_table(project: Path) -> str:
+    """The README stage table with a mutation-score column from the report."""
+    from scratch import manifest
+
+    report = json.loads((project / REPORT).read_text(encoding="utf-8"))["stages"]
+    lines = [
+        "| Stage | Deliverable | Test file | Hardware | Mutation score |",
+        "|---|---|---|---|---|",
+    ]
+    for s in manifest(project)["stages"]:
+        r = report.get(s["id"])
+        score = (
+            f"{r['score']:.2f} ({r['killed'] + r['timed_out']}/"
+            f"{r['mutants_run'] - r['equivalent']})"
+            if r
+            else "not run"
+        )
+        tests = ", ".join(f"`{t}`" for t in s["tests"])
+        lines.append(
+            f"| {s['id']}. {s['title']} | {s['deliverable']} | {tests} | "
+            f"{s.get('hardware', 'cpu')} | {score} |"
+        )
+    return "\n".join(lines)
+
+
+def rewrite_readme(project: Path) -> None:
+    import re
+
+    readme = project / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    table = re.compile(r"^\| Stage \| Deliverable \|.*?\n(?:\|.*\n)+", re.M)
+    if not table.search(text):
+        raise ValueError(f"{project.name}/README.md has no stage table")
+    readme.write_text(table.sub(lambda _: readme_table(project) + "\n", text, count=1), "utf-8")
+
+
+def head_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "no-commit"
+
+
+def confirm_jobs(
+    projects: list[Path], per_stage: int, seed: str, work: Path, cache: Path
+) -> list[Job]:
+    """Jobs that rerun ``per_stage`` mutants each stage's report calls killed,
+    drawn with ``seed`` (the matrix passes the commit, so each commit draws anew).
+    A job's result is (project, stage, key, verdict) where verdict is `confirmed`
+    or what the rerun found instead."""
+    jobs: list[Job] = []
+    for project in projects:
+        report = json.loads((project / REPORT).read_text(encoding="utf-8"))["stages"]
+        copies = Copies(project, work / project.name)
+        (work / project.name).mkdir(parents=True, exist_ok=True)
+        for stage in stage_ids(project):
+            entry = report.get(stage, {})
+            killed = [r["key"] for r in entry.get("mutants", []) if r["outcome"] == KILLED]
+            rng = random.Random(f"{seed}/{project.name}/{stage}")
+            chosen = set(rng.sample(killed, min(per_stage, len(killed))))
+            current = {m.key: m for m in stage_mutants(project, stage).mutants}
+            for key in sorted(chosen):
+                mutant = current.get(key)
+                if mutant is None:  # The code moved on: the contract test says stale.
+                    continue
+                job = mutant_job(
+                    project, copies, stage_tests(project, stage), cache, 600, mutant, 3.0
+                )
+                job.name, job.part = f"{project.name}/{stage}: {key}", "mutants"
+                jobs.append(job)
+    return jobs
+
+
+def confirm(projects: list[Path], per_stage: int, jobs: int) -> int:
+    seed = head_commit()
+    with tempfile.TemporaryDirectory(prefix="mutate-confirm-") as tmp:
+        work, cache = Path(tmp), Path(tmp) / "jax-cache"
+        job_list = confirm_jobs(projects, per_stage, seed, work, cache)
+        done = run_jobs(job_list, jobs, cache)
+    bad = [d for d in done if d.result.outcome not in (KILLED, TIMEOUT)]
+    for d in bad:
+        print(f"NOT KILLED on rerun: {d.job.name}")
+    print(
+        f"mutation sample (seed {seed[:12]}): {len(done)} reported kills rerun, "
+        f"{len(bad)} not killed, {sum(d.seconds for d in done):.0f} job-seconds"
+    )
+    return 1 if bad else 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("project", help="a project id, or `confirm`")
+    parser.add_argument("--stage", action="append", default=[], help="only these stages")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--survivors", action="store_true", help="rerun survivors only")
+    parser.add_argument("--readme", action="store_true", help="only rewrite the README table")
+    parser.add_argument("--per-stage", type=int, default=1, help="confirm: kills per stage")
+    args = parser.parse_args(argv)
+    if args.project == "confirm":
+        return confirm(learning_checked(), args.per_stage, args.jobs)
+    project = ROOT / "projects" / args.project
+    if not (project / "project.toml").is_file():
+        print(f"No project `{args.project}` (a folder with project.toml).", file=sys.stderr)
+        return 2
+    if args.readme:
+        rewrite_readme(project)
+        return 0
+    stages = args.stage or stage_ids(project)
+    unknown = sorted(set(stages) - set(stage_ids(project)))
+    if unknown:
+        print(f"{project.name} has no stage {', '.join(unknown)}.", file=sys.stderr)
+        return 2
+    try:
+        status = run_stages(project, stages, args.jobs, args.survivors)
+    except (ValueError, RuntimeError) as exc:
+        print(f"mutate: {exc}", file=sys.stderr)
+        return 2
+    if not args.survivors:
+        rewrite_readme(project)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -4,7 +4,9 @@ Runs, each in its own pytest process: the compiler tests, the repository
 contract tests, every `ready` project's tests (from inside the project folder,
 as a learner would), and the browser check of the built site; and the two
 checks of LEARNING.md over every checked project: the learner progression
-(`learner.py`) and the seeded bugs (`seeded_bugs.py`). Then prints one table,
+(`learner.py`) and the seeded bugs (`seeded_bugs.py`); and a sample of the kills each
+project's mutation report claims, rerun (`mutate.py`, one per stage, drawn
+anew for each commit). Then prints one table,
 suite x stage, with passed / failed / skipped counts and seconds, each part's
 time (suites, learner, seeded bugs), and a closing line
 `N passed, N failed, N skipped`. A project's test files map to stages through
@@ -45,12 +47,15 @@ JOBS = int(os.environ.get("MATRIX_JOBS") or min(4, max(2, len(os.sched_getaffini
 PRINT_LOCK = threading.Lock()
 sys.path.insert(0, str(ROOT / "scripts"))
 import learner  # noqa: E402
+import mutate  # noqa: E402
 import seeded_bugs  # noqa: E402
 from learner import Progression  # noqa: E402
 from ready_projects import learning_checked, ready_projects  # noqa: E402
 from schedule import Done, Job, run_jobs, warm_env  # noqa: E402
 
 ESTIMATES = ROOT / "scripts" / "matrix_estimates.json"
+# Kills each stage's mutation report claims that every run repeats.
+MUTANTS_PER_STAGE = 1
 
 
 @dataclass
@@ -97,6 +102,7 @@ def suites() -> list[Suite]:
     # The two checks are scheduled run by run (`learner.py`, `seeded_bugs.py`).
     found.append(Suite("learner", ROOT, [], script="learner.py"))
     found.append(Suite("seeded-bugs", ROOT, [], script="seeded_bugs.py"))
+    found.append(Suite("mutants", ROOT, [], script="mutate.py"))
     return found
 
 
@@ -174,7 +180,7 @@ def print_table(rows: list[Row], codes: dict[str, int]) -> None:
 def print_parts(done: list[Done]) -> None:
     """Each part's job count, job-seconds and span (first start to last end)."""
     print(f"\n{'part':<14} {'jobs':>5} {'job-seconds':>12} {'span':>18}")
-    for part in ("suites", "stages", "seeded-bugs"):
+    for part in ("suites", "stages", "seeded-bugs", "mutants"):
         mine = [d for d in done if d.job.part == part]
         if not mine:
             continue
@@ -209,6 +215,7 @@ def main(argv: list[str]) -> int:
     estimates = load_estimates()
     names = {s.name for s in chosen}
     run_bugs = "seeded-bugs" in names
+    run_mutants = "mutants" in names
     checked = {p.name: p for p in learning_checked()}
     project_suites = names & {p.name for p in ready_projects()}
     if project_suites:  # The checks follow the project suites asked for, and only those.
@@ -242,12 +249,19 @@ def main(argv: list[str]) -> int:
             initial += jobs
         if run_bugs:
             initial += [seeded_bugs.bug_job(b, work, cache) for b in bugs]
+        seed = mutate.head_commit()
+        if run_mutants:  # Reported kills, a new sample each commit (`mutate.py confirm`).
+            initial += mutate.confirm_jobs(
+                list(checked.values()), MUTANTS_PER_STAGE, seed, work / "mutants", cache
+            )
         for job in initial:
             job.estimate = estimates.get(f"{job.part}:{job.name}", job.estimate)
 
         def on_done(done: Done, n: int, total: int) -> None:
             if done.job.part == "seeded-bugs":
                 seeded_bugs.print_outcome(done.result, n, total)
+            elif done.job.part == "mutants" and done.result.outcome not in mutate.DETECTED:
+                print(f"  NOT KILLED on rerun: {done.job.name}", flush=True)
 
         done = run_jobs(initial, JOBS, cache, on_done)
     all_rows: list[Row] = []
@@ -292,8 +306,28 @@ def main(argv: list[str]) -> int:
                     seconds=sum(o.seconds for o in mine),
                 )
             )
+    if run_mutants:
+        reran = [d for d in done if d.job.part == "mutants"]
+        codes["mutants"] = int(any(d.result.outcome not in mutate.DETECTED for d in reran))
+        for project in checked:
+            mine = [d for d in reran if d.job.name.startswith(f"{project}/")]
+            all_rows.append(
+                Row(
+                    "mutants",
+                    project,
+                    passed=sum(d.result.outcome in mutate.DETECTED for d in mine),
+                    failed=sum(d.result.outcome not in mutate.DETECTED for d in mine),
+                    seconds=sum(d.seconds for d in mine),
+                )
+            )
+        print(
+            f"mutation sample (seed: commit {seed[:12]}): {len(reran)} reported kills rerun, "
+            f"{MUTANTS_PER_STAGE} per stage, "
+            f"{sum(d.result.outcome not in mutate.DETECTED for d in reran)} not killed, "
+            f"{sum(d.seconds for d in reran):.0f} job-seconds"
+        )
     listed = {p.name for p in learning_checked()}
-    for check in ("learner", "seeded-bugs"):
+    for check in ("learner", "seeded-bugs", "mutants"):
         if check in codes and not project_suites:
             all_rows += [
                 Row(check, f"{p.name} (not checked yet)", skipped=1)

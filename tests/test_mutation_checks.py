@@ -1,0 +1,150 @@
+"""Negative controls for the mutation check (`scripts/mutate.py`, `mutants.py`).
+
+On copies of the toy project (`fixtures/toy-project`): its stage-2 test
+checks one mean, `mean([1, 2, 6]) == 3`, so the mutant `/` -> `//` survives
+(9 // 3 is 3.0 too) while `*`, `+`, `-`, `%` and `**` are killed. The tests
+check that each outcome is reported as such, that a declared equivalent is
+counted apart, that the score follows the counts, that keys survive edits
+elsewhere in the file, that the sample is fixed by its seed, that a report
+goes stale when a covered file changes (and only then), and that the rerun of
+reported kills fails on a kill that does not reproduce.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import mutants  # noqa: E402
+import mutate  # noqa: E402
+from scratch import stage_tests  # noqa: E402
+
+TOY = Path(__file__).resolve().parent / "fixtures" / "toy-project"
+FLOOR = (
+    "src/toy_project/core.py::mean: `return total(values) / len(values)` => "
+    "`return total(values) // len(values)`"
+)
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(TOY, tmp_path / "toy-project"))
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def test_a_stage_mutates_only_the_definitions_holding_its_regions(toy: Path):
+    one = mutants.stage_mutants(toy, "1")
+    two = mutants.stage_mutants(toy, "2")
+    assert {m.function for m in one.mutants} == {"total"}
+    assert {m.function for m in two.mutants} == {"mean"}
+    assert len({m.key for m in one.mutants}) == len(one.mutants), "keys are unique"
+    # Every key names a real change of one line of the file.
+    assert all(m.before != m.after for m in one.mutants + two.mutants)
+    assert FLOOR in {m.key for m in two.mutants}
+
+
+def test_listed_targets_join_and_unknown_ones_are_refused(toy: Path):
+    (toy / "mutation.toml").write_text(
+        '[stages."1"]\ntargets = ["src/toy_project/core.py::mean"]\n', encoding="utf-8"
+    )
+    assert {t.name for t in mutants.stage_targets(toy, "1")} == {"total", "mean"}
+    (toy / "mutation.toml").write_text(
+        '[stages."1"]\ntargets = ["src/toy_project/core.py::median"]\n', encoding="utf-8"
+    )
+    with pytest.raises(ValueError, match="median"):
+        mutants.stage_targets(toy, "1")
+
+
+def test_keys_survive_an_edit_elsewhere_in_the_file(toy: Path):
+    before = [m.key for m in mutants.stage_mutants(toy, "2").mutants]
+    core = toy / "src/toy_project/core.py"
+    core.write_text(
+        core.read_text(encoding="utf-8") + "\n\ndef spare(x):\n    return x + 1\n", "utf-8"
+    )
+    assert [m.key for m in mutants.stage_mutants(toy, "2").mutants] == before
+
+
+def test_the_sample_is_fixed_by_its_seed_and_is_a_subset(toy: Path):
+    every = {m.key for m in mutants.stage_mutants(toy, "2").mutants}
+    first = mutants.stage_mutants(toy, "2", sample=3)
+    again = mutants.stage_mutants(toy, "2", sample=3)
+    assert first.sampled and first.total == len(every) > 3
+    assert [m.key for m in first.mutants] == [m.key for m in again.mutants]
+    assert {m.key for m in first.mutants} < every
+
+
+def test_survivor_killed_and_score_are_reported(toy: Path):
+    status = mutate.run_stages(toy, ["2"], jobs=1, survivors_only=False)
+    report = json.loads((toy / mutants.REPORT).read_text(encoding="utf-8"))["stages"]["2"]
+    outcomes = {r["key"]: r["outcome"] for r in report["mutants"]}
+    assert outcomes[FLOOR] == mutate.SURVIVED
+    times = FLOOR.replace("// len", "* len")
+    assert outcomes[times] == mutate.KILLED
+    assert report["survived"] >= 1 and report["killed"] >= 4
+    judged = report["mutants_run"] - report["equivalent"]
+    assert report["score"] == round((report["killed"] + report["timed_out"]) / judged, 4)
+    assert report["score"] < 1 and status == 1, "a stage under 0.9 fails the run"
+    assert report["code_hash"] == mutants.stage_hash(
+        toy, "2", stage_tests(toy, "2"), mutants.stage_targets(toy, "2")
+    )
+
+
+def test_a_declared_equivalent_is_counted_apart(toy: Path):
+    (toy / "mutation.toml").write_text(
+        f'[[equivalent]]\nstage = "2"\nkey = "{FLOOR}"\nwhy = "the test mean is whole"\n',
+        encoding="utf-8",
+    )
+    mutate.run_stages(toy, ["2"], jobs=1, survivors_only=False)
+    report = json.loads((toy / mutants.REPORT).read_text(encoding="utf-8"))["stages"]["2"]
+    row = next(r for r in report["mutants"] if r["key"] == FLOOR)
+    assert row["outcome"] == mutate.EQUIVALENT and row["detail"] == "the test mean is whole"
+    assert report["equivalent"] == 1
+    assert report["score"] == round(report["killed"] / (report["mutants_run"] - 1), 4)
+
+
+def test_a_report_goes_stale_when_a_covered_file_changes_and_only_then(toy: Path):
+    def hashes() -> dict[str, str]:
+        return {
+            s: mutants.stage_hash(toy, s, stage_tests(toy, s), mutants.stage_targets(toy, s))
+            for s in ("1", "2")
+        }
+
+    first = hashes()
+    edit(toy / "tests/test_stage_2_mean.py", "== 3.0", "== 3.0  # checked")
+    second = hashes()
+    assert second["2"] != first["2"] and second["1"] == first["1"]
+    (toy / "mutation.toml").write_text("# nothing declared\n", encoding="utf-8")
+    assert all(hashes()[s] != second[s] for s in ("1", "2")), "the config covers every stage"
+
+
+def test_the_rerun_of_reported_kills_fails_on_one_that_does_not_reproduce(
+    toy: Path, tmp_path: Path
+):
+    from schedule import Worker
+
+    # A forged report that calls the surviving mutant killed.
+    rows = [{"key": FLOOR, "outcome": mutate.KILLED}]
+    (toy / mutants.REPORT).write_text(
+        json.dumps({"stages": {"2": {"mutants": rows}}}), encoding="utf-8"
+    )
+    work = tmp_path / "work"
+    jobs = mutate.confirm_jobs([toy], 1, "seed", work, tmp_path / "cache")
+    assert [j.name for j in jobs] == [f"toy-project/2: {FLOOR}"]
+    worker = Worker(tmp_path / "cache")
+    try:
+        result = jobs[0].action(worker)
+    finally:
+        worker.close()
+    assert result.outcome == mutate.SURVIVED

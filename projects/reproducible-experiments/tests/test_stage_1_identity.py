@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +24,12 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlflow import MlflowClient
 from sklearn.datasets import load_digits
 
-from reproducible_experiments import identity, record, tracking, train
+from reproducible_experiments import data, identity, record, tracking, train
 from reproducible_experiments.cli import main
 from reproducible_experiments.config import Config, ConfigError, load_config
 
@@ -36,6 +39,254 @@ CHANGED = Config.tiny().replace(train_seed=7, eval_seed=3, hidden_size=48, dropo
 
 def _bits(values):
     return [int(np.float64(v).view(np.uint64)) for v in values]
+
+
+# FAST, DIRECT CHECKS (first in the file: a wrong identity fails within seconds) ---------
+
+
+def _git_here(repo, *args: str) -> bytes:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True)
+    return done.stdout
+
+
+def _scratch_repo(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A git repository holding a copy of this package and its pyproject, committed."""
+    project = tmp_path / "project"
+    package = project / "src" / "reproducible_experiments"
+    shutil.copytree(identity.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(identity.PROJECT_DIR / "pyproject.toml", project / "pyproject.toml")
+    _git_here(project, "init", "-q")
+    _git_here(project, "add", ".")
+    _git_here(project, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    return project, package, _git_here(project, "rev-parse", "HEAD").decode().strip()
+
+
+def test_code_identity_sees_the_uncommitted_diff(evidence, tmp_path):
+    """A scratch repository holding a copy of this package: the identity of the
+    clean tree, after an edit, after a new untracked file, after that file's
+    bytes change (its name does not), and with the edit reverted. Independent
+    check: `git diff HEAD --binary` and `git rev-parse` run here, the diff
+    hashed here."""
+    project, package, commit = _scratch_repo(tmp_path)
+    seen = {"clean": identity.git_identity(project, package)}
+    edited = package / "model.py"
+    original = edited.read_bytes()
+    edited.write_bytes(original + b"# an uncommitted edit\n")
+    seen["edited"] = identity.git_identity(project, package)
+    diff = _git_here(
+        project, "diff", "HEAD", "--binary", "--", "src/reproducible_experiments", "pyproject.toml"
+    )
+    (package / "extra.py").write_text("VALUE = 1\n")
+    seen["edited + untracked"] = identity.git_identity(project, package)
+    (package / "extra.py").write_text("VALUE = 2\n")  # Same name, other bytes.
+    seen["edited + untracked, changed"] = identity.git_identity(project, package)
+    (package / "extra.py").unlink()
+    edited.write_bytes(original)
+    seen["reverted"] = identity.git_identity(project, package)
+    observed = {k: {t: v for t, v in tags.items()} for k, tags in seen.items()}
+    assert evidence.record(
+        "code identity: the uncommitted diff and untracked files count",
+        "scratch repository: clean, edited, edited + untracked (twice, other bytes), reverted",
+        observed,
+        None,
+        all(tags["code.git_commit"] == commit for tags in seen.values())
+        and [seen[k]["code.git_dirty"] for k in seen] == ["false", "true", "true", "true", "false"]
+        and seen["clean"]["code.git_diff_sha256"] == hashlib.sha256(b"").hexdigest()
+        and seen["edited"]["code.git_diff_sha256"] == hashlib.sha256(diff).hexdigest()
+        and len(diff) > 0
+        and len(
+            {
+                seen[k]["code.git_diff_sha256"]
+                for k in ("clean", "edited", "edited + untracked", "edited + untracked, changed")
+            }
+        )
+        == 4
+        and seen["reverted"] == seen["clean"]
+        and seen["edited"]["code.source_sha256"] != seen["clean"]["code.source_sha256"],
+    ), observed
+
+
+def test_compiled_files_and_caches_never_count(tmp_path):
+    """Untracked `.pyc` files (in `__pycache__` or beside the source) are not code:
+    the identity stays that of the clean tree. An untracked `.py` does count."""
+    project, package, _ = _scratch_repo(tmp_path)
+    clean = identity.git_identity(project, package)
+    (package / "stray.pyc").write_bytes(b"\x00compiled")
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\x00cached")
+    assert identity.git_identity(project, package) == clean
+    (package / "extra.py").write_text("VALUE = 1\n")
+    dirty = identity.git_identity(project, package)
+    assert dirty["code.git_dirty"] == "true" and dirty != clean
+
+
+_GIT_CODES = (0, 1, -1, 128, -9)  # ok, error, killed by signal 1, git's fatal, SIGKILL
+
+
+@pytest.mark.parametrize("head_rc", _GIT_CODES)
+@pytest.mark.parametrize("top_rc", _GIT_CODES)
+def test_a_failed_git_never_names_a_commit(monkeypatch, head_rc, top_rc):
+    """`git rev-parse HEAD` and `--show-toplevel` must both exit 0 (any other code,
+    negative ones from a signal included) before the tree is called a commit."""
+
+    def fake_git(*args, cwd=identity.PROJECT_DIR):
+        codes = {"HEAD": head_rc, "--show-toplevel": top_rc}
+        rc = codes.get(args[-1], 0) if args[0] == "rev-parse" else 0
+        out = {"HEAD": b"c0ffee\n", "--show-toplevel": b"/top\n"}.get(args[-1], b"")
+        return subprocess.CompletedProcess(
+            ["git", *args], rc, out if args[0] == "rev-parse" else b"", b""
+        )
+
+    monkeypatch.setattr(identity, "_git", fake_git)
+    got = identity.git_identity(identity.PROJECT_DIR, identity.PACKAGE_DIR)
+    assert got["code.source_sha256"] == _source_reference(identity.PACKAGE_DIR)
+    if head_rc == 0 and top_rc == 0:
+        expected = ("c0ffee", "false", hashlib.sha256(b"").hexdigest())
+    else:
+        expected = ("unavailable",) * 3
+    assert (got["code.git_commit"], got["code.git_dirty"], got["code.git_diff_sha256"]) == expected
+
+
+@pytest.mark.parametrize("error", [OSError("no git here"), subprocess.TimeoutExpired("git", 30)])
+def test_git_missing_or_hung_leaves_code_identity_unavailable(monkeypatch, error):
+    def broken_git(*args, cwd=identity.PROJECT_DIR):
+        raise error
+
+    monkeypatch.setattr(identity, "_git", broken_git)
+    got = identity.git_identity(identity.PROJECT_DIR, identity.PACKAGE_DIR)
+    assert got == {
+        "code.source_sha256": _source_reference(identity.PACKAGE_DIR),
+        "code.git_commit": "unavailable",
+        "code.git_dirty": "unavailable",
+        "code.git_diff_sha256": "unavailable",
+    }
+
+
+@pytest.mark.parametrize("where", ["no repository", "no commit yet", "inside .git"])
+def test_real_git_without_a_commit_or_work_tree(tmp_path, where):
+    """Real git: outside any repository both calls fail; a repository with no
+    commit has a top level but no HEAD; inside `.git` HEAD resolves but there is
+    no work tree. None of them is a commit."""
+    project = tmp_path / "p"
+    project.mkdir()
+    if where != "no repository":
+        _git_here(project, "init", "-q")
+    if where == "inside .git":
+        (project / "f.txt").write_text("x")
+        _git_here(project, "add", ".")
+        _git_here(project, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "s")
+        project = project / ".git"
+    got = identity.git_identity(project, identity.PACKAGE_DIR)
+    assert [got[k] for k in ("code.git_commit", "code.git_dirty", "code.git_diff_sha256")] == [
+        "unavailable"
+    ] * 3
+
+
+def _source_reference(package_dir: Path) -> str:
+    """The documented source hash, written out here: per `.py` file in path
+    order, its relative POSIX path, NUL, its bytes, NUL."""
+    parts = b""
+    for path in sorted(package_dir.rglob("*.py")):
+        parts += path.relative_to(package_dir).as_posix().encode() + b"\0"
+        parts += path.read_bytes() + b"\0"
+    return hashlib.sha256(parts).hexdigest()
+
+
+def test_source_hash_covers_python_files_by_path_and_bytes(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("A = 1\n")
+    (package / "sub" / "b.py").write_text("B = 2\n")
+    first = identity.source_sha256(package)
+    assert first == _source_reference(package)
+    assert identity.source_sha256(identity.PACKAGE_DIR) == _source_reference(identity.PACKAGE_DIR)
+    (package / "notes.txt").write_text("not code")
+    assert identity.source_sha256(package) == first  # Only `.py` files count.
+    (package / "sub" / "b.py").rename(package / "sub" / "c.py")  # Same bytes, new name.
+    renamed = identity.source_sha256(package)
+    assert renamed != first and renamed == _source_reference(package)
+    (package / "a.py").write_text("A = 3\n")
+    assert identity.source_sha256(package) not in (first, renamed)
+
+
+def _runtime_reference() -> dict[str, str]:
+    """Runtime identity from the imported packages, without the package's code."""
+    return {
+        "runtime.python": platform.python_version(),
+        "runtime.jax": jax.__version__,
+        "runtime.jaxlib": importlib.metadata.version("jaxlib"),
+        "runtime.flax": importlib.metadata.version("flax"),
+        "runtime.optax": importlib.metadata.version("optax"),
+        "runtime.numpy": np.__version__,
+        "runtime.backend": jax.default_backend(),
+        "runtime.device_kind": jax.devices()[0].device_kind,
+        "runtime.device_count": str(jax.device_count()),
+        "runtime.xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "runtime.machine": platform.machine(),
+    }
+
+
+def test_runtime_identity_names_every_version_and_device(monkeypatch):
+    assert identity.runtime_identity() == _runtime_reference()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    assert identity.runtime_identity()["runtime.xla_flags"] == "--xla_cpu_enable_fast_math=false"
+
+
+def test_data_is_the_scaled_digits_and_hashes_the_raw_bytes():
+    bunch = load_digits()
+    digits = data.load()
+    assert digits.images.dtype == np.float32 and digits.labels.dtype == np.int32
+    np.testing.assert_array_equal(digits.images, (bunch.data / 16.0).astype(np.float32))
+    assert digits.images.min() == 0.0 and digits.images.max() == 1.0
+    np.testing.assert_array_equal(digits.labels, bunch.target)
+    raw = hashlib.sha256(
+        np.ascontiguousarray(bunch.data, "<f8").tobytes()
+        + np.ascontiguousarray(bunch.target, "<i8").tobytes()
+    ).hexdigest()
+    assert digits.raw_sha256 == raw
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, database=None)
+@given(
+    n=st.integers(3, 60),
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from(["int32", "int64", "uint16"]),
+)
+def test_each_split_is_hashed_and_counted_on_its_own(n, seed, dtype):
+    """Any three-way partition of `range(n)` (a split may hold one ID), IDs in any
+    integer dtype: each split's tag is the sha256 of ITS OWN IDs as little-endian
+    int32, in the order given, and its count is its length."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    cut = np.sort(rng.choice(np.arange(1, n), size=2, replace=False))
+    parts = np.split(order, cut)
+    split = {name: ids.astype(dtype) for name, ids in zip(data.SPLITS, parts, strict=True)}
+    digits = data.Digits(np.zeros((n, 64), np.float32), np.zeros(n, np.int32), "raw-hash")
+    got = data.data_identity(digits, split)
+    expected = {"data.source": "sklearn.datasets.load_digits", "data.sha256": "raw-hash"}
+    for name, ids in zip(data.SPLITS, parts, strict=True):
+        ref = hashlib.sha256(b"".join(int(i).to_bytes(4, "little") for i in ids)).hexdigest()
+        expected[f"data.split.{name}.sha256"] = ref
+        expected[f"data.split.{name}.count"] = str(len(ids))
+        assert data.ids_sha256(split[name]) == ref
+    assert got == expected
+    if len(parts[0]) > 1:  # The order is part of the identity.
+        assert data.ids_sha256(parts[0][::-1]) != expected["data.split.train.sha256"]
+
+
+@pytest.mark.parametrize("config", [Config.tiny(), Config.default(), CHANGED])
+def test_config_hash_is_of_its_canonical_json(config):
+    """sha256 of the config's JSON with sorted keys and no spaces (the form any
+    tool can recompute), not of the field order the class happens to declare."""
+    fields = config.model_dump(mode="json")
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    assert config.sha256() == hashlib.sha256(canonical.encode()).hexdigest()
+    assert canonical != json.dumps(fields, separators=(",", ":"))  # Sorting matters here.
+    shuffled = Config.from_dict(dict(reversed(list(fields.items()))))
+    assert shuffled.sha256() == config.sha256()
+
+
+# THROUGH THE STORE AND A FRESH PROCESS -------------------------------------------
 
 
 def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
@@ -87,19 +338,7 @@ def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
         np.ascontiguousarray(bunch.data, "<f8").tobytes()
         + np.ascontiguousarray(bunch.target, "<i8").tobytes()
     ).hexdigest()
-    runtime = {
-        "runtime.python": platform.python_version(),
-        "runtime.jax": jax.__version__,
-        "runtime.jaxlib": importlib.metadata.version("jaxlib"),
-        "runtime.flax": importlib.metadata.version("flax"),
-        "runtime.optax": importlib.metadata.version("optax"),
-        "runtime.numpy": np.__version__,
-        "runtime.backend": jax.default_backend(),
-        "runtime.device_kind": jax.devices()[0].device_kind,
-        "runtime.device_count": str(jax.device_count()),
-        "runtime.xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "runtime.machine": platform.machine(),
-    }
+    runtime = _runtime_reference()
     for run_id, result in runs.items():
         got = records[run_id]
         config = result.config
@@ -232,63 +471,3 @@ def test_bad_config_is_a_clear_error(tmp_path, sqlite_store):
     assert "Invalid config" in result.output and "Traceback" not in result.output
     missing = CliRunner().invoke(main, ["show", "0" * 32, "--tracking-uri", sqlite_store.uri])
     assert missing.exit_code == 2 and "is not in" in missing.output
-
-
-def _git_here(repo, *args: str) -> bytes:
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True)
-    return done.stdout
-
-
-def test_code_identity_sees_the_uncommitted_diff(evidence, tmp_path):
-    """A scratch repository holding a copy of this package: the identity of the
-    clean tree, after an edit, after a new untracked file, after that file's
-    bytes change (its name does not), and with the edit reverted. Independent
-    check: `git diff HEAD --binary` and `git rev-parse` run here, the diff
-    hashed here."""
-    import hashlib
-    import shutil
-
-    project = tmp_path / "project"
-    package = project / "src" / "reproducible_experiments"
-    shutil.copytree(identity.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(identity.PROJECT_DIR / "pyproject.toml", project / "pyproject.toml")
-    _git_here(project, "init", "-q")
-    _git_here(project, "add", ".")
-    _git_here(project, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
-    commit = _git_here(project, "rev-parse", "HEAD").decode().strip()
-    seen = {"clean": identity.git_identity(project, package)}
-    edited = package / "model.py"
-    original = edited.read_bytes()
-    edited.write_bytes(original + b"# an uncommitted edit\n")
-    seen["edited"] = identity.git_identity(project, package)
-    diff = _git_here(
-        project, "diff", "HEAD", "--binary", "--", "src/reproducible_experiments", "pyproject.toml"
-    )
-    (package / "extra.py").write_text("VALUE = 1\n")
-    seen["edited + untracked"] = identity.git_identity(project, package)
-    (package / "extra.py").write_text("VALUE = 2\n")  # Same name, other bytes.
-    seen["edited + untracked, changed"] = identity.git_identity(project, package)
-    (package / "extra.py").unlink()
-    edited.write_bytes(original)
-    seen["reverted"] = identity.git_identity(project, package)
-    observed = {k: {t: v for t, v in tags.items()} for k, tags in seen.items()}
-    assert evidence.record(
-        "code identity: the uncommitted diff and untracked files count",
-        "scratch repository: clean, edited, edited + untracked (twice, other bytes), reverted",
-        observed,
-        None,
-        all(tags["code.git_commit"] == commit for tags in seen.values())
-        and [seen[k]["code.git_dirty"] for k in seen] == ["false", "true", "true", "true", "false"]
-        and seen["clean"]["code.git_diff_sha256"] == hashlib.sha256(b"").hexdigest()
-        and seen["edited"]["code.git_diff_sha256"] == hashlib.sha256(diff).hexdigest()
-        and len(diff) > 0
-        and len(
-            {
-                seen[k]["code.git_diff_sha256"]
-                for k in ("clean", "edited", "edited + untracked", "edited + untracked, changed")
-            }
-        )
-        == 4
-        and seen["reverted"] == seen["clean"]
-        and seen["edited"]["code.source_sha256"] != seen["clean"]["code.source_sha256"],
-    ), observed

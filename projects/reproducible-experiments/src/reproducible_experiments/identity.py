@@ -23,6 +23,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
+from subprocess import TimeoutExpired
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = PACKAGE_DIR.parents[1]
@@ -69,7 +70,7 @@ def git_identity(project_dir: Path, package_dir: Path) -> dict[str, str]:
     try:
         head = _git("rev-parse", "HEAD", cwd=project_dir)
         top = _git("rev-parse", "--show-toplevel", cwd=project_dir)
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, TimeoutExpired):
         return identity
     if head.returncode != 0 or top.returncode != 0:
         return identity

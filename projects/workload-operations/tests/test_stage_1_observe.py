@@ -14,15 +14,20 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax.numpy as jnp
+import psutil
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from workload_operations import observe
 from workload_operations.cli import main
 from workload_operations.config import Config, ConfigError
 from workload_operations.observe import Observer
-from workload_operations.supervisor import Supervisor, resources
+from workload_operations.supervisor import Supervisor, resources, resources_of
 
 
 @pytest.mark.parametrize("batch", [16, 5])
@@ -59,6 +64,157 @@ def test_heartbeat_reports_what_the_loop_counted(batch, evidence):
         {"exact": True},
         ok,
     ), (beat, scraped, tally)
+
+
+class _Clock:
+    """A monotonic clock the test sets by hand."""
+
+    def __init__(self, t: float):
+        self.t = t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+# Per heartbeat: the batch sizes of the steps before it, then the seconds since the
+# previous reading (1 ms and more, or 0: two readings at one instant).
+_beats = st.lists(
+    st.tuples(
+        st.lists(st.integers(1, 64), max_size=5),
+        st.floats(1e-3, 50.0, allow_nan=False) | st.sampled_from([0.0, 0.25, 1.0]),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, database=None)
+@given(start=st.floats(0.0, 5000.0, allow_nan=False) | st.just(0.0), beats=_beats)
+def test_heartbeat_rate_is_examples_over_elapsed_time(start, beats):
+    """Each heartbeat's rate = examples since the previous heartbeat / seconds since it
+    (the observer's creation for the first), on a clock set by hand; a zero interval
+    divides by 1e-9 s instead of zero."""
+    clock = _Clock(start)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(observe, "time", SimpleNamespace(monotonic=clock.monotonic))
+        observer = Observer(1.0, out=io.StringIO(), serve=False)
+        prev_examples, prev_t, total, step = 0, start, 0, 0
+        for seq, (batches, dt) in enumerate(beats, 1):
+            for batch in batches:
+                step += 1
+                total += batch
+                observer.step_done(step, batch, 0.5)
+            clock.t += dt
+            beat = observer.heartbeat()
+            elapsed = clock.t - prev_t
+            expected = (total - prev_examples) / (elapsed if elapsed > 0 else 1e-9)
+            assert beat["examples_per_s"] == pytest.approx(expected, rel=1e-12, abs=0.0), (
+                beat,
+                expected,
+            )
+            assert observer.registry.get_sample_value(
+                "workload_examples_per_second"
+            ) == pytest.approx(expected, rel=1e-12, abs=0.0)
+            assert (beat["seq"], beat["step"], beat["examples"], beat["t"]) == (
+                seq,
+                step,
+                total,
+                clock.t,
+            )
+            prev_examples, prev_t = total, clock.t
+
+
+def _proc_status(pid: int) -> dict:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of /proc/<pid>/stat (fields 14 and 15, in clock ticks), in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # After the command name in parentheses.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# The child starts `threads - 1` sleeping threads, touches 64 MB, spends system time
+# copying 512 MB from /dev/zero, then sleeps: its figures hold still while they are read.
+_CHILD = (
+    "import sys, threading, time\n"
+    "for _ in range(int(sys.argv[1]) - 1):\n"
+    "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    "buf = bytearray(64 * 2**20)\n"
+    "for i in range(0, len(buf), 4096): buf[i] = 1\n"
+    "with open('/dev/zero', 'rb') as f:\n"
+    "    for _ in range(32): f.readinto(memoryview(buf)[: 16 * 2**20])\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("threads", [1, 4])
+def test_resource_signals_match_proc(threads, evidence):
+    with subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(threads)], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            sample = resources(proc.pid)
+            status = _proc_status(proc.pid)
+            proc_rss_mb = int(status["VmRSS"].split()[0]) / 1024
+            proc_threads = len(os.listdir(f"/proc/{proc.pid}/task"))
+            proc_cpu_s = _proc_cpu_s(proc.pid)
+            stat = Path(f"/proc/{proc.pid}/stat").read_text()
+            proc_stime = int(stat[stat.rindex(")") + 2 :].split()[12])
+        finally:
+            proc.kill()
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    ok = (
+        sample["processes"] == 1
+        and sample["threads"] == proc_threads == threads
+        and abs(sample["rss_mb"] - proc_rss_mb) <= 4 / 1024  # one 4 kB page
+        and sample["rss_mb"] >= 64
+        and abs(sample["cpu_s"] - proc_cpu_s) <= tick + 1e-9
+        and proc_stime >= 2  # system time really was spent, so user/system slips show
+    )
+    assert evidence.record(
+        "psutil resources equal /proc/<pid>/status, /proc/<pid>/stat and /proc/<pid>/task",
+        f"{threads} thread(s), 64 MB touched, 512 MB read from /dev/zero",
+        {
+            "psutil": sample,
+            "proc_rss_mb": proc_rss_mb,
+            "proc_threads": proc_threads,
+            "proc_cpu_s": proc_cpu_s,
+            "proc_stime_ticks": proc_stime,
+        },
+        {"rss_mb_abs": 4 / 1024, "cpu_s_abs": tick, "threads": "exact"},
+        ok,
+    ), (sample, proc_rss_mb, proc_threads, proc_cpu_s, proc_stime)
+
+
+def test_resource_totals_skip_a_process_that_is_gone():
+    """A group member that exited between the listing and the reading is skipped,
+    and the members after it still count: the totals equal the live ones' /proc."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_proc = psutil.Process(gone.pid)
+    gone.wait()
+    with subprocess.Popen(
+        [sys.executable, "-c", _CHILD, "2"], stdout=subprocess.PIPE, text=True
+    ) as live:
+        try:
+            assert live.stdout.readline().strip() == "ready"
+            sample = resources_of([gone_proc, psutil.Process(live.pid)])
+            proc_rss_mb = int(_proc_status(live.pid)["VmRSS"].split()[0]) / 1024
+            proc_cpu_s = _proc_cpu_s(live.pid)
+        finally:
+            live.kill()
+    assert sample["processes"] == 1 and sample["threads"] == 2, sample
+    assert abs(sample["rss_mb"] - proc_rss_mb) <= 4 / 1024, (sample, proc_rss_mb)
+    assert abs(sample["cpu_s"] - proc_cpu_s) <= 1 / os.sysconf("SC_CLK_TCK") + 1e-9, sample
+    assert resources_of([gone_proc]) == {"processes": 0, "rss_mb": 0.0, "threads": 0, "cpu_s": 0.0}
 
 
 def _supervised(config: Config, workdir: Path, cache: Path, results: dict, key: str) -> None:
@@ -126,49 +282,6 @@ def test_scraped_counters_agree_with_the_jobs_own_count(tmp_path, jax_cache, evi
         assert all(s["processes"] == 1 for s in samples[3:]), "no sidecar: one process"
         assert samples[-1]["final"] and samples[-1]["threads"] >= 3, samples[-1]
         assert samples[-1]["rss_mb"] > 50, samples[-1]
-
-
-def _proc_status(pid: int) -> dict:
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value.strip()
-    return fields
-
-
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
-@pytest.mark.parametrize("threads", [1, 4])
-def test_resource_signals_match_proc(threads, evidence):
-    code = (
-        "import threading, time\n"
-        f"for _ in range({threads} - 1):\n"
-        "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-        "buf = bytearray(64 * 2**20)\n"
-        "for i in range(0, len(buf), 4096): buf[i] = 1\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
-        try:
-            assert proc.stdout.readline().strip() == "ready"
-            sample = resources(proc.pid)
-            status = _proc_status(proc.pid)
-            proc_rss_mb = int(status["VmRSS"].split()[0]) / 1024
-            proc_threads = len(os.listdir(f"/proc/{proc.pid}/task"))
-        finally:
-            proc.kill()
-    ok = (
-        sample["threads"] == proc_threads == threads
-        and abs(sample["rss_mb"] - proc_rss_mb) <= 1.0
-        and sample["rss_mb"] >= 64
-    )
-    assert evidence.record(
-        "psutil resources equal /proc/<pid>/status and /proc/<pid>/task",
-        f"{threads} thread(s), 64 MB touched",
-        {"psutil": sample, "proc_rss_mb": proc_rss_mb, "proc_threads": proc_threads},
-        {"rss_mb_abs": 1.0, "threads": "exact"},
-        ok,
-    ), (sample, proc_rss_mb, proc_threads)
 
 
 def test_observation_cost_bench_runs_on_a_tiny_size(tmp_path, evidence):

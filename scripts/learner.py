@@ -282,11 +282,22 @@ def check(projects: list[Path], jobs: int, report: Path | None = None) -> int:
     return summarize([r for r, _ in planned], time.perf_counter() - start, report)
 
 
+def catalog_roles(project: Path) -> bytes:
+    """The `roles.json` of ``project``: the routes whose skills cite it (the compiled catalog)."""
+    from catalog_compiler.pipeline import compile_catalog
+    from catalog_compiler.portfolio import roles_json
+
+    compiled = compile_catalog(ROOT)
+    if not compiled.ok:
+        raise SystemExit("The catalog does not compile; run catalog-compile to see why.")
+    return roles_json(compiled.catalog, project.name)
+
+
 def publish(out: Path) -> int:
     """Every ready project's starter folder under ``out`` (the site holds the zips)."""
     out.mkdir(parents=True, exist_ok=True)
     for project in ready_projects():
-        folder = write_starter(project, out / project.name)
+        folder = write_starter(project, out / project.name, roles=catalog_roles(project))
         print(f"starter of {project.name}: {folder}")
     return 0
 
@@ -317,7 +328,7 @@ def main(argv: list[str]) -> int:
         project = project_folder(args.project)
         dest = args.out or ROOT / "learn" / project.name
         keep = {s for s in args.keep.split(",") if s}
-        write_starter(project, dest, keep)
+        write_starter(project, dest, keep, roles=catalog_roles(project))
         print(
             f"Starter of {project.name} written to {dest}. Next: cd {dest}, install as its "
             "README says, then `python progress.py`."

@@ -94,7 +94,8 @@ def stage_rows(project: Path) -> dict[str, str]:
 def suites() -> list[Suite]:
     found = [
         Suite("compiler", ROOT, ["compiler/tests"]),
-        Suite("contract", ROOT, ["tests", "-m", "not browser"]),
+        Suite("contract", ROOT, ["tests", "-m", "not browser and not portfolio"]),
+        Suite("portfolio", ROOT, ["tests", "-m", "portfolio"]),
     ]
     for project in ready_projects():
         found.append(Suite(project.name, project, [], stage_rows(project)))

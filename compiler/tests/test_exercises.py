@@ -118,7 +118,13 @@ def test_starter_strips_sources_adds_progress_and_leaves_outputs_behind(tmp_path
     assert [r.path for r in project_regions(project)] == ["src/demo/shapes.py"] * 2
     dest = write_starter(project, tmp_path / "out" / "demo")
     files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-    assert files == ["README.md", "progress.py", "src/demo/__init__.py", "src/demo/shapes.py"]
+    assert files == [
+        "README.md",
+        "dossier.py",
+        "progress.py",
+        "src/demo/__init__.py",
+        "src/demo/shapes.py",
+    ]
     stripped = (dest / "src/demo/shapes.py").read_text()
     assert "raise NotImplementedError('Stage 1 exercise:" in stripped
     assert (dest / "README.md").read_text().startswith("# Demo\n\n> **Starter.**")

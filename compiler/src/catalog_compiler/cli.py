@@ -3,6 +3,7 @@
 Run from anywhere inside the repository::
 
     catalog-compile [--root DIR] [--out DIR] [--strict] [--check] [--format text|json]
+    catalog-compile coverage --role ID [--format text|html] [--out DIR] EVIDENCE_DIR...
 
 It prints every problem it finds (``file:line:col: severity[CODE] message``
 with a hint) and, when there is no error, writes ``<out>/catalog.json``,
@@ -12,6 +13,11 @@ compares instead of writing). Exit status: 0 clean (warnings allowed unless
 place that sets it, and the one boundary where an unexpected exception (a bug
 of the compiler, never of the catalog) becomes an INT001 diagnostic and exit
 status 3 instead of a traceback; ``CATALOG_COMPILE_DEBUG=1`` lets it through.
+
+``coverage`` prints one route's milestone coverage from learners' evidence
+folders (:mod:`coverage`), as text or as an HTML page in the site's style;
+exit status 1 when an evidence folder cannot be read or names an unknown
+project or stage (COV001-COV003), else 0, however much remains to do.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ def _shown(path: Path, root: Path) -> str:
         return str(path)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--root",
     type=click.Path(file_okay=False, path_type=Path),
@@ -71,8 +77,13 @@ def _shown(path: Path, root: Path) -> str:
     show_default=True,
     help="How to print diagnostics.",
 )
-def main(root: Path | None, out: Path | None, strict: bool, check: bool, fmt: str) -> None:
+@click.pass_context
+def main(
+    ctx: click.Context, root: Path | None, out: Path | None, strict: bool, check: bool, fmt: str
+) -> None:
     """Validate the JAX Pathways catalog against the projects on disk and build it."""
+    if ctx.invoked_subcommand is not None:
+        return
     try:
         code, text = _run(root, out, strict, check, fmt)
     except click.ClickException:
@@ -83,6 +94,90 @@ def main(root: Path | None, out: Path | None, strict: bool, check: bool, fmt: st
         code, text = EXIT_INTERNAL, _internal_error(error, fmt)
     click.echo(text, nl=False)
     sys.exit(code)
+
+
+@main.command()
+@click.option("--role", "role_id", required=True, help="The route (role id) to cover.")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The repository (default: the one containing the current folder).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "html"]),
+    default="text",
+    show_default=True,
+    help="Text on standard output, or an HTML page written to --out.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for the HTML page (default: <root>/build/coverage).",
+)
+@click.argument(
+    "evidence", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path)
+)
+def coverage(
+    role_id: str, root: Path | None, fmt: str, out: Path | None, evidence: tuple[Path, ...]
+) -> None:
+    """Milestone coverage of one route from EVIDENCE_DIR folders (projects' evidence/)."""
+    try:
+        code, text = _coverage(role_id, root, fmt, out, list(evidence))
+    except click.ClickException:
+        raise
+    except Exception as error:  # The one boundary (see the module docstring).
+        if os.environ.get("CATALOG_COMPILE_DEBUG"):
+            raise
+        code, text = EXIT_INTERNAL, _internal_error(error, "text")
+    click.echo(text, nl=False)
+    sys.exit(code)
+
+
+def _coverage(
+    role_id: str, root: Path | None, fmt: str, out: Path | None, folders: list[Path]
+) -> tuple[int, str]:
+    from catalog_compiler import coverage_page, report
+    from catalog_compiler.coverage import role_coverage, text_report
+    from catalog_compiler.pipeline import compile_catalog
+
+    root = _root(root)
+    for folder in folders:
+        if not folder.is_dir():
+            raise click.BadParameter(f"`{folder}` is not a folder.", param_hint="EVIDENCE_DIR")
+    compiled = compile_catalog(root)
+    if not compiled.ok:
+        return EXIT_ERRORS, report.text_report(compiled.diagnostics, "Nothing covered.")
+    roles = {r["id"]: r for r in compiled.catalog["roles"]}
+    if role_id not in roles:
+        raise click.BadParameter(
+            f"No route `{role_id}`; known: {', '.join(sorted(roles))}.", param_hint="--role"
+        )
+    projects = {p["id"]: p for p in compiled.inputs["projects"]}
+    lessons = {lesson["id"]: lesson for lesson in compiled.inputs["lessons"]}
+    result = role_coverage(roles[role_id], lessons, projects, folders)
+    text = text_report(result)
+    if fmt == "html":
+        out = out if out is not None else root / "build" / "coverage"
+        page = coverage_page.write(out, result, folders)
+        text += f"Wrote `{page}`.\n"
+    return (EXIT_ERRORS if result.diagnostics else EXIT_OK), text
+
+
+def _root(root: Path | None) -> Path:
+    if root is None:
+        root = find_root(Path.cwd())
+        if root is None:
+            raise click.UsageError(
+                f"No catalog repository contains `{Path.cwd()}` (no `{MARKER}` above it); "
+                "run inside the repository or pass --root."
+            )
+    elif not exists(root / MARKER):
+        raise click.BadParameter(
+            f"`{root}` is not a catalog repository: it has no `{MARKER}`.", param_hint="--root"
+        )
+    return root
 
 
 def _internal_error(error: Exception, fmt: str) -> str:
@@ -118,17 +213,7 @@ def _run(
     from catalog_compiler import emit, report
     from catalog_compiler.pipeline import compile_catalog
 
-    if root is None:
-        root = find_root(Path.cwd())
-        if root is None:
-            raise click.UsageError(
-                f"No catalog repository contains `{Path.cwd()}` (no `{MARKER}` above it); "
-                "run inside the repository or pass --root."
-            )
-    elif not exists(root / MARKER):
-        raise click.BadParameter(
-            f"`{root}` is not a catalog repository: it has no `{MARKER}`.", param_hint="--root"
-        )
+    root = _root(root)
     out = out if out is not None else root / "build"
     if problem := _out_problem(out):
         raise click.BadParameter(problem, param_hint="--out")

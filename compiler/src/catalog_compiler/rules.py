@@ -6,7 +6,7 @@ their diagnostics through :meth:`Rule.at`. Codes are grouped by family, as
 ruff does: ``YML`` YAML source, ``TML`` TOML source, ``SCH`` shape and types,
 ``FIL`` catalog files, ``ID`` identifiers, ``REF`` cross-references, ``DSK``
 catalog versus projects on disk, ``LIM`` loading limits, ``CHK`` ``--check``
-comparisons, ``INT`` failures of the compiler itself.
+comparisons, ``COV`` evidence read by ``coverage``, ``INT`` failures of the compiler itself.
 
 ``compiler/RULES.md`` documents every code (``python -m
 catalog_compiler.rules`` prints it); a test keeps the two in step.
@@ -206,6 +206,18 @@ BUILD_DIFFERS = _rule(
     "CHK003", "build-file-differs", E,
     "--check: an output file differs from what the compiler writes.",
     "Run catalog-compile without --check to rebuild the outputs.")
+EVIDENCE_UNREADABLE = _rule(
+    "COV001", "evidence-unreadable", E,
+    "coverage: an evidence folder has no readable `progress.json` stamps naming a project.",
+    "Pass a project's `evidence/` folder after `python progress.py` has run in that project.")
+EVIDENCE_UNKNOWN_PROJECT = _rule(
+    "COV002", "evidence-unknown-project", E,
+    "coverage: the evidence names a project the catalog does not know.",
+    "Pass evidence of a project under projects/, or correct `project` in progress.json.")
+EVIDENCE_UNKNOWN_STAGE = _rule(
+    "COV003", "evidence-unknown-stage", E,
+    "coverage: the evidence stamps a stage the project's manifest does not declare.",
+    "Rerun `python progress.py` in a copy of the current project; its stamps name its stages.")
 INTERNAL_ERROR = _rule(
     "INT001", "internal-error", E,
     "catalog-compile itself failed (a bug, not a problem of the catalog); exit status 3.",

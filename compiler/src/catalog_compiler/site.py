@@ -29,6 +29,7 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from catalog_compiler import route_text as text
+from catalog_compiler.portfolio import dossier_module, project_roles, roles_json
 from catalog_compiler.starters import starter_archive
 
 STYLESHEET = "style.css"
@@ -51,6 +52,7 @@ def _environment() -> Environment:
         keep_trailing_newline=True,
     )
     env.globals["text"] = text
+    env.globals["figures"] = lambda value: dossier_module().figures(value)
     return env
 
 
@@ -193,7 +195,21 @@ def _project_context(project: dict, index: _Index) -> dict:
         "preparation": preparation,
         "used_by": used_by,
         "starter": _starter_context(project),
+        "evidence": _evidence_context(project, index.catalog),
     }
+
+
+def _evidence_context(project: dict, catalog: dict) -> dict | None:
+    """The reference's own evidence (what its stage tests retained, with the stamps of
+    the run that wrote it), as the sample dossier shows it; None without any."""
+    folder = Path(project["folder"]) if project.get("folder") else None
+    if folder is None or not (folder / "evidence" / "progress.json").is_file():
+        return None
+    stamps = dossier_module().progress.load_state(folder)["stages"].values()
+    # The newest stamp, not the clock: the same evidence gives the same pages.
+    newest = max((r.get("ran_at", "") for r in stamps), default="") or "never"
+    data = dossier_module().collect(folder, project_roles(catalog, project["id"]), newest)
+    return {"data": data, "dossier": f"../dossiers/{project['id']}/index.html"}
 
 
 def _starter_context(project: dict) -> dict | None:
@@ -324,11 +340,17 @@ def write_site(
     for project in projects:
         context = _project_context(project, index)
         emit(f"projects/{project['id']}.html", project_template.render(root="../", **context))
+        if context["evidence"]:
+            out = site_dir / "dossiers" / project["id"]
+            page = dossier_module().write(Path(project["folder"]), out, context["evidence"]["data"])
+            written += sorted(out.iterdir())
+            assert page in written
         if context["starter"]:
             # The learner's starter, linked from the project page.
             path = site_dir / context["starter"]["archive"]
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(starter_archive(Path(project["folder"])))
+            roles = roles_json(catalog, project["id"])
+            path.write_bytes(starter_archive(Path(project["folder"]), roles))
             written.append(path)
     phase_template = env.get_template("phase.html")
     for phase in phases:

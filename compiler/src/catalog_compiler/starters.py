@@ -4,7 +4,8 @@ Contract:
 - :func:`write_starter` copies a project folder (sources, tests, configs;
   never environments, outputs or caches) to ``dest`` with every exercise
   region whose stage is not in ``keep`` stripped (:mod:`exercises`), adds
-  ``progress.py`` (the learner's one command: stage table, next hints) and
+  ``progress.py`` (the learner's one command: stage table, next hints),
+  ``dossier.py`` (``progress.py dossier``), the ``roles.json`` it is given and
   puts a short note at the top of the README. It raises ``RegionError`` on a
   malformed marker before writing anything.
 - :func:`starter_archive` returns the bytes of a zip of the full starter
@@ -37,6 +38,9 @@ IGNORED = shutil.ignore_patterns(
     "*.pyc",
     "mlruns",
     "*.db",
+    # The mutation report and its config quote the reference's lines.
+    "mutation-report.json",
+    "mutation.toml",
 )
 NOTE = """\
 > **Starter.** This is the learner's copy of `{id}`: the code of each stage
@@ -86,8 +90,11 @@ def write_sources(project: Path, dest: Path, keep: set[str]) -> None:
         (dest / rel).write_text(text, encoding="utf-8")
 
 
-def starter_files(project: Path, keep: set[str] = frozenset()) -> dict[str, bytes]:
-    """Relative path -> bytes of every file of ``project``'s starter (see the module doc)."""
+def starter_files(
+    project: Path, keep: set[str] = frozenset(), roles: bytes | None = None
+) -> dict[str, bytes]:
+    """Relative path -> bytes of every file of ``project``'s starter (see the module doc);
+    ``roles`` is the `roles.json` of the routes citing the project (`portfolio`)."""
     sources = set(source_files(project))
     files: dict[str, bytes] = {}
     for path in project_files(project):
@@ -97,8 +104,10 @@ def starter_files(project: Path, keep: set[str] = frozenset()) -> dict[str, byte
             files[rel] = text.encode("utf-8")
         else:
             files[rel] = path.read_bytes()
-    progress = resources.files("catalog_compiler").joinpath("templates", "progress.py")
-    files["progress.py"] = progress.read_bytes()
+    for name in ("progress.py", "dossier.py"):
+        files[name] = resources.files("catalog_compiler").joinpath("templates", name).read_bytes()
+    if roles is not None:
+        files["roles.json"] = roles
     if "README.md" in files:
         title, _, rest = files["README.md"].decode("utf-8").partition("\n")
         note = NOTE.format(id=project.name)
@@ -106,9 +115,11 @@ def starter_files(project: Path, keep: set[str] = frozenset()) -> dict[str, byte
     return dict(sorted(files.items()))
 
 
-def write_starter(project: Path, dest: Path, keep: set[str] = frozenset()) -> Path:
+def write_starter(
+    project: Path, dest: Path, keep: set[str] = frozenset(), roles: bytes | None = None
+) -> Path:
     """The starter of ``project`` at ``dest`` (replaced if present); see the module doc."""
-    files = starter_files(project, keep)  # Parses every marker before touching `dest`.
+    files = starter_files(project, keep, roles)  # Parses every marker before touching `dest`.
     if dest.exists():
         shutil.rmtree(dest)
     for rel, content in files.items():
@@ -138,6 +149,6 @@ def zip_folder(folder: Path, name: str) -> bytes:
     return zip_files(files, name)
 
 
-def starter_archive(project: Path) -> bytes:
+def starter_archive(project: Path, roles: bytes | None = None) -> bytes:
     """The zip of ``project``'s full starter (every region stripped)."""
-    return zip_files(starter_files(project), project.name)
+    return zip_files(starter_files(project, roles=roles), project.name)

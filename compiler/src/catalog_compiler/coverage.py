@@ -1,0 +1,216 @@
+"""Milestone coverage of one route, from evidence gathered across projects.
+
+``catalog-compile coverage --role <id> EVIDENCE_DIR...``: each folder is a
+project's `evidence/` as `progress.py` leaves it: `progress.json` (the
+stamps, naming the project) beside `stage_<id>.json` files. A stage counts as
+**demonstrated** when its stamp says passed, its evidence file is the one
+stamped (same sha256), and, where the folder sits in a project folder (a
+`project.toml` and `src/` beside it), the stage's code hash is still the
+stamped one. Anything else is **remaining**, with the reason.
+
+A skill is covered when every stage it cites is demonstrated. Skills group
+under the milestones whose phases hold their lessons; required route
+practice and optional extensions are kept apart, as the catalog's scopes
+say. Evidence that cannot be read, or that names a project or stage the
+catalog does not know, is a diagnostic (COV001-COV003), never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from catalog_compiler import rules
+from catalog_compiler.diagnostics import START, Diagnostic
+from catalog_compiler.portfolio import progress_module
+
+REQUIRED = "Required route practice"
+
+
+@dataclass
+class StageState:
+    demonstrated: bool
+    reason: str
+    source: str
+
+
+@dataclass
+class SkillCoverage:
+    skill: str
+    project: str
+    scope: str
+    required: bool
+    demonstrated: list[str] = field(default_factory=list)
+    remaining: list[tuple[str, str]] = field(default_factory=list)  # (stage, reason)
+
+    @property
+    def covered(self) -> bool:
+        return not self.remaining
+
+
+@dataclass
+class MilestoneCoverage:
+    title: str
+    deliverable: str
+    skills: list[SkillCoverage]
+
+
+@dataclass
+class Coverage:
+    role: dict
+    milestones: list[MilestoneCoverage]
+    unplaced: list[SkillCoverage]  # skills whose lessons lie in no milestone's phase
+    diagnostics: list[Diagnostic]
+
+    def skills(self) -> list[SkillCoverage]:
+        """Every skill once (a skill whose lessons span two milestones shows in both)."""
+        seen: dict[int, SkillCoverage] = {}
+        for skill in [s for m in self.milestones for s in m.skills] + self.unplaced:
+            seen.setdefault(id(skill), skill)
+        return list(seen.values())
+
+
+def read_evidence(
+    folders: list[Path], projects: dict[str, dict]
+) -> tuple[dict[tuple[str, str], StageState], list[Diagnostic]]:
+    """The state of every stage the folders hold evidence for, and the diagnostics."""
+    progress = progress_module()
+    states: dict[tuple[str, str], StageState] = {}
+    problems: list[Diagnostic] = []
+    for folder in folders:
+        shown = str(folder)
+        stamps_path = folder / "progress.json"
+        try:
+            stamps = json.loads(stamps_path.read_text(encoding="utf-8"))
+            if not isinstance(stamps, dict) or not isinstance(stamps.get("stages"), dict):
+                raise ValueError("no `stages` mapping")
+            project_id = stamps["project"]
+            if not isinstance(project_id, str):
+                raise ValueError("`project` is not text")
+        except (OSError, ValueError, KeyError, UnicodeDecodeError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            problems.append(
+                rules.EVIDENCE_UNREADABLE.at(
+                    f"{shown}/progress.json", START, "", f"Cannot read the stamps: {reason}."
+                )
+            )
+            continue
+        manifest = projects.get(project_id)
+        if manifest is None:
+            problems.append(
+                rules.EVIDENCE_UNKNOWN_PROJECT.at(
+                    f"{shown}/progress.json",
+                    START,
+                    "/project",
+                    f"The evidence names project `{project_id}`, which the catalog does not know.",
+                )
+            )
+            continue
+        stages = {s["id"]: s for s in manifest["stages"]}
+        code = folder.parent if (folder.parent / "project.toml").is_file() else None
+        for stage_id, record in stamps["stages"].items():
+            stage = stages.get(stage_id)
+            if stage is None:
+                problems.append(
+                    rules.EVIDENCE_UNKNOWN_STAGE.at(
+                        f"{shown}/progress.json",
+                        START,
+                        f"/stages/{stage_id}",
+                        f"Project `{project_id}` has no stage `{stage_id}`.",
+                    )
+                )
+                continue
+            states[(project_id, stage_id)] = _stage_state(progress, folder, code, stage, record)
+    return states, problems
+
+
+def _stage_state(progress, folder: Path, code: Path | None, stage: dict, record) -> StageState:
+    source = str(folder)
+    if not isinstance(record, dict) or record.get("result") != "passed":
+        return StageState(False, "its last run did not pass", source)
+    evidence = folder / f"stage_{stage['id']}.json"
+    if not evidence.is_file():
+        return StageState(False, "no evidence file", source)
+    if record.get("evidence_sha256") != progress.file_sha256(evidence):
+        return StageState(False, "its evidence changed since the stamp", source)
+    if code is not None and record.get("code_hash") != progress.stage_code_hash(
+        code, stage["id"], stage["tests"]
+    ):
+        return StageState(False, "its code changed since the run that passed", source)
+    return StageState(True, "passed and current", source)
+
+
+def role_coverage(
+    role: dict, lessons: dict[str, dict], projects: dict[str, dict], folders: list[Path]
+) -> Coverage:
+    states, problems = read_evidence(folders, projects)
+    phase_of = {lesson_id: lesson["phase"] for lesson_id, lesson in lessons.items()}
+    milestones = [MilestoneCoverage(m["title"], m["deliverable"], []) for m in role["milestones"]]
+    unplaced: list[SkillCoverage] = []
+    for item in role["skillEvidence"]:
+        skill = SkillCoverage(
+            item["skill"], item["projectId"], item["scope"], item["scope"] == REQUIRED
+        )
+        for stage_id in item["stageIds"]:
+            state = states.get((item["projectId"], stage_id))
+            if state and state.demonstrated:
+                skill.demonstrated.append(stage_id)
+            else:
+                skill.remaining.append((stage_id, state.reason if state else "no evidence given"))
+        phases = {phase_of.get(lesson_id) for lesson_id in item["lessonIds"]}
+        homes = [
+            m
+            for m, src in zip(milestones, role["milestones"], strict=True)
+            if phases & set(src["phaseIds"])
+        ]
+        for home in homes:
+            home.skills.append(skill)
+        if not homes:
+            unplaced.append(skill)
+    return Coverage(role, milestones, unplaced, problems)
+
+
+def text_report(coverage: Coverage) -> str:
+    role = coverage.role
+    lines = [f"{role['title']}: milestone coverage", ""]
+    for d in coverage.diagnostics:
+        lines.append(f"{d.file}: {d.severity.value}[{d.code}] {d.message}")
+    if coverage.diagnostics:
+        lines.append("")
+
+    def skill_lines(skill: SkillCoverage) -> list[str]:
+        mark = "covered" if skill.covered else "remaining"
+        shown = [f"  - [{mark}] {skill.skill} ({skill.project})"]
+        if skill.demonstrated:
+            many = "s" if len(skill.demonstrated) > 1 else ""
+            shown.append(f"      demonstrated: stage{many} {', '.join(skill.demonstrated)}")
+        for stage, reason in skill.remaining:
+            shown.append(f"      remaining: stage {stage} ({reason})")
+        return shown
+
+    for title, required in (("Required route practice", True), ("Optional extensions", False)):
+        lines.append(f"{title}:")
+        for milestone in coverage.milestones:
+            mine = [s for s in milestone.skills if s.required is required]
+            if mine:
+                lines.append(f"  {milestone.title}: {milestone.deliverable}")
+                for skill in mine:
+                    lines += ["  " + x for x in skill_lines(skill)]
+        rest = [s for s in coverage.unplaced if s.required is required]
+        if rest:
+            lines.append("  Beyond the milestones:")
+            for skill in rest:
+                lines += ["  " + x for x in skill_lines(skill)]
+        lines.append("")
+    empty = [m.title for m in coverage.milestones if not m.skills]
+    if empty:
+        lines.append("Milestones no project stage evidences yet: " + "; ".join(empty) + ".")
+    required = [s for s in coverage.skills() if s.required]
+    lines.append(
+        f"Required skills covered: {sum(s.covered for s in required)} of {len(required)}; "
+        f"optional: {sum(s.covered for s in coverage.skills() if not s.required)} of "
+        f"{sum(not s.required for s in coverage.skills())}."
+    )
+    lines.append(role["scopeNote"])
+    return "\n".join(lines) + "\n"

@@ -11,10 +11,12 @@ from conftest import EXPECT, INVALID, materialize, run_cli, run_json
 
 # Rules that a fixture folder cannot carry, and the test that covers each:
 # CHK rules compare a build folder (test_check.py); LIM004 needs a file of
-# more than 1 MiB and INT001 a failing compiler (test_hostile_input.py).
+# more than 1 MiB and INT001 a failing compiler (test_hostile_input.py); COV
+# rules judge evidence folders given to `coverage`, not a catalog
+# (tests/test_portfolio.py at the repository root).
 NOT_FIXTURES = {"LIM004", "INT001"}
 FIXTURE_CODES = sorted(
-    code for code in REGISTRY if not code.startswith("CHK") and code not in NOT_FIXTURES
+    code for code in REGISTRY if not code.startswith(("CHK", "COV")) and code not in NOT_FIXTURES
 )
 WARNINGS = {code for code, rule in REGISTRY.items() if rule.severity.value == "warning"}
 

@@ -24,5 +24,5 @@ def test_rules_md_is_up_to_date() -> None:
 
 def test_codes_are_stable_shaped_and_documented() -> None:
     for code, rule in REGISTRY.items():
-        assert re.fullmatch(r"(YML|TML|SCH|FIL|ID|REF|DSK|LIM|CHK|INT)\d{3}", code)
+        assert re.fullmatch(r"(YML|TML|SCH|FIL|ID|REF|DSK|LIM|CHK|COV|INT)\d{3}", code)
         assert rule.summary.endswith(".") and rule.hint

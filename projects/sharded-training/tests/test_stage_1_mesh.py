@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharded_training import data, model, sharding, train
 from sharded_training.cli import main
@@ -101,6 +103,75 @@ def close(evidence, check, condition, actual, reference) -> bool:
     )
 
 
+DATA_SIZES = (1, 2, 4, 8)
+FAST = settings(max_examples=60, derandomize=True, deadline=None, database=None)
+
+
+@pytest.fixture(scope="module")
+def data_meshes():
+    """One (d, 1) mesh over the first d devices, per data size d."""
+    return {d: sharding.make_mesh((d, 1), jax.devices()[:d]) for d in DATA_SIZES}
+
+
+def divides(batch_size: int, d: int) -> bool:
+    """Plain-Python reference: a batch fits the data axis iff it is a positive multiple."""
+    return batch_size >= 1 and batch_size % d == 0
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "d"),
+    [(0, 1), (1, 1), (-1, 1), (2, 1), (0, 8), (8, 8), (12, 8), (16, 8), (1, 2), (2, 2)],
+)
+def test_check_batch_boundaries(data_meshes, batch_size, d):
+    """Both sides of both conditions: 0 and 1 rows (the lower bound), one multiple of
+    the data axis and a non-multiple, on data sizes 1, 2 and 8."""
+    if divides(batch_size, d):
+        sharding.check_batch(batch_size, data_meshes[d])
+    else:
+        with pytest.raises(sharding.MeshError, match=rf"batch of `{batch_size}` examples"):
+            sharding.check_batch(batch_size, data_meshes[d])
+
+
+@FAST
+@given(batch_size=st.integers(-4, 40), d=st.sampled_from(DATA_SIZES))
+def test_check_batch_accepts_exactly_the_positive_multiples(data_meshes, batch_size, d):
+    try:
+        sharding.check_batch(batch_size, data_meshes[d])
+        accepted = True
+    except sharding.MeshError:
+        accepted = False
+    assert accepted == divides(batch_size, d), (batch_size, d)
+
+
+@FAST
+@given(
+    d=st.sampled_from(DATA_SIZES),
+    per_shard=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_per_shard_counts_against_python(d, per_shard, seed):
+    """Counts per contiguous block of rows, against a plain-Python count."""
+    mask = np.random.default_rng(seed).integers(0, 2, d * per_shard).astype(np.float32)
+    expected = [int(sum(mask[i * per_shard : (i + 1) * per_shard])) for i in range(d)]
+    assert sharding.per_shard_counts(mask, d) == expected
+
+
+def test_each_step_advances_the_step_counter_by_one():
+    """`train_step` counts optimizer steps: 0, then 1, then 2, int32, a scalar."""
+    config = CONFIG.model_copy(update={"mesh_shape": (1, 1)})
+    mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
+    state = train.init_state(config, mesh)
+    batch = padded_batch(config, "scattered")
+    gbatch = sharding.global_batch(batch, mesh, config.batch_size)
+    optimizer = train.make_optimizer(config)
+    steps = [state.step]
+    for _ in range(2):
+        state, _ = train.train_step(state, gbatch, optimizer, 0.0)
+        steps.append(state.step)
+    assert [int(s) for s in steps] == [0, 1, 2]
+    assert all(s.dtype == jnp.int32 and s.shape == () for s in steps)
+
+
 MESHES = [(1, (1, 1)), (2, (2, 1)), (4, (4, 1)), (8, (8, 1)), (4, (2, 2)), (8, (4, 2))]
 
 
@@ -113,14 +184,18 @@ def test_the_batch_is_split_over_the_data_axis(evidence, mesh_shape):
     config = CONFIG.model_copy(update={"mesh_shape": mesh_shape})
     mesh = sharding.make_mesh(mesh_shape)
     local = padded_batch(config, "scattered")
+    # A further per-row field (its name sorts before `ids`) is split like the others;
+    # only the sample IDs stay on the host.
+    local["aux"] = np.arange(config.batch_size, dtype=np.int32) * 3
     gbatch = sharding.global_batch(local, mesh, config.batch_size)
+    assert sorted(gbatch) == ["aux", "mask", "x", "y"]
     d = mesh_shape[0]
     rows = config.batch_size // d
     coordinate = {
         dev.id: int(i) for i, row in enumerate(np.asarray(mesh.devices)) for dev in np.ravel(row)
     }
     wrong = []
-    for name in ("x", "y", "mask"):
+    for name in ("x", "y", "mask", "aux"):
         shards = gbatch[name].addressable_shards
         if len(shards) != jax.device_count():
             wrong.append(f"{name}: {len(shards)} shards")
@@ -137,48 +212,6 @@ def test_the_batch_is_split_over_the_data_axis(evidence, mesh_shape):
         {"rows_per_shard": rows},
         not wrong,
     ), wrong
-
-
-@pytest.mark.parametrize("pattern", ["pipeline", "scattered"])
-@pytest.mark.parametrize(("n_devices", "mesh_shape"), MESHES)
-def test_global_update_equals_single_device_update(evidence, n_devices, mesh_shape, pattern):
-    config = CONFIG.model_copy(update={"mesh_shape": mesh_shape})
-    mesh = sharding.make_mesh(mesh_shape, jax.devices()[:n_devices])
-    batch = padded_batch(config, pattern)
-    counts = sharding.per_shard_counts(batch["mask"], mesh_shape[0])
-    state, grads, new_state, metrics = sharded_step(config, mesh, batch)
-    ref_loss, ref_grads, ref_params = single_device_step(config, batch)
-    condition = f"{n_devices} devices, mesh {mesh_shape}, {pattern} padding, counts {counts}"
-    ok_loss = close(
-        evidence,
-        "loss: sharded count-weighted vs 1 device unpadded",
-        condition,
-        metrics["loss"],
-        ref_loss,
-    )
-    ok_np = evidence.allclose(
-        "loss vs NumPy float64 on the valid rows",
-        condition,
-        metrics["loss"],
-        numpy_loss(state.params, batch),
-        rtol=1e-5,
-        atol=0,
-    )
-    ok_grads = close(
-        evidence, "gradients: sharded vs 1 device unpadded", condition, grads, ref_grads
-    )
-    ok_params = close(
-        evidence,
-        "params after one Adam step: sharded vs 1 device",
-        condition,
-        new_state.params,
-        ref_params,
-    )
-    assert float(metrics["count"]) == float(batch["mask"].sum())
-    assert ok_loss and ok_np and ok_grads and ok_params
-    if n_devices > 1:
-        # The params really are laid out over the mesh as declared.
-        assert new_state.params["w1"].sharding.spec == sharding.param_specs()["w1"]
 
 
 @pytest.mark.parametrize("pattern", ["pipeline", "scattered", "no padding"])
@@ -222,6 +255,48 @@ def test_naive_mean_of_means_differs_under_unequal_counts(evidence, pattern):
         },
         passed,
     )
+
+
+@pytest.mark.parametrize("pattern", ["pipeline", "scattered"])
+@pytest.mark.parametrize(("n_devices", "mesh_shape"), MESHES)
+def test_global_update_equals_single_device_update(evidence, n_devices, mesh_shape, pattern):
+    config = CONFIG.model_copy(update={"mesh_shape": mesh_shape})
+    mesh = sharding.make_mesh(mesh_shape, jax.devices()[:n_devices])
+    batch = padded_batch(config, pattern)
+    counts = sharding.per_shard_counts(batch["mask"], mesh_shape[0])
+    state, grads, new_state, metrics = sharded_step(config, mesh, batch)
+    ref_loss, ref_grads, ref_params = single_device_step(config, batch)
+    condition = f"{n_devices} devices, mesh {mesh_shape}, {pattern} padding, counts {counts}"
+    ok_loss = close(
+        evidence,
+        "loss: sharded count-weighted vs 1 device unpadded",
+        condition,
+        metrics["loss"],
+        ref_loss,
+    )
+    ok_np = evidence.allclose(
+        "loss vs NumPy float64 on the valid rows",
+        condition,
+        metrics["loss"],
+        numpy_loss(state.params, batch),
+        rtol=1e-5,
+        atol=0,
+    )
+    ok_grads = close(
+        evidence, "gradients: sharded vs 1 device unpadded", condition, grads, ref_grads
+    )
+    ok_params = close(
+        evidence,
+        "params after one Adam step: sharded vs 1 device",
+        condition,
+        new_state.params,
+        ref_params,
+    )
+    assert float(metrics["count"]) == float(batch["mask"].sum())
+    assert ok_loss and ok_np and ok_grads and ok_params
+    if n_devices > 1:
+        # The params really are laid out over the mesh as declared.
+        assert new_state.params["w1"].sharding.spec == sharding.param_specs()["w1"]
 
 
 def test_dropout_masks_do_not_depend_on_the_sharding(evidence):

@@ -23,12 +23,129 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharded_training import data, launch, sharding, train
 from sharded_training.cli import main
 from sharded_training.config import Config
 
 MESHES = [(8, 1), (4, 2)]
+FAST = settings(max_examples=80, derandomize=True, deadline=None, database=None)
+
+
+def expected_shard_elements(config: Config, mesh_shape) -> list[int]:
+    """Per-device elements of each parameter, from the layout the README states:
+    `w1` split by columns, `b1` and `w2` by the hidden axis, `b2` whole."""
+    f, h, c = config.num_features, config.hidden_size, config.num_classes
+    m = mesh_shape[1]
+    return sorted([f * (h // m), h // m, (h // m) * c, c])
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+def test_parameter_shard_sizes_from_the_layout(mesh_shape):
+    config = Config.tiny().model_copy(update={"mesh_shape": mesh_shape})
+    mesh = sharding.make_mesh(mesh_shape)
+    assert sharding.param_shard_elements(config, mesh) == expected_shard_elements(
+        config, mesh_shape
+    )
+
+
+def row_block_reference(batch_size: int, index: int, count: int) -> list[int] | None:
+    """Plain Python: the rows process `index` of `count` owns, or None when refused."""
+    if count < 1 or not 0 <= index < count or batch_size < 1 or batch_size % count:
+        return None
+    per = batch_size // count
+    return list(range(index * per, (index + 1) * per))
+
+
+@FAST
+@given(
+    count=st.integers(-1, 8),
+    batch_size=st.integers(-2, 40),
+    index=st.integers(-2, 9),
+)
+def test_process_rows_against_a_reference(count, batch_size, index):
+    """Over process counts 1-8 (and 0, -1), batch sizes on and off the multiples
+    (0 and negative included), indices inside and just outside [0, count)."""
+    expected = row_block_reference(batch_size, index, count)
+    if expected is None:
+        with pytest.raises(ValueError):
+            data.process_rows(batch_size, index, count)
+        return
+    rows = list(range(batch_size))[data.process_rows(batch_size, index, count)]
+    assert rows == expected
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "index", "count", "message"),
+    [
+        (16, 0, 0, r"`process_count` must be at least 1, not `0`"),
+        (16, 2, 2, r"`process_index` must be from 0 to 1, not `2`"),
+        (16, -1, 4, r"`process_index` must be from 0 to 3, not `-1`"),
+        (16, 8, 8, r"`process_index` must be from 0 to 7, not `8`"),
+        (0, 0, 2, r"`batch_size` = `0` does not divide into 2"),
+        (15, 0, 2, r"`batch_size` = `15` does not divide into 2"),
+    ],
+)
+def test_process_rows_refusals_name_the_value(batch_size, index, count, message):
+    with pytest.raises(ValueError, match=message):
+        data.process_rows(batch_size, index, count)
+
+
+@pytest.mark.parametrize("process_count", [1, 2, 4])
+def test_local_shard_keeps_its_rows_and_masks_the_padding(process_count):
+    """`LocalShard.map` on a short global batch (the end of an epoch): each process
+    gets its block of the padded IDs; valid rows look up their own example, padding
+    rows hold ID -1, mask 0 and example 0's features and label (a real example, so
+    every value stays finite)."""
+    config = Config.tiny()
+    b = config.batch_size
+    features = np.arange(44 * 3, dtype=np.float32).reshape(44, 3) + 1.0
+    labels = (np.arange(44, dtype=np.int32) * 7) % 5
+    ids = np.array([40, 3, 17, 0, 25, 9, 33, 12, 41, 5, 21], np.int64)  # 11 of 16 rows
+    padded = list(ids) + [-1] * (b - len(ids))
+    per = b // process_count
+    for p in range(process_count):
+        shard = data.LocalShard(config, p, process_count, data=(features, labels))
+        got = shard.map(ids)
+        mine = padded[p * per : (p + 1) * per]
+        lookup = [i if i >= 0 else 0 for i in mine]
+        assert got["ids"].tolist() == mine and got["ids"].dtype == np.int32
+        assert got["mask"].tolist() == [1.0 if i >= 0 else 0.0 for i in mine]
+        assert got["mask"].dtype == np.float32
+        assert np.array_equal(got["x"], features[lookup])
+        assert got["y"].tolist() == labels[lookup].tolist()
+
+
+HLO = "\n".join(
+    [
+        "  %p = f32[16,32]{1,0} parameter(0)",
+        "  %all-reduce.3 = (f32[16,32]{1,0}, f32[32]{0}, bf16[32,4]{1,0}, f32[]) all-reduce("
+        "%a, %b, %c, %d), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, "
+        "use_global_device_ids=true, to_apply=%add",
+        "  %ar-start = s32[8]{0} all-reduce-start(%e), channel_id=2, "
+        "replica_groups={{0,1},{2,3}}, to_apply=%add",
+        "  %ag = pred[2,3]{1,0} all-gather(%f), channel_id=3, replica_groups={{0,1}}, "
+        "dimensions={0}",
+        "  %dot = f32[16,4]{1,0} dot(%p, %q)",
+    ]
+)
+
+
+def test_collectives_parsed_from_hlo_text():
+    """Op, arrays, elements, bytes (each dtype's own width) and replica groups of
+    three collectives; the parameter and the dot are not collectives."""
+    found = sharding.collectives(HLO)
+    assert [c["op"] for c in found] == ["all-reduce", "all-reduce", "all-gather"]
+    grad, ints, gather = found
+    assert grad["arrays"] == ["f32[16,32]", "f32[32]", "bf16[32,4]", "f32[]"]
+    assert grad["elements"] == [512, 32, 128, 1]
+    assert grad["bytes"] == 512 * 4 + 32 * 4 + 128 * 2 + 4
+    assert grad["replica_groups"] == "{{0,1,2,3,4,5,6,7}}"
+    assert (ints["elements"], ints["bytes"]) == ([8], 32)
+    assert ints["replica_groups"] == "{{0,1},{2,3}}"
+    assert (gather["elements"], gather["bytes"]) == ([6], 6)
 
 
 @pytest.fixture(scope="module", params=MESHES, ids=lambda m: f"mesh{m[0]}x{m[1]}")
@@ -133,8 +250,7 @@ def test_each_process_feeds_only_its_own_rows(evidence, launched):
 def test_gradient_all_reduce_matches_parameter_shards(evidence, launched):
     config, workdir, _ = launched
     report = json.loads((workdir / "collectives.json").read_text())
-    mesh = sharding.make_mesh(config.mesh_shape)
-    expected = sharding.param_shard_elements(config, mesh)
+    expected = expected_shard_elements(config, config.mesh_shape)
     reduces = [c for c in report["collectives"] if c["op"] == "all-reduce"]
     grad = max(reduces, key=lambda c: c["bytes"])
     carried = sorted(e for e in grad["elements"] if e > 1)

@@ -208,3 +208,74 @@ def test_site_works_from_file_urls(build: Path, browser, tmp_path: Path) -> None
     assert page.locator("table.stages").count() == 1
     assert dialogs == []
     page.close()
+
+
+def test_sample_dossier_and_a_coverage_page_open_with_every_link_resolving(
+    build: Path, browser, tmp_path: Path
+) -> None:
+    """The site's sample dossier of a project with reference evidence, and the
+    coverage page `catalog-compile coverage --format html` writes: each opens
+    without a dialog or error, every link (fragments included) resolves, and
+    text is shown as written (escaped, not interpreted)."""
+    dossiers = sorted((build / "site" / "dossiers").glob("*/index.html"))
+    assert dossiers, "the site publishes no sample dossier"
+    out = tmp_path / "coverage"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [env.get("PYTHONPATH"), str(ROOT / "compiler" / "src")])
+    )
+    evidence = [
+        str(p)
+        for p in sorted((ROOT / "projects").glob("*/evidence"))
+        if (p / "progress.json").is_file()
+    ]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "catalog_compiler.cli",
+            "coverage",
+            "--root",
+            str(ROOT),
+            "--role",
+            "training-engineer",
+            "--format",
+            "html",
+            "--out",
+            str(out),
+            *evidence,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    pages = [*dossiers, out / "coverage-training-engineer.html"]
+    page = browser.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+    page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+    for path in pages:
+        page.goto(path.as_uri())
+        ids = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
+        hrefs = page.eval_on_selector_all(
+            "a[href], link[href]:not([rel=icon])", "els => els.map(e => e.href)"
+        )
+        assert hrefs, f"{path} has no links"
+        for href in hrefs:
+            target, fragment = urldefrag(href)
+            assert target.startswith("file://"), f"{path}: link {href} leaves the folder"
+            local = Path(urlsplit(target).path.replace("%20", " "))
+            assert local.is_file(), f"{path}: {href} does not resolve"
+            if fragment and local == path:
+                assert fragment in ids, f"{path}: no #{fragment}"
+        shown = page.evaluate("document.body.innerText")
+        if path.name == "index.html":
+            assert "self-run evidence" in shown and "not independent review" in shown
+            assert "demonstrated" in shown
+        else:
+            assert "ML & training engineer: milestone coverage" in shown
+            assert "Required skills covered:" in shown
+    assert problems == []
+    page.close()

@@ -236,7 +236,7 @@ def html_page(data: dict) -> str:
     p = data["project"]
     parts = [
         "<!doctype html>",
-        '<html lang="en"><head><meta charset="utf-8">',
+        '<html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">',
         f"<title>{e(p['title'])}: dossier</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>{e(p['title'])}: dossier</h1>",
@@ -244,7 +244,10 @@ def html_page(data: dict) -> str:
     ]
     if data["scope_note"]:
         parts.append(f'<p class="note">{e(data["scope_note"])}</p>')
-    parts.append(f"<p>Project <code>{e(p['id'])}</code>, generated {e(data['generated_at'])}.</p>")
+    parts.append(
+        f"<p>Project <code>{e(p['id'])}</code>, generated {e(data['generated_at'])}. "
+        'The same, as Markdown: <a href="dossier.md">dossier.md</a>.</p>'
+    )
     parts.append(
         "<table><thead><tr><th>Stage</th><th>Title</th><th>Status</th><th>Code hash</th>"
         "<th>Last run</th></tr></thead><tbody>"

@@ -1,6 +1,6 @@
 """Each project's reference evidence, from a real run of its stage tests.
 
-    python scripts/reference_evidence.py [<id> ...]   (default: every ready project)
+    python scripts/reference_evidence.py [--jobs N] [<id> ...]   (default: every ready project)
 
 For each project: a scratch copy of the reference (every region written) gets
 the starter's `progress.py` and `dossier.py`, `python progress.py --all` runs
@@ -65,14 +65,18 @@ def refresh(project: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = 1
+    if argv[:1] == ["--jobs"]:
+        jobs, argv = int(argv[1]), argv[2:]
     projects = [ROOT / "projects" / n for n in argv] or ready_projects()
-    status = 0
     for project in projects:
         if not (project / "project.toml").is_file():
             print(f"No project `{project.name}`.", file=sys.stderr)
             return 2
-        status |= refresh(project)
-    return status
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return max(pool.map(refresh, projects), default=0)
 
 
 if __name__ == "__main__":

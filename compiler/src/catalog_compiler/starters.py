@@ -47,7 +47,8 @@ NOTE = """\
 > is yours to write. Every exercise region (`# --- exercise stage N: hint ---`)
 > raises `NotImplementedError` naming its stage and hint until you write it.
 > Install as below, then run `python progress.py` to see which stage is next
-> and its hints; `pytest -m stage1` runs one stage's tests.
+> and its hints; `pytest -m stage1` runs one stage's tests;
+> `python progress.py dossier` writes what your runs demonstrated.
 
 """
 

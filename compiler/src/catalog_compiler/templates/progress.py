@@ -113,7 +113,7 @@ def test_command(tests: list[str]) -> list[str]:
 def stamp(folder: Path, stage: dict, result: str, ran_at: str | None = None) -> dict:
     """The record of one stage's run (see the module docstring)."""
     evidence = folder / "evidence" / f"stage_{stage['id']}.json"
-    env = {"python": platform.python_version(), "platform": platform.platform()}
+    env = {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu()}
     try:
         written = json.loads(evidence.read_text(encoding="utf-8"))
         env.update({k: written[k] for k in ("jax", "backend") if k in written})
@@ -127,6 +127,17 @@ def stamp(folder: Path, stage: dict, result: str, ran_at: str | None = None) -> 
         "ran_at": ran_at or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "environment": env,
     }
+
+
+def cpu() -> str:
+    """The processor's model name (Linux), else the machine type."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return f"{platform.machine()} x{os.cpu_count()}"
 
 
 def is_current(folder: Path, stage: dict, record: dict | None) -> bool:

@@ -15,14 +15,25 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from jax.custom_derivatives import linear_call
 
-from derivative_audit import checks, data, functions
+from derivative_audit import audit, checks, data, functions
 from derivative_audit.cli import main
 from derivative_audit.config import Config
 
 CONFIG = Config.tiny()
 NAMES = list(functions.SUITE)
 EPS = {"float64": float(jnp.finfo(jnp.float64).eps), "float32": float(jnp.finfo(jnp.float32).eps)}
+# No shrinking: a failing example is reported as drawn (kept fast under mutation).
+FAST = settings(
+    max_examples=30,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+)
 
 
 class _Problems(dict):
@@ -45,6 +56,148 @@ def _directions(problem, seed: int):
         data.unit_directions(ku, 2, problem.x.shape[0], problem.x.dtype),
         data.unit_directions(kw, 1, m, problem.x.dtype)[0],
     )
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_audit_tolerances_are_the_documented_multiples_of_eps(dtype):
+    """50 eps for the identities, 100 eps^(2/3) for central differences (NumPy's eps)."""
+    eps = float(np.finfo(dtype).eps)
+    tol = audit.tolerances(jnp.dtype(dtype))
+    assert set(tol) == {"identity", "finite_difference"}
+    assert tol["identity"] == pytest.approx(50 * eps, rel=1e-12)
+    assert tol["finite_difference"] == pytest.approx(100 * eps ** (2 / 3), rel=1e-12)
+
+
+@FAST
+@given(
+    lo=st.integers(-14, -2),
+    decades=st.integers(1, 6),
+    per_decade=st.integers(1, 5),
+)
+def test_sweep_steps_span_every_decade_end_to_end(lo, decades, per_decade):
+    """`per_decade` steps a decade, both ends included: a NumPy geometric grid."""
+    steps = checks.sweep_steps(lo, lo + decades, per_decade)
+    expected = 10.0 ** (lo + np.arange(decades * per_decade + 1) / per_decade)
+    assert steps.shape == expected.shape
+    np.testing.assert_allclose(steps, expected, rtol=1e-12, atol=0)
+
+
+def _wrong_transpose(a: np.ndarray, b: np.ndarray, dtype):
+    """x -> A x whose reverse mode applies B^T (B = A: the true transpose)."""
+    a_, b_ = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
+
+    @jax.custom_jvp
+    def f(x):
+        return a_ @ x
+
+    @f.defjvp
+    def _jvp(primals, tangents):
+        transpose = (lambda r, t: r[0] @ t, lambda r, c: r[1].T @ c)
+        return a_ @ primals[0], linear_call(*transpose, (a_, b_), tangents[0])
+
+    return f
+
+
+@FAST
+@given(
+    n=st.integers(1, 5),
+    m=st.integers(1, 5),
+    dtype=st.sampled_from(["float64", "float32"]),
+    delta=st.sampled_from([0.0, 0.5, -2.0]),
+    su=st.sampled_from([0.1, 1.0, 7.0]),
+    sw=st.sampled_from([0.2, 1.0, 5.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_dot_product_figures_match_numpy(n, m, dtype, delta, su, sw, seed):
+    """forward <w, A u>, reverse <B^T w, u> and the mismatch relative to
+    |w||A u| + |B^T w||u|, all in NumPy float64, for a true (B = A) and a wrong
+    transpose, directions of several lengths."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(m, n))
+    b = a + delta * rng.normal(size=(m, n))
+    x = jnp.asarray(rng.normal(size=n), dtype)
+    u = (su * rng.normal(size=n)).astype(dtype)
+    w = (sw * rng.normal(size=m)).astype(dtype)
+    r = checks.dot_product_test(_wrong_transpose(a, b, dtype), x, jnp.asarray(u), jnp.asarray(w))
+    u64, w64 = u.astype(np.float64), w.astype(np.float64)
+    ju, jtw = a @ u64, b.T @ w64
+    forward, reverse = float(w64 @ ju), float(jtw @ u64)
+    scale = np.linalg.norm(w64) * np.linalg.norm(ju) + np.linalg.norm(jtw) * np.linalg.norm(u64)
+    rtol = 1e-12 if dtype == "float64" else 1e-5
+    assert r["forward"] == pytest.approx(forward, rel=rtol, abs=rtol * scale)
+    assert r["reverse"] == pytest.approx(reverse, rel=rtol, abs=rtol * scale)
+    expected = abs(forward - reverse) / scale
+    assert r["rel_error"] == pytest.approx(expected, rel=1e-3, abs=200 * EPS[dtype])
+    if delta == 0.0:
+        assert r["rel_error"] <= 50 * EPS[dtype]
+
+
+def _sweep_reference(steps, errors, h):
+    """What `analyse_sweep` must report, from its docstring: the least positive
+    error; slopes over steps >= 3 h* (error < 1e-2) and <= h*/3 (error < 0.1)."""
+    positive = errors > 0
+    best = int(np.argmin(np.where(positive, errors, np.inf)))
+    right = (steps >= 3 * h) & (errors < 1e-2) & positive
+    left = (steps <= h / 3) & (errors < 0.1) & positive
+
+    def slope(mask):
+        if mask.sum() < 2:
+            return None
+        return float(np.polyfit(np.log10(steps[mask]), np.log10(errors[mask]), 1)[0])
+
+    return best, slope(right), slope(left)
+
+
+@FAST
+@given(
+    dtype=st.sampled_from(["float64", "float32"]),
+    x_scale=st.sampled_from([0.25, 1.0, 6.0]),
+    zero=st.booleans(),
+    at_right_edge=st.booleans(),
+    at_left_edge=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_sweep_analysis_selects_the_documented_steps(
+    dtype, x_scale, zero, at_right_edge, at_left_edge, seed
+):
+    """A synthetic sweep (the error model h^2 + eps/h with noise) holding the
+    boundary cases: steps exactly 3 h* and h*/3, a step between h*/3 and h*, an
+    error exactly 1e-2 right of h* and exactly 0.1 left of it, an exact zero."""
+    rng = np.random.default_rng(seed)
+    eps = float(np.finfo(dtype).eps)
+    x = jnp.asarray([0.5, -x_scale, 0.125], dtype)
+    h = (3.0 * eps) ** (1.0 / 3.0) * max(1.0, x_scale)
+    grid = np.concatenate([np.logspace(-13, -1, 13), [h / 3, h / 2, h, 3 * h, 10 * h]])
+    steps = np.unique(grid)
+    errors = (steps**2 + eps / steps) * np.exp(0.3 * rng.normal(size=steps.size))
+    errors = np.minimum(errors, 0.5)
+    if zero:
+        errors[np.flatnonzero(steps == h)[0]] = 0.0
+    if at_right_edge:
+        errors[np.flatnonzero(steps == 3 * h)[0]] = 1e-2
+    if at_left_edge:
+        errors[np.flatnonzero(steps == h / 3)[0]] = 0.1
+        errors[np.flatnonzero(steps == h / 2)[0]] = 0.05
+    a = checks.analyse_sweep(steps, errors, jnp.dtype(dtype), x)
+    best, right, left = _sweep_reference(steps, errors, h)
+    assert a["theory_step"] == pytest.approx(h, rel=1e-12)
+    assert a["best_step"] == steps[best] and a["best_rel_error"] == errors[best]
+    assert errors[best] > 0
+    assert a["trusted_digits"] == pytest.approx(-np.log10(errors[best]), rel=1e-12)
+    assert a["expected_best_rel_error"] == pytest.approx(eps ** (2 / 3), rel=1e-12)
+    for got, want in ((a["truncation_slope"], right), (a["roundoff_slope"], left)):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+def test_sweep_of_one_step_has_a_best_and_no_slopes():
+    x = jnp.ones(3, jnp.float64)
+    a = checks.analyse_sweep(np.array([1e-5]), np.array([3e-11]), jnp.float64, x)
+    assert (a["best_step"], a["best_rel_error"]) == (1e-5, 3e-11)
+    assert a["truncation_slope"] is None and a["roundoff_slope"] is None
+    with pytest.raises(checks.DerivativeInputError, match="non-empty"):
+        checks.analyse_sweep(np.array([]), np.array([]), jnp.float64, x)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

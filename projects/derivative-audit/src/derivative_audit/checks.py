@@ -197,9 +197,10 @@ def fd_sweep(
 def analyse_sweep(steps: np.ndarray, errors: np.ndarray, dtype, x: jax.Array) -> dict:
     """Where the minimum lies and the log-log slopes on either side of it.
 
-    Truncation slope: fitted over steps >= 10 h* with error below 1e-2 (beyond
-    that the Taylor model stops holding). Round-off slope: over steps <= h*/10
+    Truncation slope: fitted over steps >= 3 h* with error below 1e-2 (beyond
+    that the Taylor model stops holding). Round-off slope: over steps <= h*/3
     with error below 0.1 (at the smallest steps the difference can be zero).
+    Steps whose error is exactly 0 are left out of the minimum and both fits.
     """
     if np.ndim(steps) != 1 or np.shape(steps) != np.shape(errors) or np.size(steps) == 0:
         raise DerivativeInputError(

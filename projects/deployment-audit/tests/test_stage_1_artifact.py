@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deployment_audit import checkpoint, data, train
 from deployment_audit.cli import main
 from deployment_audit.config import Config, ConfigError, load_config
-from deployment_audit.model import apply, normalize, params_of
+from deployment_audit.model import apply, logits_from_raw, normalize, params_of
 
 
 def numpy_forward(params, x_normalized: np.ndarray) -> np.ndarray:
@@ -33,6 +35,94 @@ def numpy_forward(params, x_normalized: np.ndarray) -> np.ndarray:
         if i < len(layers) - 1:
             x = np.maximum(x, 0.0)
     return x
+
+
+FAST = settings(max_examples=25, derandomize=True, deadline=None, database=None)
+
+
+def random_params(seed: int, hidden: tuple[int, ...]) -> dict:
+    """Kernels AND biases drawn non-zero (a fresh model's biases are all zero)."""
+    rng = np.random.default_rng(seed)
+    widths = [data.NUM_FEATURES, *hidden, 10]
+    return {
+        "layers": [
+            {
+                "kernel": rng.normal(size=(a, b)).astype(np.float32) / np.sqrt(a),
+                "bias": rng.normal(size=(b,)).astype(np.float32),
+            }
+            for a, b in zip(widths[:-1], widths[1:], strict=True)
+        ]
+    }
+
+
+@pytest.mark.parametrize("hidden", [(), (16,), (24, 12)], ids=["no hidden", "1 hidden", "2"])
+def test_apply_with_nonzero_biases_matches_numpy(hidden):
+    """`apply` and the deployed `logits_from_raw` against NumPy float64, with every
+    bias non-zero and 0, 1 and 2 hidden layers."""
+    params = random_params(len(hidden), hidden)
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(5, data.NUM_FEATURES)).astype(np.float32)
+    mean = rng.normal(size=data.NUM_FEATURES).astype(np.float32)
+    scale = rng.uniform(0.2, 2.0, data.NUM_FEATURES).astype(np.float32)
+    jparams = jax.tree.map(jnp.asarray, params)
+    np.testing.assert_allclose(
+        np.asarray(apply(jparams, jnp.asarray(x))), numpy_forward(params, x), rtol=1e-5, atol=1e-5
+    )
+    normalized = (x.astype(np.float64) - mean) * scale
+    np.testing.assert_allclose(
+        np.asarray(logits_from_raw(jparams, mean, scale, jnp.asarray(x))),
+        numpy_forward(params, normalized),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_normalize_against_numpy():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 16, (6, data.NUM_FEATURES)).astype(np.float32)
+    mean = rng.uniform(0, 8, data.NUM_FEATURES).astype(np.float32)
+    scale = rng.uniform(0.1, 1.0, data.NUM_FEATURES).astype(np.float32)
+    got = np.asarray(normalize(jnp.asarray(x), jnp.asarray(mean), jnp.asarray(scale)))
+    np.testing.assert_allclose(got, (x.astype(np.float64) - mean) * scale, rtol=1e-6, atol=1e-6)
+
+
+@FAST
+@given(
+    # Two class sizes and two class counts: each new size is one more compile.
+    counts=st.lists(st.sampled_from([5, 9]), min_size=2, max_size=3),
+    test_fraction=st.sampled_from([0.0, 0.2, 0.3, 0.5, 0.75]),
+    seed=st.integers(0, 2**16),
+)
+def test_split_ids_against_a_reference(counts, test_fraction, seed):
+    """Stratified, disjoint, complete, sorted int32; per class exactly
+    round(fraction * class size) test IDs; the same key gives the same split."""
+    labels = np.repeat(np.arange(len(counts), dtype=np.int32) * 2, counts)
+    labels = labels[np.random.default_rng(seed).permutation(len(labels))]
+    key = jax.random.key(seed)
+    split = data.split_ids(labels, key, test_fraction)
+    train_ids, test_ids = split["train"], split["test"]
+    assert train_ids.dtype == np.int32 and test_ids.dtype == np.int32
+    assert list(train_ids) == sorted(train_ids) and list(test_ids) == sorted(test_ids)
+    assert sorted([*train_ids, *test_ids]) == list(range(len(labels)))
+    for cls, n in zip(np.arange(len(counts)) * 2, counts, strict=True):
+        assert int((labels[test_ids] == cls).sum()) == round(test_fraction * n)
+    again = data.split_ids(labels, jax.random.key(seed), test_fraction)
+    assert all(np.array_equal(split[k], again[k]) for k in ("train", "test"))
+
+
+def test_digest_tells_apart_values_dtypes_shapes_and_paths():
+    base = {"a": np.arange(6, dtype=np.float32), "b": [np.ones(2, np.int32)]}
+    variants = {
+        "a value": {**base, "a": base["a"] + np.eye(1, 6, 2, dtype=np.float32)[0]},
+        "a dtype": {**base, "a": base["a"].astype(np.float64)},
+        "a shape": {**base, "a": base["a"].reshape(2, 3)},
+        "a path": {"c": base["a"], "b": base["b"]},
+        "a leaf less": {"a": base["a"]},
+    }
+    same = {"a": base["a"].copy(), "b": [base["b"][0].copy()]}
+    assert checkpoint.digest(same) == checkpoint.digest(base)
+    digests = {name: checkpoint.digest(tree) for name, tree in variants.items()}
+    assert len(set(digests.values()) | {checkpoint.digest(base)}) == len(variants) + 1, digests
 
 
 @pytest.mark.parametrize("batch", [1, 37])

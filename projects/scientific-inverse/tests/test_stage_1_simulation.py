@@ -9,14 +9,26 @@ contract (batch, time, state) is asserted against single, unbatched runs and a
 permuted batch. Bad input gives a clear error, never a NaN trajectory.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.integrate import solve_ivp
 
+from scientific_inverse import solver
 from scientific_inverse.cli import main
-from scientific_inverse.model import GRAVITY, OSCILLATOR, PENDULUM, ParameterError
-from scientific_inverse.solver import rk4_error_study, simulate, steps_for
+from scientific_inverse.model import (
+    GRAVITY,
+    OSCILLATOR,
+    PENDULUM,
+    ParameterError,
+    System,
+    oscillator_exact,
+)
+from scientific_inverse.solver import rk4_error_study, rk4_step, simulate, steps_for
 
 ORDER_TOLERANCE = 0.3  # |observed order - 4| allowed on these asymptotic step ranges
 
@@ -29,6 +41,123 @@ def oscillator_batch(batch: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     )
     y0 = rng.uniform(-1.0, 1.0, (batch, 2))
     return theta, y0
+
+
+# FAST, DIRECT CHECKS AGAINST NUMPY AND SCIPY REFERENCES -----------------------------
+
+
+def _tdep_rhs(t, y, theta, load):
+    """A time-dependent test system: x' = a cos(t) - y2 + load, y2' = -b y2 + t^2."""
+    return jnp.stack([theta[0] * jnp.cos(t) - y[1] + load, -theta[1] * y[1] + t**2])
+
+
+TIMED = System("timed", _tdep_rhs, ("a", "b"), ("u", "w"))
+
+
+def _numpy_rk4(f, t: float, y: np.ndarray, dt: float) -> np.ndarray:
+    """Classical RK4, written out in NumPy (Butcher nodes 0, 1/2, 1/2, 1; weights 1-2-2-1)."""
+    k1 = f(t, y)
+    k2 = f(t + dt / 2, y + dt / 2 * k1)
+    k3 = f(t + dt / 2, y + dt / 2 * k2)
+    k4 = f(t + dt, y + dt * k3)
+    return y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+
+
+def _np_tdep(theta, load):
+    return lambda t, y: np.array([theta[0] * np.cos(t) - y[1] + load, -theta[1] * y[1] + t**2])
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, database=None)
+@given(
+    t=st.floats(-3.0, 3.0),
+    dt=st.floats(1e-3, 0.5),
+    y=st.tuples(st.floats(-2.0, 2.0), st.floats(-2.0, 2.0)),
+    theta=st.tuples(st.floats(0.1, 3.0), st.floats(0.0, 2.0)),
+    load=st.sampled_from([0.0, 0.7]),
+)
+def test_rk4_step_equals_a_numpy_rk4_on_a_time_dependent_system(t, dt, y, theta, load):
+    """One step from a non-zero time of a system whose rhs depends on t (the
+    package's two systems do not, so their tests cannot see the stage times)."""
+    with jax.enable_x64(True):
+        got = rk4_step(TIMED, jnp.float64(t), jnp.array(y), jnp.array(theta), jnp.float64(dt), load)
+        want = _numpy_rk4(_np_tdep(theta, load), t, np.array(y), dt)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13, atol=1e-13)
+
+
+def test_simulate_threads_time_through_the_scan():
+    """`simulate` on the time-dependent system equals a NumPy RK4 loop at t = i dt."""
+    theta = np.array([[1.5, 0.5], [0.3, 2.0]])
+    y0 = np.array([[0.2, -1.0], [1.0, 0.5]])
+    run = simulate(TIMED, theta, y0, 1.2, 0.05, load=0.25)
+    assert run.ys.shape == (2, 25, 2)
+    np.testing.assert_allclose(run.ts, 0.05 * np.arange(25), rtol=0, atol=1e-15)
+    for b in range(2):
+        f, y, ref = _np_tdep(theta[b], 0.25), y0[b], [y0[b]]
+        for i in range(24):
+            y = _numpy_rk4(f, i * 0.05, y, 0.05)
+            ref.append(y)
+        np.testing.assert_allclose(run.ys[b], np.array(ref), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("load", [0.0, 1.5])
+def test_exact_oscillator_against_scipy(load):
+    """`oscillator_exact` on NumPy inputs, with and without a load, against SciPy's
+    DOP853 on m x'' + c x' + k x = F0 (rtol 1e-12)."""
+    m, c, k = 1.3, 0.4, 5.0
+    y0 = np.array([0.7, -0.3])
+    ts = np.linspace(0.0, 6.0, 31)
+    sol = solve_ivp(
+        lambda t, y: [y[1], (load - c * y[1] - k * y[0]) / m],
+        (0.0, 6.0),
+        y0,
+        method="DOP853",
+        t_eval=ts,
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    with jax.enable_x64(True):
+        got = np.asarray(oscillator_exact(np.array([m, c, k]), y0, ts, load))
+    assert got.shape == (31, 2)
+    np.testing.assert_allclose(got, sol.y.T, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize(("t_end", "dt", "steps"), [(0.3, 0.1, 3), (1.0, 0.1, 10), (2.0, 2.0, 1)])
+def test_steps_for_near_integer_ratios(t_end, dt, steps):
+    """0.3 / 0.1 is 2.9999999999999996 in floating point: still 3 whole steps."""
+    assert steps_for(t_end, dt) == steps
+
+
+@pytest.mark.parametrize(
+    ("t_end", "dt", "match"),
+    [
+        (0.0, 0.1, r"end time must be positive and finite, but `t_end = 0.0`"),
+        (-0.5, 0.1, r"end time must be positive"),
+        (np.inf, 0.1, r"end time must be positive"),
+        (1.0, 0.0, r"step size must be positive and finite, but `dt = 0.0`"),
+        (1.0, np.inf, r"step size must be positive"),
+        (1.0, 0.3, r"t_end / dt = 3\.33333\); choose .* e\.g\. `dt = 0\.25`"),
+        (1.0, 0.1 * (1 + 1e-7), r"cannot reach the end time"),
+    ],
+)
+def test_steps_for_refuses_with_a_suggestion(t_end, dt, match):
+    with pytest.raises(ParameterError, match=match):
+        steps_for(t_end, dt)
+
+
+def test_the_state_budget_boundary(monkeypatch):
+    """`MAX_STATES` stored states are allowed, one more is refused, before any
+    computation; the message names the batch and the step count."""
+    monkeypatch.setattr(solver, "MAX_STATES", 12)
+    theta, y0 = np.array([[1.0, 0.3, 4.0]] * 2), np.array([[1.0, 0.0]] * 2)
+    assert simulate(OSCILLATOR, theta, y0, 0.5, 0.1).ys.shape == (2, 6, 2)  # 2 x 6 = 12
+    assert simulate(OSCILLATOR, theta[:1], y0[:1], 1.1, 0.1).ys.shape == (1, 12, 2)
+    with pytest.raises(ParameterError, match=r"2 trajectories of 6 steps .*more than 1e\+01"):
+        simulate(OSCILLATOR, theta, y0, 0.6, 0.1)  # 2 x 7 = 14
+    with pytest.raises(ParameterError, match=r"1 trajectories of 12 steps"):
+        simulate(OSCILLATOR, theta[:1], y0[:1], 1.2, 0.1)  # 1 x 13 = 13
+
+
+# THE STAGE'S CLAIMS ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("batch", [1, 3, 7])

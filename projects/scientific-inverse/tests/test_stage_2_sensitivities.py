@@ -10,11 +10,16 @@ RecursiveCheckpointAdjoint and BacksolveAdjoint against each other and the
 reference. Repeated for two steps, two systems and two solver tolerances.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scientific_inverse import sensitivity as S
-from scientific_inverse.model import PENDULUM
+from scientific_inverse.model import OSCILLATOR, PENDULUM
+from scientific_inverse.solver import simulate
 
 PROBLEM = S.oscillator_problem()
 ARGS = tuple(PROBLEM[k] for k in ("system", "theta", "y0", "ts", "data"))
@@ -32,6 +37,71 @@ def pendulum_problem() -> tuple:
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+# FAST, DIRECT CHECKS: THE HAND-WRITTEN PIECES AGAINST AUTODIFF AND NUMPY -------------
+
+_SYSTEMS = {"oscillator": OSCILLATOR, "pendulum": PENDULUM}
+
+
+def _autodiff_jacobians(system, y, theta):
+    with jax.enable_x64(True):
+        f = lambda yy, th: system.rhs(0.0, yy, th, 0.0)  # noqa: E731
+        dfdy = jax.jacobian(f, argnums=0)(jnp.asarray(y), jnp.asarray(theta))
+        dfdth = jax.jacobian(f, argnums=1)(jnp.asarray(y), jnp.asarray(theta))
+        return (
+            np.asarray(dfdy),
+            np.asarray(dfdth),
+            np.asarray(f(jnp.asarray(y), jnp.asarray(theta))),
+        )
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, database=None)
+@given(
+    name=st.sampled_from(["oscillator", "pendulum"]),
+    y=st.tuples(st.floats(-3.0, 3.0), st.floats(-3.0, 3.0)),
+    p=st.tuples(st.floats(0.2, 4.0), st.floats(0.0, 2.0), st.floats(0.2, 9.0)),
+)
+def test_hand_jacobians_and_rhs_equal_autodiff_of_the_model(name, y, p):
+    """The forward-sensitivity reference's hand-written df/dy, df/dtheta and NumPy
+    rhs, against `jax.jacobian` of the model's own rhs, on both systems."""
+    system = _SYSTEMS[name]
+    theta = np.array(p[: len(system.param_names)])
+    dfdy, dfdth = S._jacobians(system, np.array(y), theta)
+    ref_dy, ref_dth, ref_f = _autodiff_jacobians(system, y, theta)
+    np.testing.assert_allclose(dfdy, ref_dy, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(dfdth, ref_dth, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(
+        S._numpy_rhs(system, np.array(y), theta), ref_f, rtol=1e-13, atol=1e-13
+    )
+
+
+@pytest.mark.parametrize("dt", [0.05, 0.1])
+@pytest.mark.parametrize("system", ["oscillator", "pendulum"])
+def test_discrete_loss_is_half_the_mean_squared_position_error(system, dt):
+    """The loss on the RK4 grid of step `dt`, against a NumPy loss on the positions
+    of a stage-1 `simulate` run read at the observation times."""
+    sys_, theta, y0, ts, data = ARGS if system == "oscillator" else pendulum_problem()
+    run = simulate(sys_, theta[None], y0[None], float(ts[-1]), dt)
+    index = np.rint(ts / dt).astype(int)
+    np.testing.assert_allclose(run.ts[index], ts, rtol=0, atol=1e-12)
+    want = 0.5 * np.mean((run.ys[0, index, 0] - data) ** 2)
+    got = S.discrete_loss(sys_, theta, y0, ts, data, dt)
+    assert abs(got - want) <= 1e-12 * want and want > 1e-3
+
+
+def test_unevenly_spaced_observations_are_refused():
+    system, theta, y0, ts, data = ARGS
+    uneven = ts.copy()
+    uneven[3] += 1e-9  # Far beyond the 1e-12 the grid allows.
+    with pytest.raises(ValueError, match=r"evenly spaced from `ts\[0\]` onwards"):
+        S.discrete_loss(system, theta, y0, uneven, data, 0.05)
+    late = ts + ts[0]  # Even spacing, but not starting one spacing after 0.
+    with pytest.raises(ValueError, match=r"evenly spaced"):
+        S.discrete_loss(system, theta, y0, late, data, 0.05)
+
+
+# THE STAGE'S CLAIMS ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dt", [0.05, 0.0125])

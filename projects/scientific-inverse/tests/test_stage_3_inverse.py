@@ -22,16 +22,184 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from scientific_inverse import checkpoint, identifiability, report, train
 from scientific_inverse.cli import main
 from scientific_inverse.config import Config, ConfigError, load_config
 from scientific_inverse.data import DataError, observation_times, stack, synthesize
+from scientific_inverse.model import ParameterError
 from scientific_inverse.report import scaling_check
 
 CONFIG = Config.tiny()
 TRUTH = np.array([CONFIG.damping, CONFIG.stiffness])
+
+
+# FAST, DIRECT CHECKS AGAINST REFERENCES WRITTEN HERE (before the module's study) -----
+
+
+def _fits(seed: int, s: int = 3, n: int = 9) -> train.FitBatch:
+    rng = np.random.default_rng(seed)
+    theta = rng.uniform(0.2, 5.0, (s, 2))
+    jac = rng.normal(size=(s, n, 2))
+    rss = rng.uniform(0.5, 3.0, s)
+    counts = np.arange(n, n - s, -1).astype(np.float64)  # Rows with other counts.
+    return train.FitBatch(theta, rss, counts, jac, np.zeros(s, np.int64))
+
+
+@settings(max_examples=15, derandomize=True, deadline=None, database=None)
+@given(seed=st.integers(0, 2**31), confidence=st.sampled_from([0.5, 0.8, 0.95, 0.99]))
+def test_laplace_against_a_row_by_row_reference(seed, confidence):
+    """cov = RSS / (n - 2) (J^T J)^-1 and theta -+ t_{n-2}((1 + confidence) / 2) se,
+    row by row with `numpy.linalg.inv` and `scipy.stats.t`."""
+    fits = _fits(seed)
+    lap = train.laplace(fits, confidence)
+    for i in range(fits.theta.shape[0]):
+        s2 = fits.rss[i] / (fits.n[i] - 2)
+        cov = s2 * np.linalg.inv(fits.jac[i].T @ fits.jac[i])
+        se = np.sqrt(np.diag(cov))
+        q = stats.t.ppf((1 + confidence) / 2, fits.n[i] - 2)
+        np.testing.assert_allclose(lap.cov[i], cov, rtol=1e-12)
+        np.testing.assert_allclose(lap.se[i], se, rtol=1e-12)
+        np.testing.assert_allclose(lap.lower[i], fits.theta[i] - q * se, rtol=1e-12)
+        np.testing.assert_allclose(lap.upper[i], fits.theta[i] + q * se, rtol=1e-12)
+        assert abs(lap.sigma[i] - math.sqrt(s2)) <= 1e-12 * math.sqrt(s2)
+
+
+def test_coverage_summary_counts_each_parameter_over_seeds():
+    """Five seeds, two parameters, truth inside, outside and ON an interval end."""
+    theta = np.array([[1.0, 2.0], [1.2, 2.5], [0.7, 1.0], [1.1, 2.2], [0.9, 1.9]])
+    se = np.array([[0.1, 0.2], [0.1, 0.2], [0.1, 0.4], [0.05, 0.1], [0.1, 0.1]])
+    lower = np.array([[0.8, 1.6], [1.1, 1.9], [0.5, 1.5], [1.0, 2.0], [0.7, 1.5]])
+    upper = np.array([[1.2, 2.4], [1.4, 2.9], [1.05, 1.9], [1.2, 2.4], [1.0, 2.0]])
+    truth = np.array([1.0, 2.0])
+    lap = train.Laplace(se, np.zeros((5, 2, 2)), lower, upper, np.ones(5))
+    fits = train.FitBatch(theta, np.ones(5), np.full(5, 10.0), np.zeros((5, 10, 2)), np.zeros(5))
+    got = train.coverage_summary(fits, lap, truth, 0.8)
+    z = (theta - truth) / se
+    assert got["covered"] == [4, 4]  # Row 1 misses c; row 2 misses k; row 4's ends hold it.
+    assert got["rate"] == [0.8, 0.8]
+    assert got["seeds"] == 5 and got["nominal"] == 0.8
+    assert got["binomial_se"] == pytest.approx(math.sqrt(0.8 * 0.2 / 5), rel=1e-12)
+    np.testing.assert_allclose(got["z_mean"], z.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(got["z_std"], z.std(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(got["mean_se"], se.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(got["estimate_std"], theta.std(axis=0), rtol=1e-12)
+
+
+def test_slope_of_an_exact_power_law():
+    steps = np.array([0.1, 0.05, 0.025, 0.0125])
+    assert train.slope(steps, 3.0 * steps**4) == pytest.approx(4.0, abs=1e-10)
+    assert train.slope(steps, 0.5 * steps**2) == pytest.approx(2.0, abs=1e-10)
+
+
+def test_crossings_interpolate_each_side_of_the_minimum():
+    values = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    dev = np.array([9.0, 4.0, 1.0, 0.0, 2.0, 8.0])
+    # Left: between 1 (4.0) and 2 (1.0) at level 3 -> 1 + (3 - 4) / (1 - 4) = 4/3.
+    # Right: between 4 (2.0) and 5 (8.0) -> 4 + (3 - 2) / (8 - 2) = 25/6.
+    low, high = identifiability.crossings(values, dev, 3.0)
+    assert low == pytest.approx(4 / 3, rel=1e-14) and high == pytest.approx(25 / 6, rel=1e-14)
+    # A curve that never reaches the level on one side: -inf / inf.
+    assert identifiability.crossings(values, dev, 8.5) == (pytest.approx(0.0 + 0.5 / 5), np.inf)
+    assert identifiability.crossings(values, dev, 100.0) == (-np.inf, np.inf)
+    # Exactly at the level: that point is the crossing.
+    assert identifiability.crossings(values, dev, 2.0) == (pytest.approx(1 + 2 / 3), 4.0)
+    # Minimum at the first point: no left side at all.
+    rising = np.array([0.0, 1.0, 4.0, 9.0, 12.0, 20.0])
+    assert identifiability.crossings(values, rising, 3.0) == (-np.inf, pytest.approx(5 / 3))
+
+
+def test_profile_from_rss_against_the_deviance_formula():
+    values = np.linspace(0.0, 1.0, 5)
+    rss = np.array([4.0, 2.5, 2.0, 2.2, 5.0])
+    got = identifiability.profile_from_rss(values, rss, 2.0, 30.0, 0.95)
+    deviance = 30.0 * np.log(rss / 2.0)
+    np.testing.assert_allclose(got["deviance"], deviance, rtol=1e-14)
+    assert got["threshold"] == pytest.approx(stats.chi2.ppf(0.95, 1), rel=1e-14)
+    assert got["threshold"] == pytest.approx(3.841458820694124, rel=1e-12)
+    # A better minimum elsewhere (rss_min below the grid's) shifts the curve.
+    shifted = identifiability.profile_from_rss(values, rss, 1.0, 30.0, 0.95)
+    np.testing.assert_allclose(shifted["deviance"], 30.0 * np.log(rss), rtol=1e-14)
+
+
+def test_condition_number_on_three_by_three_and_singular():
+    info = np.diag([2.0, 5.0, 40.0])
+    assert identifiability.condition_number(info) == pytest.approx(20.0, rel=1e-12)
+    assert identifiability.condition_number(np.diag([1.0, 3.0])) == pytest.approx(3.0)
+    assert math.isinf(identifiability.condition_number(np.diag([0.0, 1.0, 2.0])))
+    # Just above and below the round-off floor of 1e-12 of the largest.
+    assert identifiability.condition_number(np.diag([2e-12, 1.0])) == pytest.approx(5e11)
+    assert math.isinf(identifiability.condition_number(np.diag([5e-13, 1.0])))
+
+
+def _fd_fisher(theta, ts, y0, noise, free, load=0.0, h=1e-6):
+    """J^T J / sigma^2 with J the central difference of x(t) in log parameters."""
+    from scientific_inverse.model import oscillator_exact
+
+    with jax.enable_x64(True):
+        cols = []
+        for name in free:
+            j = "mck".index(name)
+            up, down = np.array(theta, float), np.array(theta, float)
+            up[j] *= math.exp(h)
+            down[j] *= math.exp(-h)
+            xu = np.asarray(oscillator_exact(up, y0, ts, load))[:, 0]
+            xd = np.asarray(oscillator_exact(down, y0, ts, load))[:, 0]
+            cols.append((xu - xd) / (2 * h))
+    jac = np.stack(cols, axis=1)
+    return jac.T @ jac / noise**2
+
+
+@pytest.mark.parametrize(
+    ("free", "load"), [(("c", "k"), 0.0), (("m", "c", "k"), 1.0), (("k",), 0.5)]
+)
+def test_fisher_against_finite_differences(free, load):
+    theta, y0, ts = np.array([1.0, 0.3, 4.0]), np.array([1.0, 0.0]), 0.1 * np.arange(1, 41)
+    kwargs = {"load": load} if load else {}
+    got = identifiability.fisher(theta, ts, y0, 0.2, free=free, **kwargs)
+    np.testing.assert_allclose(got, _fd_fisher(theta, ts, y0, 0.2, free, load), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"noise_std": 0.0}, r"`noise_std` must be positive"),
+        ({"noise_std": -0.5}, r"`noise_std` must be positive"),
+        ({"noise_std": np.inf}, r"`noise_std` must be positive"),
+        ({"free": ()}, r"`free` must name distinct"),
+        ({"free": ("c", "c")}, r"`free` must name distinct"),
+        ({"free": ("c", "g")}, r"`free` must name distinct"),
+        ({"theta": np.array([1.0, 0.3])}, r"`theta` must have shape \(3,\)"),
+        ({"y0": np.array([1.0])}, r"`y0` shape \(2,\)"),
+        ({"ts": np.array([0.1, np.nan])}, r"`ts` must be a non-empty, finite"),
+        ({"ts": np.zeros((2, 2))}, r"`ts` must be a non-empty, finite"),
+    ],
+)
+def test_fisher_refuses_unusable_inputs(change, match):
+    args = {
+        "theta": np.array([1.0, 0.3, 4.0]),
+        "ts": 0.1 * np.arange(1, 11),
+        "y0": np.array([1.0, 0.0]),
+        "noise_std": 0.1,
+        "free": ("c", "k"),
+    }
+    args.update(change)
+    free = args.pop("free")
+    with pytest.raises(ParameterError, match=match):
+        identifiability.fisher(**args, free=free)
+
+
+def test_fisher_takes_free_by_keyword_only():
+    with pytest.raises(TypeError):
+        identifiability.fisher(
+            np.array([1.0, 0.3, 4.0]), 0.1 * np.arange(1, 11), np.array([1.0, 0.0]), 0.1, ("c",)
+        )
+
+
+# THE TINY STUDY ---------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from training_methods import mlm
-from training_methods.data import NUM_SPECIAL, PAD
+from training_methods.data import MASK, NUM_SPECIAL, PAD
 from training_methods.model import build
 
 CONDITIONS = [(0.15, "ragged"), (0.4, "half-padded")]
@@ -62,6 +64,181 @@ def _enumerated_loss(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -
                 total += m + np.log(np.sum(np.exp(z - m))) - z[labels[b, t]]
                 count += 1
     return total / max(count, 1)
+
+
+# Property checks of the corruption against plain-NumPy invariants, over the
+# vocabulary size, the mask rate (including 0 and 1), the shape and the key.
+# Each case draws its tokens as real symbols of a vocabulary of `s` symbols,
+# with padding and the other special tokens mixed in.
+_SHAPES = [(3, 7), (8, 13)]
+
+
+def _random_tokens(seed: int, shape, s: int, special_fraction: float) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    tokens = NUM_SPECIAL + rng.integers(0, s, shape)
+    special = rng.random(shape) < special_fraction
+    tokens[special] = rng.integers(0, NUM_SPECIAL, int(special.sum()))
+    return tokens.astype(np.int32)
+
+
+@settings(max_examples=24, derandomize=True, deadline=None, database=None)
+@given(
+    s=st.sampled_from([2, 7, 16]),
+    rate=st.sampled_from([0.0, 0.3, 1.0]),
+    shape=st.sampled_from(_SHAPES),
+    seed=st.integers(0, 2**16),
+    special_fraction=st.sampled_from([0.0, 0.4]),
+)
+def test_corruption_invariants(s, rate, shape, seed, special_fraction):
+    tokens = _random_tokens(seed, shape, s, special_fraction)
+    c = mlm.corrupt(jax.random.key(seed), jnp.asarray(tokens), rate, s)
+    inputs, sel = np.asarray(c.inputs), np.asarray(c.loss_mask)
+    real = tokens >= NUM_SPECIAL
+    assert c.inputs.dtype == jnp.int32 and sel.dtype == np.bool_
+    assert np.array_equal(np.asarray(c.labels), tokens), "labels are the original tokens"
+    # Only real symbols are selected; rate 0 selects nothing, rate 1 every real symbol.
+    assert not np.any(sel & ~real)
+    if rate == 0.0:
+        assert not sel.any()
+    if rate == 1.0:
+        assert np.array_equal(sel, real)
+    # Unselected positions are untouched; a selected one is MASK, itself, or a real symbol.
+    assert np.array_equal(inputs[~sel], tokens[~sel])
+    in_vocab = (inputs >= NUM_SPECIAL) & (inputs < NUM_SPECIAL + s)
+    assert np.all((inputs[sel] == MASK) | in_vocab[sel])
+
+
+@pytest.mark.parametrize("s", [3, 16])
+def test_random_replacements_cover_exactly_the_symbols(s):
+    # Every real token selected (rate 1): about 10% of 6000 become random symbols.
+    tokens = _random_tokens(s, (200, 30), s, 0.0)
+    c = mlm.corrupt(jax.random.key(30 + s), jnp.asarray(tokens), 1.0, s)
+    inputs = np.asarray(c.inputs)
+    changed = (inputs != MASK) & (inputs != tokens)
+    values = inputs[changed]
+    # The random branch draws uniformly over the s symbols: a changed value
+    # is one of the s - 1 other symbols, and every one of them occurs.
+    assert set(values.tolist()) == set(range(NUM_SPECIAL, NUM_SPECIAL + s))
+    n = values.size
+    p = 0.1 * (s - 1) / s
+    assert abs(n / tokens.size - p) <= 5 * np.sqrt(p * (1 - p) / tokens.size)
+    counts = np.bincount(values - NUM_SPECIAL, minlength=s)
+    # Uniform over the symbols: no symbol far from n / s (chi-square, 0.1% level).
+    expected = n / s
+    chi2 = float(np.sum((counts - expected) ** 2 / expected))
+    assert chi2 < {3: 13.8, 16: 37.7}[s]
+
+
+def _np_ce(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    m = z.max(-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.sum(np.exp(z - m), -1))
+    return lse - np.take_along_axis(z, labels[..., None], -1)[..., 0]
+
+
+@pytest.mark.parametrize("rate", [0.15, 0.4])
+def test_corruption_split_matches_its_probabilities(config, corpus, evidence, rate):
+    tokens = jnp.asarray(corpus.tokens[:2048])
+    c = mlm.corrupt(jax.random.key(3), tokens, rate, config.num_symbols)
+    again = mlm.corrupt(jax.random.key(3), tokens, rate, config.num_symbols)
+    assert np.array_equal(c.inputs, again.inputs), "same key, same corruption"
+    real = np.asarray(tokens) >= NUM_SPECIAL
+    sel = np.asarray(c.loss_mask)
+    inputs = np.asarray(c.inputs)
+    n_real, n_sel = int(real.sum()), int(sel.sum())
+    s = config.num_symbols
+    # A random replacement equals the original with probability 1/s.
+    observed = {
+        "selected": n_sel / n_real,
+        "mask": float(np.mean(inputs[sel] == 4)),
+        "changed_to_random": float(
+            np.mean((inputs[sel] != 4) & (inputs[sel] != np.asarray(tokens)[sel]))
+        ),
+        "unchanged": float(np.mean(inputs[sel] == np.asarray(tokens)[sel])),
+    }
+    expected = {
+        "selected": rate,
+        "mask": 0.8,
+        "changed_to_random": 0.1 * (s - 1) / s,
+        "unchanged": 0.1 + 0.1 / s,
+    }
+    counts = {"selected": n_real, "mask": n_sel, "changed_to_random": n_sel, "unchanged": n_sel}
+    ok = all(
+        abs(observed[k] - p) <= 5 * np.sqrt(p * (1 - p) / counts[k]) for k, p in expected.items()
+    )
+    untouched = np.array_equal(inputs[~sel], np.asarray(tokens)[~sel])
+    assert evidence.record(
+        "corruption split vs its probabilities (5 binomial sigma)",
+        f"mask_rate={rate}",
+        {"observed": observed, "expected": expected, "unselected_untouched": untouched},
+        {"sigma": 5},
+        ok and untouched,
+    )
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 5, 24])
+def test_loss_and_accuracy_at_every_mask_size(count):
+    # Boundary cases of the denominator: an empty mask, exactly one position, all.
+    rng = np.random.default_rng(count)
+    logits = rng.normal(size=(4, 6, 9)).astype(np.float32)
+    labels = rng.integers(0, 9, (4, 6)).astype(np.int32)
+    # Half the positions predict their label (argmax), so the accuracy is strictly between.
+    hit = rng.random((4, 6)) < 0.5
+    labels[hit] = logits.argmax(-1)[hit]
+    mask = np.zeros(24, bool)
+    mask[rng.permutation(24)[:count]] = True
+    mask = mask.reshape(4, 6)
+    loss = mlm.mlm_loss(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask))
+    acc = mlm.masked_accuracy(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask))
+    ce = _np_ce(logits, labels)
+    ref_loss = float(ce[mask].sum() / count) if count else 0.0
+    ref_acc = float((logits.argmax(-1) == labels)[mask].sum() / count) if count else 0.0
+    np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(float(acc), ref_acc, rtol=0, atol=1e-7)
+    if count == 24:
+        assert 0.0 < ref_acc < 1.0
+    # The empty mask gives a zero, finite gradient.
+    grad = jax.grad(mlm.mlm_loss)(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask))
+    grad = np.asarray(grad)
+    assert np.all(np.isfinite(grad)) and (np.all(grad == 0) == (count == 0))
+
+
+@settings(max_examples=20, derandomize=True, deadline=None, database=None)
+@given(
+    seed=st.integers(0, 2**16),
+    shape=st.sampled_from([(2, 3, 5), (3, 4, 11)]),
+    density=st.sampled_from([0.2, 0.7, 1.0]),
+)
+def test_accuracy_equals_numpy(seed, shape, density):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=shape).astype(np.float32)
+    labels = rng.integers(0, shape[-1], shape[:-1]).astype(np.int32)
+    hit = rng.random(shape[:-1]) < 0.5
+    labels[hit] = logits.argmax(-1)[hit]
+    mask = rng.random(shape[:-1]) < density
+    acc = float(mlm.masked_accuracy(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask)))
+    correct = logits.argmax(-1) == labels
+    ref = float(correct[mask].mean()) if mask.any() else 0.0
+    assert abs(acc - ref) <= 1e-7
+
+
+@pytest.mark.parametrize("shape", [(4, 1), (4, 14), (5, 13), (3, 13), (4,), (4, 13, 1)], ids=str)
+def test_masks_of_every_other_shape_are_refused(config, corpus, shape):
+    labels = jnp.asarray(corpus.tokens[:4])
+    assert labels.shape == (4, 13)
+    logits = jnp.zeros((4, 13, 8))
+    with pytest.raises(ValueError, match=r"has shape .* never broadcast"):
+        mlm.mlm_loss(logits, labels, jnp.ones(shape, bool))
+    with pytest.raises(ValueError, match=r"has shape .* never broadcast"):
+        mlm.check_mask(jnp.ones(shape, bool), labels)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.int32, jnp.uint8, jnp.bfloat16])
+def test_masks_of_every_other_dtype_are_refused(corpus, dtype):
+    labels = jnp.asarray(corpus.tokens[:4])
+    with pytest.raises(ValueError, match=r"`m` must be bool"):
+        mlm.check_mask(jnp.ones(labels.shape, dtype), labels, "m")
+    mlm.check_mask(jnp.ones(labels.shape, bool), labels, "m")  # a bool mask passes
 
 
 @pytest.mark.parametrize("rate,pattern", CONDITIONS)
@@ -121,46 +298,6 @@ def test_labels_outside_the_mask_change_neither_loss_nor_gradient(
         },
         {"exact": True},
         passed,
-    )
-
-
-@pytest.mark.parametrize("rate", [0.15, 0.4])
-def test_corruption_split_matches_its_probabilities(config, corpus, evidence, rate):
-    tokens = jnp.asarray(corpus.tokens[:2048])
-    c = mlm.corrupt(jax.random.key(3), tokens, rate, config.num_symbols)
-    again = mlm.corrupt(jax.random.key(3), tokens, rate, config.num_symbols)
-    assert np.array_equal(c.inputs, again.inputs), "same key, same corruption"
-    real = np.asarray(tokens) >= NUM_SPECIAL
-    sel = np.asarray(c.loss_mask)
-    inputs = np.asarray(c.inputs)
-    n_real, n_sel = int(real.sum()), int(sel.sum())
-    s = config.num_symbols
-    # A random replacement equals the original with probability 1/s.
-    observed = {
-        "selected": n_sel / n_real,
-        "mask": float(np.mean(inputs[sel] == 4)),
-        "changed_to_random": float(
-            np.mean((inputs[sel] != 4) & (inputs[sel] != np.asarray(tokens)[sel]))
-        ),
-        "unchanged": float(np.mean(inputs[sel] == np.asarray(tokens)[sel])),
-    }
-    expected = {
-        "selected": rate,
-        "mask": 0.8,
-        "changed_to_random": 0.1 * (s - 1) / s,
-        "unchanged": 0.1 + 0.1 / s,
-    }
-    counts = {"selected": n_real, "mask": n_sel, "changed_to_random": n_sel, "unchanged": n_sel}
-    ok = all(
-        abs(observed[k] - p) <= 5 * np.sqrt(p * (1 - p) / counts[k]) for k, p in expected.items()
-    )
-    untouched = np.array_equal(inputs[~sel], np.asarray(tokens)[~sel])
-    assert evidence.record(
-        "corruption split vs its probabilities (5 binomial sigma)",
-        f"mask_rate={rate}",
-        {"observed": observed, "expected": expected, "unselected_untouched": untouched},
-        {"sigma": 5},
-        ok and untouched,
     )
 
 

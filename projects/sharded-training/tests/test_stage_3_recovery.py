@@ -141,7 +141,15 @@ def local_checkpoints(tmp_path_factory):
     return workdir / "checkpoints"
 
 
-@pytest.mark.parametrize("how", ["remove data/process_0-of-1.json", "truncate state/_METADATA"])
+LOCAL_DAMAGES = [
+    "remove data/process_0-of-1.json",
+    "truncate data/process_0-of-1.json",
+    "remove state/_METADATA",
+    "truncate state/_METADATA",
+]
+
+
+@pytest.mark.parametrize("how", LOCAL_DAMAGES)
 def test_a_damaged_step_is_rejected_with_its_reason(evidence, local_checkpoints, tmp_path, how):
     """`check_step` on a real checkpoint, before and after one item is damaged;
     `find_restorable` then falls back to the previous step and moves the damaged one
@@ -174,6 +182,69 @@ def test_a_damaged_step_is_rejected_with_its_reason(evidence, local_checkpoints,
         and observed["rejected_steps"] == [damaged_step]
         and observed["moved_aside"],
     ), observed
+
+
+def test_two_damaged_steps_fall_back_to_the_third(local_checkpoints, tmp_path):
+    """Both newer steps damaged (an item missing, an item unreadable): both are moved
+    aside under `rejected/`, and the oldest step is the one to restore."""
+    ckpt = tmp_path / "checkpoints"
+    shutil.copytree(local_checkpoints, ckpt)
+    steps = checkpoint.committed_steps(ckpt)
+    assert len(steps) == 3 and steps == sorted(steps, reverse=True)
+    damage(ckpt, "remove data/process_0-of-1.json")
+    shutil.move(str(ckpt / str(steps[0])), str(tmp_path / "aside"))
+    damage(ckpt, "truncate state/_METADATA")
+    shutil.move(str(tmp_path / "aside"), str(ckpt / str(steps[0])))
+    # A process that is not the primary checks the same steps but moves nothing.
+    assert checkpoint.find_restorable(ckpt, CONFIG, 1, primary=False)[0] == steps[2]
+    assert checkpoint.committed_steps(ckpt) == steps
+    assert not (tmp_path / "rejected").exists()
+    restored, checks = checkpoint.find_restorable(ckpt, CONFIG, 1, primary=True)
+    assert restored == steps[2]
+    assert [(c.step, c.ok) for c in checks] == [
+        (steps[0], False),
+        (steps[1], False),
+        (steps[2], True),
+    ]
+    assert sorted(p.name for p in (tmp_path / "rejected").iterdir()) == sorted(
+        f"step_{s}" for s in steps[:2]
+    )
+    assert checkpoint.committed_steps(ckpt) == [steps[2]]
+    assert checkpoint.committed_steps(tmp_path / "no such folder") == []
+
+
+def test_find_restorable_takes_primary_by_name_only(local_checkpoints):
+    """Whether to move steps on disk is never passed by position."""
+    with pytest.raises(TypeError):
+        checkpoint.find_restorable(local_checkpoints, CONFIG, 1, True)
+
+
+def _digest_order(sign: int) -> Config:
+    """A config whose digest sorts after (`sign` 1) or before (-1) CONFIG's; only its
+    seed differs."""
+    ours = CONFIG.digest()
+    for seed in range(1, 100):
+        other = CONFIG.model_copy(update={"seed": seed})
+        if (other.digest() > ours) == (sign > 0):
+            return other
+    raise AssertionError("no such seed")
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["digest-after", "digest-before"])
+def test_a_step_of_another_config_names_both_digests_and_the_field(local_checkpoints, sign):
+    other = _digest_order(sign)
+    step = checkpoint.committed_steps(local_checkpoints)[0]
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        checkpoint.check_step(local_checkpoints, step, other, 1, True)
+    message = str(err.value)
+    assert (
+        f"(config sha256 `{CONFIG.digest()[:12]}`, this run `{other.digest()[:12]}`: "
+        f"`seed` {CONFIG.seed!r} there vs {other.seed!r} here); use a new workdir" in message
+    ), message
+    # The same config passes; another process count is refused with both counts.
+    assert checkpoint.check_step(local_checkpoints, step, CONFIG, 1, True).ok
+    with pytest.raises(checkpoint.CheckpointError, match=r"by `1` processes, .* has `2`"):
+        checkpoint.check_step(local_checkpoints, step, CONFIG, 2, True)
 
 
 def test_saves_are_written_in_the_background(evidence, tmp_path):

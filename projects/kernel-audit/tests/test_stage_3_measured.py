@@ -17,6 +17,7 @@ No test asserts a speed.
 """
 
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,250 @@ def interpret_report(tmp_path_factory):
     )
     assert result.exit_code == 0, result.output
     return checkpoint.load_record(out), out, result.output
+
+
+# --- The analysis, on constructed timings, against figures worked out by hand ---------
+
+CEILINGS = {"flops_per_s": 1e12, "bytes_per_s": 1e11}
+
+
+def _constructed_settings() -> list[dict]:
+    """`small`: two block sizes (one compute-bound, one bandwidth-bound on the
+    roofline) and an unfused variant, best kernel 2x faster than XLA; `large`: the
+    best kernel 1.5x slower than XLA; `tie`: a kernel exactly as fast as XLA, with no
+    cost figures; `xla-only`: no kernel path at all."""
+
+    def path(mode, median, cost=None):
+        entry = {"execution_mode": mode, "median_s": median}
+        if cost is not None:
+            entry["cost"] = cost
+        return entry
+
+    xla_cost = {"flops": 3e9, "bytes_accessed": 5e7}
+    return [
+        {
+            "setting": "small",
+            "results": {
+                "xla": path("xla", 1.0e-3, xla_cost),
+                "xla_aa": path("xla", 1.2e-3),
+                "pallas_32x32x32": path("compiled", 0.5e-3, {"flops": 2e9, "bytes": 4e7}),
+                "pallas_64x64x32": path("compiled", 0.8e-3, {"flops": 2e9, "bytes": 8e8}),
+                "pallas_unfused_32x32x32": path("compiled", 0.9e-3),
+            },
+        },
+        {
+            "setting": "large",
+            "results": {
+                "xla": path("xla", 1.0e-3, xla_cost),
+                "xla_aa": path("xla", 0.9e-3),
+                "pallas_32x32x32": path("compiled", 2.0e-3, {"flops": 2e9, "bytes": 4e7}),
+                "pallas_64x64x32": path("compiled", 1.5e-3, {"flops": 2e9, "bytes": 4e7}),
+            },
+        },
+        {
+            "setting": "tie",
+            "results": {
+                "xla": path("xla", 2.0e-3, xla_cost),
+                "xla_aa": path("xla", 2.0e-3),
+                "pallas_16x16x16": path("compiled", 2.0e-3),
+            },
+        },
+        {
+            "setting": "xla-only",
+            "results": {"xla": path("xla", 4.0e-3, xla_cost), "xla_aa": path("xla", 3.0e-3)},
+        },
+    ]
+
+
+def _placed(mode, flops, bytes_, median, source):
+    """A roofline entry with its placement: attainable = min(peak, intensity x bw)."""
+    intensity = flops / bytes_
+    attainable = min(1e12, intensity * 1e11)
+    return {
+        "execution_mode": mode,
+        "flops": flops,
+        "bytes": bytes_,
+        "source": source,
+        "intensity_flops_per_byte": intensity,
+        "achieved_flops_per_s": flops / median,
+        "attainable_flops_per_s": attainable,
+        "fraction_of_roofline": flops / median / attainable,
+    }
+
+
+def _assert_same(got, expected, where="") -> None:
+    """Equal structure, numbers to 1e-12 relative."""
+    if isinstance(expected, dict):
+        assert isinstance(got, dict) and sorted(got) == sorted(expected), (where, got, expected)
+        for key in expected:
+            _assert_same(got[key], expected[key], f"{where}/{key}")
+    elif isinstance(expected, list):
+        assert isinstance(got, list) and len(got) == len(expected), (where, got, expected)
+        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+            _assert_same(g, e, f"{where}[{i}]")
+    elif isinstance(expected, float) and not isinstance(expected, bool):
+        assert got == pytest.approx(expected, rel=1e-12, abs=0.0), (where, got, expected)
+    else:
+        assert got == expected and type(got) is type(expected), (where, got, expected)
+
+
+XLA_SOURCE, TILING = "XLA cost analysis", "the kernel's tiling"
+
+
+def test_compiled_analysis_equals_hand_worked_figures():
+    ratios, roofline, optimizations, where = bench.analyse(
+        _constructed_settings(), CEILINGS, compiled=True
+    )
+    _assert_same(
+        ratios,
+        {
+            "small/xla_vs_xla_aa": 1.2e-3 / 1.0e-3,
+            "small/pallas_32x32x32_vs_xla": 1.0e-3 / 0.5e-3,
+            "small/pallas_64x64x32_vs_xla": 1.0e-3 / 0.8e-3,
+            "small/pallas_32x32x32_vs_pallas_unfused_32x32x32": 0.9e-3 / 0.5e-3,
+            "large/xla_vs_xla_aa": 0.9e-3 / 1.0e-3,
+            "large/pallas_32x32x32_vs_xla": 1.0e-3 / 2.0e-3,
+            "large/pallas_64x64x32_vs_xla": 1.0e-3 / 1.5e-3,
+            "tie/xla_vs_xla_aa": 1.0,
+            "tie/pallas_16x16x16_vs_xla": 1.0,
+            "xla-only/xla_vs_xla_aa": 3.0e-3 / 4.0e-3,
+        },
+    )
+    unplaced = {"execution_mode": "compiled", "flops": None, "bytes": None, "source": TILING}
+    _assert_same(
+        roofline,
+        {
+            "small/pallas_32x32x32": _placed("compiled", 2e9, 4e7, 0.5e-3, TILING),
+            "small/pallas_64x64x32": _placed("compiled", 2e9, 8e8, 0.8e-3, TILING),
+            "small/xla": _placed("xla", 3e9, 5e7, 1.0e-3, XLA_SOURCE),
+            "large/pallas_32x32x32": _placed("compiled", 2e9, 4e7, 2.0e-3, TILING),
+            "large/pallas_64x64x32": _placed("compiled", 2e9, 4e7, 1.5e-3, TILING),
+            "large/xla": _placed("xla", 3e9, 5e7, 1.0e-3, XLA_SOURCE),
+            "tie/pallas_16x16x16": unplaced,
+            "tie/xla": _placed("xla", 3e9, 5e7, 2.0e-3, XLA_SOURCE),
+            "xla-only/xla": _placed("xla", 3e9, 5e7, 4.0e-3, XLA_SOURCE),
+        },
+    )
+    # The placements exercise both sides of the roofline's min().
+    assert roofline["small/pallas_32x32x32"]["attainable_flops_per_s"] == 1e12
+    assert roofline["small/pallas_64x64x32"]["attainable_flops_per_s"] == pytest.approx(2.5e11)
+    _assert_same(
+        optimizations,
+        [
+            {
+                "optimization": "small: block size 32x32x32",
+                "status": "measured",
+                "evidence": {"pallas_32x32x32": 0.5e-3, "pallas_64x64x32": 0.8e-3},
+            },
+            {
+                "optimization": "small: bias + gelu fused into the matmul epilogue",
+                "status": "measured",
+                "evidence": {"fused_vs_unfused": 0.9e-3 / 0.5e-3},
+            },
+            {
+                "optimization": "large: block size 64x64x32",
+                "status": "measured",
+                "evidence": {"pallas_32x32x32": 2.0e-3, "pallas_64x64x32": 1.5e-3},
+            },
+            {
+                "optimization": "tie: block size 16x16x16",
+                "status": "measured",
+                "evidence": {"pallas_16x16x16": 2.0e-3},
+            },
+        ],
+    )
+    # Only a best kernel strictly slower than XLA stops helping; the tie does not.
+    _assert_same(
+        where,
+        {
+            "status": "measured",
+            "settings_where_xla_is_faster": [
+                {
+                    "setting": "large",
+                    "best_blocks": "pallas_64x64x32",
+                    "best_kernel_vs_xla": 1.0e-3 / 1.5e-3,
+                }
+            ],
+        },
+    )
+
+
+def test_interpret_analysis_keeps_only_the_controls_and_xla_placements():
+    ratios, roofline, optimizations, where = bench.analyse(
+        _constructed_settings(), CEILINGS, compiled=False
+    )
+    _assert_same(
+        ratios,
+        {
+            "small/xla_vs_xla_aa": 1.2e-3 / 1.0e-3,
+            "large/xla_vs_xla_aa": 0.9e-3 / 1.0e-3,
+            "tie/xla_vs_xla_aa": 1.0,
+            "xla-only/xla_vs_xla_aa": 3.0e-3 / 4.0e-3,
+        },
+    )
+    unmeasured = where["status"]
+    assert sorted(where) == ["status"]
+    assert unmeasured.startswith("unmeasured: the kernel ran in interpret mode")
+
+    def kernel(flops, bytes_):
+        return {
+            "execution_mode": "compiled",
+            "flops": flops,
+            "bytes": bytes_,
+            "source": TILING,
+            "intensity_flops_per_byte": flops / bytes_,
+            "placement": unmeasured,
+        }
+
+    _assert_same(
+        roofline,
+        {
+            "small/pallas_32x32x32": kernel(2e9, 4e7),
+            "small/pallas_64x64x32": kernel(2e9, 8e8),
+            "small/xla": _placed("xla", 3e9, 5e7, 1.0e-3, XLA_SOURCE),
+            "large/pallas_32x32x32": kernel(2e9, 4e7),
+            "large/pallas_64x64x32": kernel(2e9, 4e7),
+            "large/xla": _placed("xla", 3e9, 5e7, 1.0e-3, XLA_SOURCE),
+            "tie/pallas_16x16x16": {
+                "execution_mode": "compiled",
+                "flops": None,
+                "bytes": None,
+                "source": TILING,
+            },
+            "tie/xla": _placed("xla", 3e9, 5e7, 2.0e-3, XLA_SOURCE),
+            "xla-only/xla": _placed("xla", 3e9, 5e7, 4.0e-3, XLA_SOURCE),
+        },
+    )
+    _assert_same(
+        optimizations,
+        [
+            {
+                "optimization": "small: block sizes ['pallas_32x32x32', 'pallas_64x64x32']",
+                "status": unmeasured,
+            },
+            {"optimization": "small: fused epilogue", "status": unmeasured},
+            {
+                "optimization": "large: block sizes ['pallas_32x32x32', 'pallas_64x64x32']",
+                "status": unmeasured,
+            },
+            {"optimization": "tie: block sizes ['pallas_16x16x16']", "status": unmeasured},
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "blocks"),
+    [(64, 64, 48, (16, 16, 16)), (100, 70, 33, (32, 16, 32)), (1, 1, 1, (16, 16, 16))],
+)
+def test_tiling_cost_counts_and_intensity(m, k, n, blocks):
+    """FLOPs 2MNK + 2MN; bytes from ceil(M/bm) x ceil(N/bn) programs; intensity their
+    ratio, at itemsize 2 (bfloat16)."""
+    bm, bn, _ = blocks
+    gm, gn = math.ceil(m / bm), math.ceil(n / bn)
+    flops = 2 * m * n * k + 2 * m * n
+    bytes_ = 2 * (gn * m * k + gm * k * n + gm * n + m * n)
+    cost = bench.matmul_tiling_cost(m, k, n, kernels.MatmulBlocks(*blocks), itemsize=2)
+    assert cost == {"flops": float(flops), "bytes": float(bytes_), "intensity": flops / bytes_}
 
 
 def test_bench_report_declares_interpret_mode_and_claims_no_speed(evidence, interpret_report):

@@ -206,3 +206,107 @@ def test_stored_model_computes_what_numpy_computes(artifacts, tmp_path, seed, ev
     assert np.array_equal(np.asarray(golden_logits), golden.golden_logits), (
         "the golden logits shipped with the model are its own, bit for bit"
     )
+
+
+def test_stored_files_are_read_only(artifacts, tmp_path):
+    objects = store.Store(tmp_path / "store")
+    stored = objects.objects / objects.put(artifacts[0])
+    modes = {p.name: p.stat().st_mode & 0o777 for p in stored.rglob("*") if p.is_file()}
+    assert modes and set(modes.values()) == {0o444}, modes
+
+
+def test_tampered_message_names_both_digests(artifacts, tmp_path):
+    objects = store.Store(tmp_path / "store")
+    object_id = objects.put(artifacts[0])
+    leaf = sorted((objects.objects / object_id).glob("*.leaf"))[0]
+    leaf.chmod(0o644)
+    leaf.write_bytes(leaf.read_bytes() + b"\0")
+    now = coreutils_digest(objects.objects / object_id)
+    with pytest.raises(store.TamperedObject) as info:
+        objects.get(object_id)
+    assert str(info.value) == (
+        f"Object `{object_id[:12]}` is tampered: its files now hash to `{now[:12]}`. "
+        "It is refused; restore it from a trusted copy."
+    )
+
+
+def test_ids_and_prefixes_resolve_at_their_boundaries(artifacts, tmp_path):
+    """A full id (64 hex digits) or a unique prefix of 8 or more resolves; 7
+    digits, 65, a non-hex digit, an unknown or an ambiguous prefix are refused."""
+    objects = store.Store(tmp_path / "store")
+    object_id = objects.put(artifacts[0])
+    for n in (8, 9, 63, 64):
+        assert objects.resolve(object_id[:n]) == object_id, n
+        assert objects.resolve(object_id[:n].upper() + "  ") == object_id, n
+    for text in (object_id[:7], object_id + "0", "g" + object_id[1:12]):
+        with pytest.raises(store.StoreError, match="is not an object id"):
+            objects.resolve(text)
+    with pytest.raises(store.StoreError, match="Unknown object id"):
+        objects.resolve(("0" if object_id[0] != "0" else "1") * 12)
+    for tail in ("0", "1"):  # two stored names sharing their first 8 digits
+        (objects.objects / ("abcdef01" + tail * 56)).mkdir()
+    with pytest.raises(store.StoreError, match="The prefix `abcdef01` matches 2 objects"):
+        objects.resolve("abcdef01")
+    assert objects.resolve("abcdef011") == "abcdef01" + "1" * 56
+
+
+@pytest.mark.parametrize("kind", ["symlink-file", "symlink-dir", "fifo"])
+def test_links_and_special_files_are_refused(artifacts, tmp_path, kind):
+    work = tmp_path / "work"
+    shutil.copytree(artifacts[0], work)
+    (work / "sub").mkdir()
+    odd = work / "sub" / "odd"
+    if kind == "symlink-file":
+        odd.symlink_to(sorted(work.glob("*.leaf"))[0])
+    elif kind == "symlink-dir":
+        odd.symlink_to(work / "sub", target_is_directory=True)
+    else:
+        os.mkfifo(odd)
+    with pytest.raises(store.StoreError, match=r"`.*sub/odd` is a link or a special file"):
+        store.tree_digest(work)
+
+
+def test_a_source_changed_during_the_copy_is_not_stored(artifacts, tmp_path, monkeypatch):
+    """The copy's digest must be the id it is published under; a source edited
+    while it was copied (simulated: the copy gains a byte) stores nothing."""
+    objects = store.Store(tmp_path / "store")
+    original = coreutils_digest(artifacts[0])
+    real_copytree = shutil.copytree
+    orders = set()
+    for extra in range(8):
+
+        def copy_then_change(src, dst, symlinks=False, extra=extra):
+            real_copytree(src, dst, symlinks=symlinks)
+            leaf = sorted(Path(dst).glob("*.leaf"))[0]
+            leaf.write_bytes(leaf.read_bytes() + bytes([extra]))
+            orders.add(coreutils_digest(Path(dst)) < original)
+
+        monkeypatch.setattr(store.shutil, "copytree", copy_then_change)
+        with pytest.raises(store.StoreError, match="changed while it was copied; nothing stored"):
+            objects.put(artifacts[0])
+        assert objects.ids() == [] and list(objects.scratch.iterdir()) == []
+    assert orders == {True, False}  # the changed copy's digest sorted both below and above
+
+
+def test_a_concurrent_put_of_the_same_object_is_accepted(artifacts, tmp_path, monkeypatch):
+    """Another writer publishes the same id between the check and the rename:
+    the rename fails, the scratch copy is dropped, the published object is kept."""
+    objects = store.Store(tmp_path / "store")
+    object_id = coreutils_digest(artifacts[0])
+    real_rename = os.rename
+
+    def raced(src, dst):
+        if Path(dst) == objects.objects / object_id and not Path(dst).exists():
+            shutil.copytree(artifacts[0], dst)  # the other writer wins
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(store.os, "rename", raced)
+    assert objects.put(artifacts[0]) == object_id
+    assert objects.ids() == [object_id] and list(objects.scratch.iterdir()) == []
+    # A rename that fails with no object published is not swallowed.
+    monkeypatch.setattr(
+        store.os, "rename", lambda src, dst: (_ for _ in ()).throw(OSError(5, "io"))
+    )
+    with pytest.raises(OSError, match="io"):
+        objects.put(artifacts[1])
+    assert objects.ids() == [object_id] and list(objects.scratch.iterdir()) == []

@@ -41,6 +41,34 @@ def _views(model, tokens, prompt_len):
     return contrastive.encode(model, p), contrastive.encode(model, r)
 
 
+@pytest.mark.parametrize("num_dupes", [1, 3])
+def test_duplicated_positives_are_reported(config, corpus, evidence, num_dupes):
+    tokens = corpus.tokens[:32].copy()
+    rng_key = jax.random.key(13 + num_dupes)
+    picks = np.asarray(jax.random.choice(rng_key, 32, (2 * num_dupes,), replace=False))
+    # All planted copies share one source: a group of num_dupes + 1 equal rows.
+    for dst in picks[num_dupes:]:
+        tokens[dst] = tokens[picks[0]]
+    found = contrastive.false_negatives(tokens)
+    brute = [
+        (i, j) for i in range(32) for j in range(i + 1, 32) if np.array_equal(tokens[i], tokens[j])
+    ]
+    assert evidence.record(
+        "false negatives vs brute-force comparison of every pair",
+        f"{num_dupes} copies of one positive",
+        {"found": found, "brute_force": brute},
+        {"exact": True},
+        sorted(found) == brute and len(brute) >= num_dupes,
+    )
+
+
+def test_mismatched_embeddings_are_refused():
+    with pytest.raises(ValueError, match=r"`\(4, 8\)` and `\(3, 8\)`"):
+        contrastive.info_nce(jnp.ones((4, 8)), jnp.ones((3, 8)), 0.1)
+    with pytest.raises(ValueError, match=r"`temperature` must be positive, got `0.0`"):
+        contrastive.info_nce(jnp.ones((4, 8)), jnp.ones((4, 8)), 0.0)
+
+
 @pytest.mark.parametrize(
     "source,temperature", [("random", 0.1), ("random", 1.0), ("encoder", 0.05)]
 )
@@ -96,31 +124,3 @@ def test_low_temperature_stays_finite_and_exact(evidence, temperature):
         {"atol": atol},
         finite and close and not bool(jnp.all(jnp.isfinite(naive))),
     )
-
-
-@pytest.mark.parametrize("num_dupes", [1, 3])
-def test_duplicated_positives_are_reported(config, corpus, evidence, num_dupes):
-    tokens = corpus.tokens[:32].copy()
-    rng_key = jax.random.key(13 + num_dupes)
-    picks = np.asarray(jax.random.choice(rng_key, 32, (2 * num_dupes,), replace=False))
-    # All planted copies share one source: a group of num_dupes + 1 equal rows.
-    for dst in picks[num_dupes:]:
-        tokens[dst] = tokens[picks[0]]
-    found = contrastive.false_negatives(tokens)
-    brute = [
-        (i, j) for i in range(32) for j in range(i + 1, 32) if np.array_equal(tokens[i], tokens[j])
-    ]
-    assert evidence.record(
-        "false negatives vs brute-force comparison of every pair",
-        f"{num_dupes} copies of one positive",
-        {"found": found, "brute_force": brute},
-        {"exact": True},
-        sorted(found) == brute and len(brute) >= num_dupes,
-    )
-
-
-def test_mismatched_embeddings_are_refused():
-    with pytest.raises(ValueError, match=r"`\(4, 8\)` and `\(3, 8\)`"):
-        contrastive.info_nce(jnp.ones((4, 8)), jnp.ones((3, 8)), 0.1)
-    with pytest.raises(ValueError, match=r"`temperature` must be positive, got `0.0`"):
-        contrastive.info_nce(jnp.ones((4, 8)), jnp.ones((4, 8)), 0.0)

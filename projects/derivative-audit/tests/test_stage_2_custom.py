@@ -11,8 +11,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from derivative_audit import checks, model, rules
+
+# No shrinking: a failing example is reported as drawn (kept fast under mutation).
+FAST = settings(
+    max_examples=25,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+)
 
 POINTS = np.array([-1000.0, -30.0, -3.0, -0.5, 0.0, 0.5, 3.0, 30.0, 1000.0])
 
@@ -327,3 +338,73 @@ def test_hessians_forward_over_reverse_match_analytic(evidence, n, dtype):
         ),
     ]
     assert all(ok)
+
+
+@FAST
+@given(
+    rate=st.sampled_from([0.5, -0.5, 0.25, -0.25]),
+    centre=st.lists(st.sampled_from([1.0, 64.0, 1 / 64, -2.0]), min_size=1, max_size=3),
+    dtype=st.sampled_from([np.float64, np.float32]),
+    tol=st.sampled_from(["1e-3", "1e-6", "100eps"]),
+    max_iterations=st.integers(1, 40),
+)
+def test_iterate_stops_where_a_python_loop_stops(rate, centre, dtype, tol, max_iterations):
+    """z <- r (z - c) + c from 0 (exact in binary: r and c are powers of two)
+    until max|z' - z| <= tol max|z'| or the iteration budget is spent; the
+    iterate and the count against a plain Python loop in the same dtype."""
+    c = np.asarray(centre, dtype)
+    r = dtype(rate)
+    tolerance = 100 * float(np.finfo(dtype).eps) if tol == "100eps" else float(tol)
+    z, delta, count = np.zeros_like(c), np.inf, 0
+    while delta > tolerance and count < max_iterations:
+        z_next = r * (z - c) + c
+        delta = np.max(np.abs(z_next - z)) / max(np.max(np.abs(z_next)), np.finfo(dtype).tiny)
+        z, count = z_next, count + 1
+    got, got_count = rules._iterate(
+        lambda y: r * (y - c) + c, jnp.zeros(c.shape, dtype), tolerance, max_iterations
+    )
+    assert int(got_count) == count
+    np.testing.assert_array_equal(np.asarray(got), z)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_solver_tolerance_is_100_eps(dtype):
+    assert rules.solver_tolerance(jnp.dtype(dtype)) == pytest.approx(
+        100 * float(np.finfo(dtype).eps), rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("batch", [None, 3])
+@pytest.mark.parametrize("iterations", [1, 2, 3, 7])
+def test_fixed_point_budget_is_that_many_numpy_steps(evidence, batch, iterations):
+    """A budget too small to converge: exactly that many steps tanh(W z + U x + b)
+    from z = 0, in NumPy float64, one input or a batch."""
+    kp, kx = jax.random.split(jax.random.key(5))
+    params = model.init(kp, 5, 3, contraction=0.9)
+    x = jax.random.normal(kx, (3,) if batch is None else (batch, 3), jnp.float64)
+    w, u, b = (np.asarray(a) for a in params)
+    xn = np.asarray(x)
+    z = np.zeros(xn.shape[:-1] + (5,))
+    for _ in range(iterations):
+        z = np.tanh(z @ w.T + xn @ u.T + b)
+    assert evidence.allclose(
+        "budget-limited solve = NumPy steps",
+        f"{iterations} steps, batch {batch}",
+        rules.fixed_point_implicit(params, x, iterations),
+        z,
+        rtol=1e-13,
+        atol=1e-14,
+    )
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0])
+def test_fixed_point_refuses_a_budget_that_is_not_a_positive_integer(bad):
+    params = model.init(jax.random.key(6), 3, 2, contraction=0.5)
+    with pytest.raises(ValueError, match="`max_iterations` must be a positive integer"):
+        rules.fixed_point_implicit(params, jnp.ones(2, jnp.float64), bad)
+
+
+@pytest.mark.parametrize("shape", [(3,), (5,), (4, 1)])
+def test_hvp_refuses_a_direction_of_another_shape(shape):
+    with pytest.raises(ValueError, match=r"H v needs the shape of x, \(4,\)"):
+        rules.hvp(lambda y: jnp.sum(y**3), jnp.ones(4, jnp.float64), jnp.ones(shape, jnp.float64))

@@ -6,6 +6,12 @@
   sampled REINFORCE estimator: its mean lies within a z = 4.5 interval of the
   exact gradient in every entry, at two sample sizes, and the interval shrinks
   like 1/sqrt(samples).
+- On drawn MDPs (2-6 states, 2-4 actions, any set of absorbing states, gamma
+  0, 0.5 or 0.9, random policies and start states): `evaluate_policy`
+  against Bellman iteration written with explicit sums, and the exact
+  gradient against central differences of that independent J; `softmax`
+  against SciPy at logits up to 700; `start` and `theta` checked on both
+  sides of their bounds.
 - PPO's clipped objective on a hand-written table of signed cases: value and
   gradient as the formula says, gradient zero where clipped.
 - The whole PPO loss against a NumPy float64 computation of its formula
@@ -19,11 +25,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.special
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policy_evaluation import exact
 from policy_evaluation.config import Config
 from policy_evaluation.envs import GridWorld
-from policy_evaluation.model import init_params
+from policy_evaluation.model import apply, init_params
 from policy_evaluation.rollout import discounted_returns, reset_all, rollout
 from policy_evaluation.train import clipped_surrogate, ppo_loss
 
@@ -268,3 +277,121 @@ def test_ppo_loss_matches_numpy_formula(evidence, clip_eps, vf_coef, ent_coef):
         rtol=1e-4,
         atol=1e-5,
     )
+
+
+@st.composite
+def _mdps(draw):
+    """A random finite MDP, policy logits and start state, from a drawn seed."""
+    S, A = draw(st.integers(2, 6)), draw(st.integers(2, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    P = rng.random((S, A, S)) ** 3  # uneven rows
+    P[rng.random((S, A, S)) < 0.3] = 0.0
+    P[:, :, 0] += 1e-3
+    P /= P.sum(axis=2, keepdims=True)
+    R = rng.normal(size=(S, A, S))
+    terminal = rng.random(S) < draw(st.sampled_from([0.0, 0.3, 0.6]))
+    theta = draw(st.sampled_from([0.5, 2.0])) * rng.normal(size=(S, A))
+    gamma = draw(st.sampled_from([0.0, 0.5, 0.9]))
+    return P, R, terminal, theta, gamma, draw(st.integers(0, S - 1))
+
+
+def _bellman_values(P, R, terminal, pi, gamma, sweeps=400):
+    """V(s) = sum_a pi(a|s) sum_s' P(s'|s, a) (R(s, a, s') + gamma V(s')), V = 0 at
+    absorbing states, by repeated sweeps (gamma <= 0.9: error below 0.9^400)."""
+    V = np.zeros(P.shape[0])
+    for _ in range(sweeps):
+        backup = (pi[:, :, None] * P * (R + gamma * V[None, None, :])).sum(axis=(1, 2))
+        V = np.where(terminal, 0.0, backup)
+    return V
+
+
+def _solved_values(P, R, terminal, pi, gamma):
+    """The same fixed point by one linear solve, the matrices built state by state."""
+    S = P.shape[0]
+    M, r = np.eye(S), np.zeros(S)
+    for s in np.flatnonzero(~terminal):
+        M[s] -= gamma * (pi[s][:, None] * P[s]).sum(axis=0)
+        r[s] = (pi[s][:, None] * P[s] * R[s]).sum()
+    return np.linalg.solve(M, r)
+
+
+def _softmax_rows(theta):
+    return scipy.special.softmax(theta, axis=1)
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, database=None)
+@given(_mdps())
+def test_exact_evaluation_and_gradient_on_drawn_mdps(mdp):
+    P, R, terminal, theta, gamma, start = mdp
+    pi = _softmax_rows(theta)
+    V = exact.evaluate_policy(P, R, terminal, pi, gamma)
+    V_ref = _bellman_values(P, R, terminal, pi, gamma)
+    np.testing.assert_allclose(_solved_values(P, R, terminal, pi, gamma), V_ref, atol=1e-10)
+    np.testing.assert_allclose(V, V_ref, rtol=1e-9, atol=1e-9)
+    grad = exact.exact_policy_gradient(P, R, terminal, theta, gamma, start)
+    h = 1e-6
+    fd = np.zeros_like(theta)
+    for idx in np.ndindex(theta.shape):
+        e = np.zeros_like(theta)
+        e[idx] = h
+        j_plus = _solved_values(P, R, terminal, _softmax_rows(theta + e), gamma)[start]
+        j_minus = _solved_values(P, R, terminal, _softmax_rows(theta - e), gamma)[start]
+        fd[idx] = (j_plus - j_minus) / (2 * h)
+    np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (5, 2), (2, 4)])
+@pytest.mark.parametrize("scale", [1.0, 700.0])
+def test_softmax_matches_scipy(shape, scale):
+    """Rows of logits, square and not, and logits up to 700 (exp overflows
+    float64 past 709, so an unshifted softmax would give NaN)."""
+    theta = scale * np.random.default_rng(shape[0] * 10 + shape[1]).normal(size=shape)
+    theta[0] = scale  # a row of equal logits
+    np.testing.assert_allclose(
+        exact.softmax(theta), scipy.special.softmax(theta, axis=1), rtol=1e-12, atol=1e-300
+    )
+
+
+@pytest.mark.parametrize("start,ok", [(-1, False), (0, True), (15, True), (16, False)])
+def test_exact_gradient_start_bounds(start, ok):
+    env = GridWorld()
+    P, R, terminal = env.transition_table()
+    theta = _theta(3, env)
+    if ok:
+        assert exact.exact_policy_gradient(P, R, terminal, theta, GAMMA, start).shape == (16, 4)
+    else:
+        with pytest.raises(ValueError, match=f"^`start` must be a state from 0 to 15, not {start}"):
+            exact.exact_policy_gradient(P, R, terminal, theta, GAMMA, start)
+
+
+@pytest.mark.parametrize(
+    "theta", [np.zeros((16, 3)), np.zeros((15, 4)), np.full((16, 4), np.nan)], ids=str
+)
+def test_exact_gradient_rejects_bad_logits(theta):
+    P, R, terminal = GridWorld().transition_table()
+    with pytest.raises(ValueError, match="`theta` must be finite logits of shape"):
+        exact.exact_policy_gradient(P, R, terminal, theta, GAMMA, 0)
+
+
+def _numpy_apply(params, obs):
+    return _numpy_mlp(params["actor"], obs), _numpy_mlp(params["critic"], obs)[..., 0]
+
+
+@pytest.mark.parametrize("lead", [(), (5,), (2, 3)], ids=["one", "batch", "two_axes"])
+def test_apply_matches_numpy_forward_pass(lead):
+    """Random weights and biases (not the initializer's near-zero policy head),
+    leading axes kept: logits and values against NumPy in float64."""
+    rng = np.random.default_rng(len(lead))
+    sizes = [(4, 8), (8, 8), (8, 3), (4, 8), (8, 8), (8, 1)]
+    layers = [
+        (jnp.asarray(rng.normal(size=(n, m)), jnp.float32), jnp.asarray(rng.normal(size=m)))
+        for n, m in sizes
+    ]
+    layers = [(w, b.astype(jnp.float32)) for w, b in layers]
+    params = {"actor": layers[:3], "critic": layers[3:]}
+    obs = rng.normal(size=(*lead, 4)).astype(np.float32)
+    logits, value = apply(params, jnp.asarray(obs))
+    ref_logits, ref_value = _numpy_apply(params, obs.astype(np.float64))
+    assert logits.shape == (*lead, 3) and value.shape == lead
+    np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-4, atol=1e-4)

@@ -11,15 +11,29 @@ the tensor named.
 """
 
 import importlib.util
+import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weight_conversion import checkpoint, data, model, sources
 from weight_conversion.config import Arch
-from weight_conversion.weight_map import MappingError, check_names, convert, keras_map, torch_map
+from weight_conversion.weight_map import (
+    TRANSFORMS,
+    MappingError,
+    Rule,
+    apply_rule,
+    check_names,
+    convert,
+    first_nonfinite,
+    keras_map,
+    source_shapes,
+    torch_map,
+)
 
 OTHER = Arch(channels=8, heads=4, conv2_channels=4, hidden=32)
 
@@ -269,3 +283,168 @@ def test_tensorflow_savedmodel_input(keras_source, tmp_path):
     assert len(loaded) == len(expected)
     for array in expected:
         assert any(x.shape == array.shape and np.array_equal(x, array) for x in loaded)
+
+
+def test_map_errors_are_named_one_by_one(torch_source):
+    """The name check judges the map as well as the source: a key two rules
+    consume, a parameter filled twice or never, a target the model lacks; each
+    named, and nothing else reported."""
+    arch = Arch()
+    spec = checkpoint.target_spec(model.abstract_model(arch))
+    keys = list(torch_source.model.state_dict().keys())
+    rules = torch_map(arch)
+    assert check_names(rules, keys, spec.keys()) == []
+    twice = [*rules, Rule(("fc2.bias",), ("fc2.bias",))]
+    assert check_names(twice, keys, spec.keys()) == [
+        "map error: source key `fc2.bias` is consumed by 2 rules",
+        "target parameter `fc2.bias` is filled 2 times",
+    ]
+    thrice = [*twice, Rule(("fc2.bias",), ())]
+    assert check_names(thrice, keys, spec.keys())[0] == (
+        "map error: source key `fc2.bias` is consumed by 3 rules"
+    )
+    dropped = [r for r in rules if r.sources != ("fc2.bias",)]
+    assert check_names(dropped, keys, spec.keys()) == [
+        "unexpected source tensor `fc2.bias` (no rule consumes it)",
+        "target parameter `fc2.bias` is filled 0 times",
+    ]
+    foreign = [*rules, Rule(("extra.weight",), ("extra.kernel",))]
+    assert check_names(foreign, [*keys, "extra.weight"], spec.keys()) == [
+        "map error: target `extra.kernel` is not a parameter of the model"
+    ]
+    renamed = [("fc_1.weight" if k == "fc1.weight" else k) for k in keys]
+    assert check_names(rules, renamed, spec.keys()) == [
+        "missing source tensor `fc1.weight` (expected by the map)",
+        "unexpected source tensor `fc_1.weight` (no rule consumes it; renamed from `fc1.weight`?)",
+    ]
+    # A foreign key with no close expected name: no hint. (Every expected key
+    # present: a rename hint may only point at a key that is missing.)
+    assert check_names(rules, [*keys, "fc1.weights"], spec.keys()) == [
+        "unexpected source tensor `fc1.weights` (no rule consumes it)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [("class_embed.weight", "head.weight"), ("class_embed.weight",), ("head.weight",), ()],
+    ids=["both", "class-embed-only", "head-only", "neither"],
+)
+def test_a_tie_needs_one_of_its_names(torch_source, kept):
+    """A tied pair may be stored under either name (a deduplicating saver keeps
+    one); with neither present both are missing. Any other rule needs every source."""
+    arch = Arch()
+    spec = checkpoint.target_spec(model.abstract_model(arch))
+    state = torch_source.model.state_dict()
+    tied = ("class_embed.weight", "head.weight")
+    source = {k: v for k, v in state.items() if k not in tied or k in kept}
+    problems = check_names(torch_map(arch), source.keys(), spec.keys())
+    if kept:
+        assert problems == []
+        out = convert(torch_map(arch), source, arch, spec)["class_embed.embedding"]
+        assert np.array_equal(out, state["head.weight"].numpy())
+    else:
+        assert problems == [f"missing source tensor `{k}` (expected by the map)" for k in tied]
+    one_missing = {k: v for k, v in state.items() if k != "attn.out_proj.bias"}
+    assert check_names(torch_map(arch), one_missing.keys(), spec.keys()) == [
+        "missing source tensor `attn.out_proj.bias` (expected by the map)"
+    ]
+
+
+def _python_first_nonfinite(values: list[float], shape: tuple[int, ...]):
+    """The reference: (count, row-major index of the first) by plain Python."""
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if not bad:
+        return None
+    index, rest = [], bad[0]
+    for dim in reversed(shape):
+        rest, i = divmod(rest, dim)
+        index.append(i)
+    return len(bad), tuple(reversed(index))
+
+
+@settings(max_examples=120, derandomize=True, deadline=None, database=None)
+@given(
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+    dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+    chunk=st.integers(1, 9),
+    data=st.data(),
+)
+def test_first_nonfinite_counts_and_locates_against_python(shape, dtype, chunk, data):
+    size = math.prod(shape)
+    positions = data.draw(st.sets(st.integers(0, size - 1), max_size=size))
+    values = [float(i) - size / 2 for i in range(size)]
+    for p in positions:
+        values[p] = data.draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
+    array = np.array(values, dtype=dtype).reshape(shape)
+    expected = _python_first_nonfinite(values, shape)
+    assert first_nonfinite(array, chunk=chunk) == expected
+    assert first_nonfinite(array) == expected  # the default chunk
+    assert first_nonfinite(np.arange(size).reshape(shape)) is None  # integers: always finite
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+@pytest.mark.parametrize("source_dtype", [torch.float16, torch.float32, torch.float64])
+def test_every_supported_dtype_converts_to_the_target_dtype(torch_source, dtype, source_dtype):
+    """Sources in float16, float32 or float64; targets in float16 or float64:
+    each result holds the target's dtype and the source values cast to it."""
+    arch = Arch()
+    spec = {
+        k: (s, np.dtype(dtype))
+        for k, (s, _) in checkpoint.target_spec(model.abstract_model(arch)).items()
+    }
+    state = {
+        k: (v.to(source_dtype) if v.is_floating_point() else v)
+        for k, v in torch_source.model.state_dict().items()
+    }
+    out = convert(torch_map(arch), state, arch, spec)
+    for path, (shape, want) in spec.items():
+        assert out[path].dtype == want and out[path].shape == shape, path
+        assert out[path].flags["C_CONTIGUOUS"], path
+    weight = state["fc2.weight"].numpy()
+    assert np.array_equal(out["fc2.kernel"], weight.T.astype(dtype))
+    assert np.array_equal(out["bn1.var"], state["bn1.running_var"].numpy().astype(dtype))
+
+
+def test_a_transform_that_misses_its_target_shape_is_named(torch_source, monkeypatch):
+    """A rule whose transform returns the wrong shape (here one row short) is
+    refused after the transform, naming the source tensor and the target."""
+    arch = Arch()
+    spec = checkpoint.target_spec(model.abstract_model(arch))
+    monkeypatch.setitem(TRANSFORMS, "short", lambda xs, arch: [xs[0][:-1]])
+    rule = Rule(("fc2.bias", "conv1.bias"), ("fc2.bias",), "short")  # two sources, two shapes
+    state = torch_source.model.state_dict()
+    bias = state["fc2.bias"].numpy()
+    with pytest.raises(MappingError) as info:
+        apply_rule(rule, {"fc2.bias": bias, "conv1.bias": state["conv1.bias"].numpy()}, arch, spec)
+    assert info.value.problems == [
+        "source tensor `fc2.bias` (64,) becomes (63,) after `short`, but target `fc2.bias` "
+        "has shape (64,)"
+    ]
+    # a source of the wrong shape is refused before any transform runs
+    with pytest.raises(MappingError) as info:
+        apply_rule(Rule(("fc2.bias",), ("fc2.bias",)), {"fc2.bias": bias[:-1]}, arch, spec)
+    assert info.value.problems == [
+        "source tensor `fc2.bias` (63,) has the wrong shape: target `fc2.bias` (64,) needs (64,)"
+    ]
+
+
+def test_source_shapes_are_the_sources_own(torch_source, keras_source):
+    """The shape each rule demands of its sources, derived from the target
+    model, is the shape the PyTorch state_dict and the Keras model really hold
+    (both architectures for PyTorch); a rule without targets demands none."""
+    for arch in (Arch(), OTHER):
+        net = torch_source.model if arch == Arch() else untrained(OTHER)
+        state = net.state_dict()
+        spec = checkpoint.target_spec(model.abstract_model(arch))
+        for rule in torch_map(arch):
+            want = source_shapes(rule, spec)
+            if rule.transform == "drop":
+                assert want is None
+            else:
+                assert want == [tuple(state[k].shape) for k in rule.sources], rule
+    weights = sources.keras_weights(keras_source.model)
+    arch = sources.keras_arch(Arch())
+    spec = checkpoint.target_spec(model.abstract_model(arch))
+    for rule in keras_map(arch):
+        assert source_shapes(rule, spec) == [tuple(weights[k].shape) for k in rule.sources], rule
+    assert source_shapes(Rule(("fc2.bias",), (), "copy"), spec) is None

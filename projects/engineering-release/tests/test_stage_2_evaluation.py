@@ -201,3 +201,94 @@ def test_tampered_report_object_is_refused(evaluated_store, tmp_path, evidence):
     evidence.record(
         "report bytes are its identity", "whitespace added", {"id": evaluation_id}, None, True
     )
+
+
+def _reference_digest(examples) -> str:
+    """The held-out set's digest by the documented recipe, with hashlib alone."""
+    import hashlib
+
+    h = hashlib.sha256(b"sklearn-digits\n")
+    for name in ("ids", "images", "labels"):
+        array = np.ascontiguousarray(getattr(examples, name))
+        h.update(f"{name}:{array.dtype.str}:{array.shape}\n".encode() + array.tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def shifted_report(evaluated_store):
+    """Model A's report on the held-out set of split_seed 1."""
+    objects, models, _ = evaluated_store
+    return evaluation.evaluate(objects, models[0], Policy(split_seed=1))[1]
+
+
+def test_verify_names_the_model_and_the_data_set_either_way(evaluated_store, shifted_report):
+    _, models, reports = evaluated_store
+    for judged, claimed in ((0, 1), (1, 0)):
+        with pytest.raises(evaluation.EvaluationMismatch) as info:
+            evaluation.verify_report(reports[judged][1], model_id=models[claimed], policy=Policy())
+        assert str(info.value) == (
+            f"The report judged model `{models[judged][:12]}`, not `{models[claimed][:12]}`."
+        )
+    split0, split1 = data.heldout_set(0, 0.2), data.heldout_set(1, 0.2)
+    digests = {0: _reference_digest(split0), 1: _reference_digest(split1)}
+    assert reports[0][1]["data"]["digest"] == digests[0]
+    assert shifted_report["data"]["digest"] == digests[1] != digests[0]
+    for report, seed, other in ((shifted_report, 0, 1), (reports[0][1], 1, 0)):
+        with pytest.raises(evaluation.EvaluationMismatch) as info:
+            evaluation.verify_report(report, model_id=models[0], policy=Policy(split_seed=seed))
+        assert str(info.value) == (
+            f"The report was computed on data set `{digests[other][:12]}`, but the policy's "
+            f"held-out set (split_seed={seed}, test_fraction=0.2) has digest "
+            f"`{digests[seed][:12]}`."
+        )
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("id-above", "The report's sample IDs are not the held-out set's."),
+        ("id-below", "The report's sample IDs are not the held-out set's."),
+        ("one-prediction-short", "The report holds {short} predictions for {n} examples."),
+        ("one-prediction-extra", "The report holds {extra} predictions for {n} examples."),
+        ("metric-missing", "The report's metrics are {without}, expected {every}."),
+    ],
+)
+def test_verify_refuses_ids_counts_and_metric_sets(evaluated_store, how, message):
+    _, models, reports = evaluated_store
+    report = copy.deepcopy(reports[0][1])
+    n = len(report["predictions"])
+    every = sorted(report["metrics"])
+    if how == "id-above":
+        report["ids"][0] = 10**9
+    elif how == "id-below":
+        report["ids"][0] = -1
+    elif how == "one-prediction-short":
+        report["predictions"].pop()
+    elif how == "one-prediction-extra":
+        report["predictions"].append(0)
+    else:
+        del report["metrics"]["confusion"]
+    without = sorted(report["metrics"])
+    with pytest.raises(evaluation.EvaluationMismatch) as info:
+        evaluation.verify_report(report, model_id=models[0], policy=Policy())
+    assert str(info.value) == message.format(
+        n=n, short=n - 1, extra=n + 1, without=without, every=every
+    )
+
+
+def test_rerun_counts_the_predictions_that_change(evaluated_store):
+    objects, models, reports = evaluated_store
+    forged = copy.deepcopy(reports[1][1])
+    forged["model_id"] = models[0]
+    differ = int(
+        np.sum(np.asarray(reports[0][1]["predictions"]) != np.asarray(forged["predictions"]))
+    )
+    assert differ > 0
+    with pytest.raises(evaluation.EvaluationMismatch) as info:
+        evaluation.verify_report(
+            forged, model_id=models[0], policy=Policy(), model_dir=objects.get(models[0])
+        )
+    n = len(forged["predictions"])
+    assert str(info.value) == (
+        f"Re-running model `{models[0][:12]}` changes {differ} of {n} stored predictions."
+    )

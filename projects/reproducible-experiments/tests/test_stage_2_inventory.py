@@ -120,6 +120,229 @@ def test_a_reused_pid_does_not_keep_a_dead_run_alive(evidence):
     ), judged
 
 
+# FAST, DIRECT CHECKS (first in the file: a wrong judgement fails within seconds) ------
+
+
+def _own_lease(**extra: str) -> dict[str, str]:
+    pid = os.getpid()
+    return {
+        "lease.host": socket.gethostname(),
+        "lease.pid": str(pid),
+        "lease.pid_start": tracking.process_start(pid),
+        **extra,
+    }
+
+
+def test_liveness_on_both_sides_of_every_boundary():
+    """Host equality (other hosts sorting before and after this one), the start
+    time (one tick either side), expiry (a millisecond either side, and exactly
+    at it), a clock given far from the wall clock, and the clock read when none
+    is given."""
+    here = socket.gethostname()
+    mine = _own_lease()
+    start = int(mine["lease.pid_start"])
+    base = 10**9  # A `now_ms` far from the wall clock: only the argument may count.
+    cases = {}
+    for label, host in (("sorts before", here[:-1]), ("sorts after", here + "~")):
+        # A remote holder that happens to carry this process's pid and start time.
+        remote = {**mine, "lease.host": host}
+        cases[f"remote {label}, expired"] = (
+            tracking.liveness({**remote, "lease.expires_ms": str(base - 1)}, base),
+            "dead: lease expired",
+        )
+        cases[f"remote {label}, valid"] = (
+            tracking.liveness({**remote, "lease.expires_ms": str(base + 1)}, base),
+            "alive",
+        )
+        cases[f"remote {label}, no expiry"] = (tracking.liveness(remote, base), "no lease")
+    cases["expires exactly now"] = (
+        tracking.liveness({"lease.host": "elsewhere", "lease.expires_ms": str(base)}, base),
+        "alive",
+    )
+    far_future = str(_now() + 10**9)
+    cases["no clock given, valid"] = (
+        tracking.liveness({"lease.host": "elsewhere", "lease.expires_ms": far_future}),
+        "alive",
+    )
+    cases["no clock given, expired"] = (
+        tracking.liveness({"lease.host": "elsewhere", "lease.expires_ms": "1"}),
+        "dead: lease expired",
+    )
+    cases["same host, expiry only"] = (
+        tracking.liveness({"lease.host": here, "lease.expires_ms": str(base - 1)}, base),
+        "dead: lease expired",
+    )
+    for delta in (-1, 1):
+        cases[f"own pid, start {delta:+d} tick"] = (
+            tracking.liveness({**mine, "lease.pid_start": str(start + delta)}, base),
+            "dead: process gone",
+        )
+    cases["own pid, own start, lease long expired"] = (
+        tracking.liveness({**mine, "lease.expires_ms": "1"}, base),
+        "alive",
+    )
+    got = {name: judged for name, (judged, _) in cases.items()}
+    assert got == {name: want for name, (_, want) in cases.items()}
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+class _NoProc(type(Path())):
+    """`Path` on a host without `/proc` (macOS, say)."""
+
+    def is_dir(self) -> bool:
+        return False if str(self) == "/proc" else super().is_dir()
+
+
+def test_liveness_without_proc_asks_the_process_table(monkeypatch):
+    """Where `/proc` is missing, `kill(pid, 0)` (signal 0: ask, never send)
+    decides: gone is dead; alive, or owned by someone else, falls back to the
+    recorded start time."""
+    sent = []
+
+    def fake_kill(pid: int, sig: int) -> None:
+        sent.append((pid, sig))
+        if pid == 1001:
+            raise ProcessLookupError(pid)
+        if pid == 1002:
+            raise PermissionError(pid)
+
+    monkeypatch.setattr(tracking, "process_start", lambda pid: "")
+    monkeypatch.setattr(tracking, "Path", _NoProc)
+    monkeypatch.setattr(tracking.os, "kill", fake_kill)
+    host = socket.gethostname()
+    judged = {
+        pid: tracking.liveness({"lease.host": host, "lease.pid": str(pid), "lease.pid_start": "7"})
+        for pid in (1000, 1001, 1002)
+    }
+    assert judged == {1000: "alive", 1001: "dead: process gone", 1002: "alive"}
+    assert sent == [(1000, 0), (1001, 0), (1002, 0)]
+
+
+def test_a_missing_proc_entry_means_the_holder_is_gone(monkeypatch):
+    """With `/proc` present, a pid it does not list is gone, whatever the pid
+    table might say (the start time cannot be confirmed)."""
+    monkeypatch.setattr(tracking, "process_start", lambda pid: "")
+    monkeypatch.setattr(tracking.os, "kill", lambda pid, sig: None)  # "Still there."
+    assert tracking.liveness(_own_lease(**{"lease.pid_start": "7"})) == "dead: process gone"
+
+
+def test_process_start_reads_field_22_even_with_a_parenthesis_in_the_name(tmp_path):
+    """`/proc/<pid>/stat` puts the command name in parentheses, and a name may
+    itself hold `) `: the fields are counted after the LAST `)`."""
+    exe = tmp_path / "odd) name 1"
+    exe.symlink_to(Path("/bin/sleep"))
+    child = subprocess.Popen([str(exe), "30"])
+    try:
+        stat = Path(f"/proc/{child.pid}/stat").read_text()
+        assert ") name 1)" in stat  # The kernel kept the odd name.
+        after = stat[stat.rindex(")") + 1 :].split()
+        assert tracking.process_start(child.pid) == after[22 - 3]  # stat(5): field 22.
+        assert tracking.process_start(os.getpid()).isdigit()
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    assert tracking.process_start(child.pid) == ""  # Reaped: no /proc entry.
+
+
+@pytest.mark.parametrize("length", [4999, 5000, 5001, 12_000])
+def test_error_message_is_cut_at_5000_characters(length):
+    """The message tag holds at most 5,000 characters (MLflow's tag limit): the
+    first 5,000 exactly; an exception whose `str` is empty gives its `repr`."""
+
+    class Quiet(Exception):
+        def __str__(self) -> str:
+            return ""
+
+        def __repr__(self) -> str:
+            return "r" * length
+
+    status, tags = tracking.end_state(ValueError, ValueError("m" * length))
+    assert status == "FAILED"
+    assert {t.key: t.value for t in tags}["error.message"] == "m" * min(length, 5000)
+    _, tags = tracking.end_state(Quiet, Quiet())
+    assert {t.key: t.value for t in tags} == {
+        "error.type": "Quiet",
+        "error.message": "r" * min(length, 5000),
+    }
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 3, 5])
+def test_iter_runs_reads_every_page(sqlite_store, page_size):
+    """Five runs (two deleted) read back in pages of 1, 2, 3 and 5: every run
+    exactly once, in start order. (First of the store tests: a reader that stops
+    early, or never stops, fails here in seconds.)"""
+    client = sqlite_store.client()
+    _, exp_id = sqlite_store.new_experiment(client, "pages")
+    made = []
+    for i in range(5):
+        made.append(client.create_run(exp_id, run_name=f"r{i}", start_time=1000 + i).info.run_id)
+    for run_id in made[1:3]:
+        client.delete_run(run_id)
+    got = [r.info.run_id for r in tracking.iter_runs(client, exp_id, page_size=page_size)]
+    assert got == made
+
+
+def _running(client, exp_id: str, name: str, tags: dict[str, str]) -> str:
+    return client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+
+
+def test_reconcile_kills_only_dead_running_runs(sqlite_store):
+    """One experiment, every kind of run; reconcile ends exactly the RUNNING runs
+    whose holder is dead, as KILLED at their last heartbeat, saying why and by whom."""
+    client = sqlite_store.client()
+    _, exp_id = sqlite_store.new_experiment(client, "reconcile")
+    past, future = str(_now() - 60_000), str(_now() + 600_000)
+    remote = {"lease.host": "elsewhere", "lease.pid": "1"}
+    dead = _running(
+        client, exp_id, "dead", {**remote, "lease.expires_ms": past, "lease.heartbeat_ms": "1234"}
+    )
+    alive = _running(client, exp_id, "alive", {**remote, "lease.expires_ms": future})
+    no_lease = _running(client, exp_id, "no lease", {})
+    finished = _running(client, exp_id, "finished", {**remote, "lease.expires_ms": past})
+    client.set_terminated(finished, "FINISHED")
+    assert tracking.reconcile(client, exp_id, by="tester") == [dead]
+    runs = {r: client.get_run(r) for r in (dead, alive, no_lease, finished)}
+    assert {r: run.info.status for r, run in runs.items()} == {
+        dead: "KILLED",
+        alive: "RUNNING",
+        no_lease: "RUNNING",
+        finished: "FINISHED",
+    }
+    assert runs[dead].info.end_time == 1234
+    tags = runs[dead].data.tags
+    assert (tags["reconciled.reason"], tags["reconciled.by"]) == ("lease expired", "tester")
+    assert abs(int(tags["reconciled.at_ms"]) - _now()) < 600_000
+    # Without `by`, the reconciling process names itself.
+    again = _running(client, exp_id, "dead too", {**remote, "lease.expires_ms": past})
+    assert tracking.reconcile(client, exp_id) == [again]
+    assert client.get_run(again).data.tags["reconciled.by"] == f"pid {os.getpid()}"
+
+
+def test_a_stale_search_skips_each_ended_run_and_reconciles_the_rest(sqlite_store, monkeypatch):
+    """The search saw RUNNING; meanwhile the holders ended their runs in every
+    way (SCHEDULED included, which sorts after RUNNING). Those are left as they
+    are, and the dead run after them in the same search is still reconciled."""
+    client = sqlite_store.client()
+    _, exp_id = sqlite_store.new_experiment(client, "stale-many")
+    lease = {"lease.host": "elsewhere", "lease.expires_ms": str(_now() - 60_000)}
+    ended = {
+        s: _running(client, exp_id, s, lease) for s in ("FINISHED", "FAILED", "KILLED", "SCHEDULED")
+    }
+    last = _running(client, exp_id, "dead", lease)
+    stale = [client.get_run(r) for r in (*ended.values(), last)]
+    for status, run_id in ended.items():
+        client.update_run(run_id, status=status)
+    monkeypatch.setattr(tracking, "iter_runs", lambda *args, **kwargs: iter(stale))
+    assert tracking.reconcile(client, exp_id, by="t") == [last]
+    assert {s: client.get_run(r).info.status for s, r in ended.items()} == {s: s for s in ended}
+
+
+# THROUGH REAL PROCESSES AND BOTH STORES ----------------------------------------
+
+
 def test_every_end_state_is_kept_and_counted(evidence, store):
     client = store.client()
     name, exp_id = store.new_experiment(client, "failures")

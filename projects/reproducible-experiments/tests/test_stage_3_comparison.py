@@ -13,13 +13,16 @@ never imputed) and the verdict `undecided`. Repeated on both back-ends, and
 with `require_complete: false`, where the verdict must follow the rule.
 """
 
+import hashlib
 import itertools
+import json
 import time
 
 import numpy as np
 import pytest
+import yaml
 from click.testing import CliRunner
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Param
 
 from reproducible_experiments import comparison
 from reproducible_experiments.cli import main
@@ -68,6 +71,194 @@ def _exact_quantiles(diffs: np.ndarray, qs: list[float]) -> list[float]:
     means = np.sort(diffs[index].mean(axis=1))
     cdf = np.arange(1, len(means) + 1) / len(means)
     return [float(means[np.searchsorted(cdf, q - 1e-12)]) for q in qs]
+
+
+# FAST, DIRECT CHECKS ON A HAND-WRITTEN RECORD (no training) ----------------------
+
+
+def _hand_spec(train_seeds: list[int], require_complete: bool, suffix: str) -> comparison.Spec:
+    text = SPEC_YAML.format(suffix=suffix, require_complete=str(require_complete).lower())
+    return comparison.parse_spec(
+        text.replace("train_seeds: [0, 1, 2]", f"train_seeds: {train_seeds}").replace(
+            "eval_seeds: [0]", "eval_seeds: [9]"
+        ),
+        "hand spec",
+    )
+
+
+def _hand_record(client, exp_id: str, spec, children: list[dict]) -> str:
+    """A parent registered like `run_comparison` registers one, and child runs
+    written directly: arm, seeds, status, an optional test_accuracy and tags."""
+    tags = {
+        "comparison.name": spec.name,
+        "comparison.spec_sha256": spec.sha256(),
+        "comparison.role": "parent",
+    }
+    parent = client.create_run(exp_id, run_name="parent", tags=tags, start_time=1).info.run_id
+    client.log_text(parent, spec.canonical_json(), "spec.json")
+    client.set_terminated(parent, "FINISHED")
+    for i, child in enumerate(children):
+        run_tags = {
+            "mlflow.parentRunId": parent,
+            "comparison.spec_sha256": child.get("sha", spec.sha256()),
+            "comparison.role": "child",
+            "comparison.arm": child["arm"],
+            **child.get("tags", {}),
+        }
+        run_id = client.create_run(exp_id, run_name=f"c{i}", tags=run_tags, start_time=10 + i)
+        run_id = run_id.info.run_id
+        child["run_id"] = run_id
+        params = [Param("train_seed", str(child["t"])), Param("eval_seed", "9")]
+        metrics = []
+        if child.get("value") is not None:
+            metrics = [Metric("test_accuracy", child["value"], 0, 0)]
+        client.log_batch(run_id, metrics=metrics, params=params)
+        if child["status"] != "RUNNING":
+            client.set_terminated(run_id, child["status"])
+    return parent
+
+
+def test_analysis_of_a_hand_written_record(sqlite_store):
+    """Every way a pair can be incomplete, foreign children on both sides of the
+    spec's hash, and the verdict under each rule, against values written here."""
+    client = sqlite_store.client()
+    _, exp_id = sqlite_store.new_experiment(client, "hand")
+    spec = _hand_spec([0, 1, 2, 3, 4, 5, 6, 7], True, f"hand-{time.time_ns()}")
+    F, X, K = "FINISHED", "FAILED", "KILLED"
+    children = [
+        {"t": 0, "arm": "baseline", "status": F, "value": 0.5},
+        {"t": 0, "arm": "candidate", "status": F, "value": 0.75},
+        {"t": 1, "arm": "candidate", "status": F, "value": 0.5},  # Candidate first.
+        {"t": 1, "arm": "baseline", "status": F, "value": 0.625},
+        {"t": 2, "arm": "baseline", "status": F, "value": 0.5},
+        {"t": 2, "arm": "candidate", "status": X, "tags": {"error.type": "ArmFailure"}},
+        # KILLED after logging the metric: still not a finished arm.
+        {
+            "t": 3,
+            "arm": "baseline",
+            "status": K,
+            "value": 0.5,
+            "tags": {"reconciled.reason": "lease expired"},
+        },
+        {"t": 3, "arm": "candidate", "status": F, "value": 0.5},
+        {"t": 4, "arm": "baseline", "status": F, "value": 0.5},
+        {"t": 5, "arm": "baseline", "status": F, "value": 0.5},
+        {"t": 5, "arm": "baseline", "status": F, "value": 0.25},
+        {"t": 5, "arm": "candidate", "status": F, "value": 0.5},
+        {"t": 6, "arm": "baseline", "status": X},
+        {"t": 6, "arm": "candidate", "status": F},  # FINISHED without the metric.
+        {"t": 7, "arm": "baseline", "status": X, "tags": {"error.type": "FirstError"}},
+        {"t": 7, "arm": "baseline", "status": K, "tags": {"error.type": "SIGTERM"}},
+        {"t": 7, "arm": "candidate", "status": F, "value": 0.5},
+        {"t": 0, "arm": "baseline", "status": F, "value": 0.0, "sha": "0" * 64},
+        {"t": 0, "arm": "baseline", "status": F, "value": 0.0, "sha": "f" * 64},
+    ]
+    parent = _hand_record(client, exp_id, spec, children)
+    got = comparison.analyze(sqlite_store.client(), parent)
+    ids = [c["run_id"] for c in children]
+    expected = [
+        (0, 0.5, 0.75, 0.25, "complete", [ids[0]], [ids[1]]),
+        (1, 0.625, 0.5, -0.125, "complete", [ids[3]], [ids[2]]),
+        (2, 0.5, None, None, "incomplete: candidate FAILED (ArmFailure)", [ids[4]], [ids[5]]),
+        (3, None, 0.5, None, "incomplete: baseline KILLED (lease expired)", [ids[6]], [ids[7]]),
+        (4, 0.5, None, None, "incomplete: candidate never ran", [ids[8]], []),
+        (5, None, 0.5, None, "incomplete: baseline has 2 finished runs", ids[9:11], [ids[11]]),
+        (
+            6,
+            None,
+            None,
+            None,
+            "incomplete: baseline FAILED; candidate FINISHED",
+            [ids[12]],
+            [ids[13]],
+        ),
+        (7, None, 0.5, None, "incomplete: baseline KILLED (SIGTERM)", ids[14:16], [ids[16]]),
+    ]
+    rows = [
+        (
+            p.train_seed,
+            p.baseline,
+            p.candidate,
+            p.difference,
+            p.status,
+            p.run_ids["baseline"],
+            p.run_ids["candidate"],
+        )
+        for p in got.pairs
+    ]
+    assert rows == expected
+    assert all(p.eval_seed == 9 for p in got.pairs)
+    assert sorted(got.foreign_runs) == sorted(ids[17:])
+    assert got.mean == 0.0625
+    # Two differences: the bootstrap means are -0.125, 0.0625 (twice) and 0.25, so
+    # the 5% and 95% quantiles are the extremes.
+    assert got.ci == (-0.125, 0.25)
+    assert got.verdict == "undecided: 6 of 8 pairs incomplete"
+
+    # The same record under a rule that does not require complete pairs.
+    lenient = _hand_spec([0, 1, 2, 3, 4, 5, 6, 7], False, f"lenient-{time.time_ns()}")
+    parent = _hand_record(client, exp_id, lenient, [dict(c) for c in children[:17]])
+    assert comparison.analyze(client, parent).verdict == "does not hold"
+
+    # Complete, and required complete: the rule decides.
+    whole = _hand_spec([0, 1], True, f"whole-{time.time_ns()}")
+    both = [
+        {"t": 0, "arm": "baseline", "status": F, "value": 0.5},
+        {"t": 0, "arm": "candidate", "status": F, "value": 0.75},
+        {"t": 1, "arm": "baseline", "status": F, "value": 0.5},
+        {"t": 1, "arm": "candidate", "status": F, "value": 0.625},
+    ]
+    done = comparison.analyze(client, _hand_record(client, exp_id, whole, both))
+    assert (done.ci, done.verdict) == ((0.125, 0.25), "holds")
+
+    # No complete pair at all.
+    none = _hand_spec([0], False, f"none-{time.time_ns()}")
+    lone = [{"t": 0, "arm": "baseline", "status": F, "value": 0.5}]
+    empty = comparison.analyze(client, _hand_record(client, exp_id, none, lone))
+    assert (empty.mean, empty.ci, empty.verdict) == (None, None, "undecided: no complete pair")
+
+
+def test_only_a_parent_registers_a_hash(sqlite_store):
+    """`check_frozen` compares with the hashes on PARENT runs of the name: a child
+    (or any other run) carrying the name and another hash does not freeze it;
+    a parent with another hash does, and the error names that hash."""
+    client = sqlite_store.client()
+    _, exp_id = sqlite_store.new_experiment(client, "frozen-hand")
+    spec = _hand_spec([0], True, f"fz-{time.time_ns()}")
+    name = {"comparison.name": spec.name}
+    client.create_run(
+        exp_id, tags={**name, "comparison.role": "parent", "comparison.spec_sha256": spec.sha256()}
+    )
+    for role, sha in (("child", "1" * 64), ("child", "a" * 64), ("", "b" * 64), ("zz", "c" * 64)):
+        client.create_run(
+            exp_id, tags={**name, "comparison.role": role, "comparison.spec_sha256": sha}
+        )
+    assert comparison.registered_hashes(client, exp_id, spec.name) == {spec.sha256()}
+    comparison.check_frozen(client, exp_id, spec)  # Registered with this very content.
+    other = "e" * 64
+    client.create_run(
+        exp_id, tags={**name, "comparison.role": "parent", "comparison.spec_sha256": other}
+    )
+    with pytest.raises(comparison.FrozenSpecError, match=f"spec hash `{other[:16]}\\.\\.\\.`"):
+        comparison.check_frozen(client, exp_id, spec)
+    fresh = _hand_spec([0], True, f"fresh-{time.time_ns()}")
+    comparison.check_frozen(client, exp_id, fresh)  # A new name is free.
+
+
+def test_spec_hash_is_of_its_canonical_json():
+    """sha256 of the spec's JSON with sorted keys and no spaces; the order of the
+    YAML keys does not matter; any changed field changes it."""
+    spec = _hand_spec([0, 1], True, "canon")
+    fields = spec.model_dump(mode="json")
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    assert spec.canonical_json() == canonical
+    assert spec.sha256() == hashlib.sha256(canonical.encode()).hexdigest()
+    assert canonical != json.dumps(fields, separators=(",", ":"))  # Sorting matters here.
+    reordered = comparison.parse_spec(yaml.safe_dump(dict(reversed(list(fields.items())))))
+    assert reordered.sha256() == spec.sha256()
+    assert spec.pairs() == [(0, 9), (1, 9)]
+    changed = spec.model_copy(update={"question": spec.question + "?"})
+    assert changed.sha256() != spec.sha256()
 
 
 @pytest.mark.parametrize("confidence", [0.9, 0.8])
@@ -132,6 +323,11 @@ def test_decision_rule_both_directions_and_a_minimum_difference(evidence):
         ((-0.05, -0.02), False, 0.03, "does not hold"),
         ((-0.05, 0.01), False, 0.0, "does not hold"),
         ((0.02, 0.05), False, 0.0, "does not hold"),
+        # On the boundary: an interval that only touches the margin does not clear it.
+        ((0.01, 0.05), True, 0.01, "does not hold"),
+        ((0.0, 0.05), True, 0.0, "does not hold"),
+        ((-0.05, -0.01), False, 0.01, "does not hold"),
+        ((-0.05, 0.0), False, 0.0, "does not hold"),
     ]
     rows = []
     for ci, higher, margin, expected in cases:

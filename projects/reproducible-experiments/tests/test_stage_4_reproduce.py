@@ -14,6 +14,7 @@ float64 bit patterns read from the store). Repeated under changed conditions:
 On both back-ends.
 """
 
+import hashlib
 import json
 import os
 import subprocess
@@ -23,8 +24,10 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from reproducible_experiments import checkpoint, record, reproduce
+from reproducible_experiments import checkpoint, identity, record, reproduce
 from reproducible_experiments.config import Config
 from reproducible_experiments.tracking import TrackingError
 
@@ -94,6 +97,132 @@ def test_the_verdict_names_what_differs(evidence):
         None,
         all(got[name].startswith(args[4]) for name, args in cases.items()),
     ), got
+
+
+def test_bitwise_comparison_catches_one_ulp(evidence):
+    recorded = {"test_loss": [(5, 0.25)], "val_loss": [(1, 0.5), (2, 0.4)]}
+    nudged = {"test_loss": [(5, float(np.nextafter(0.25, 1.0)))], "val_loss": [(1, 0.5), (2, 0.4)]}
+    mismatches, compared = reproduce.compare_metrics(recorded, nudged)
+    same, _ = reproduce.compare_metrics(recorded, {k: list(v) for k, v in recorded.items()})
+    missing, _ = reproduce.compare_metrics(recorded, {"test_loss": [(5, 0.25)]})
+    assert evidence.record(
+        "bitwise comparison: one ulp is a difference, a missing series is a difference",
+        "test_loss nudged by one ulp; val_loss removed",
+        {"one_ulp": mismatches, "identical": same, "missing": missing, "compared": compared},
+        None,
+        list(mismatches) == ["test_loss"] and same == {} and list(missing) == ["val_loss"],
+    )
+
+
+@pytest.mark.parametrize("direction", [1.0, -1.0])
+def test_the_first_differing_step_is_named(direction):
+    """One ulp up or down at the second of three steps: the mismatch names that
+    step and both values; every value on both sides is counted as compared."""
+    old = [(1, 0.5), (2, 0.4), (3, 0.3)]
+    moved = float(np.nextafter(0.4, direction * np.inf))
+    new = [(1, 0.5), (2, moved), (3, 0.3)]
+    mismatches, compared = reproduce.compare_metrics({"loss": old}, {"loss": new})
+    assert mismatches == {"loss": f"step 2: recorded {0.4!r}, now {moved!r}"}
+    assert compared == 3
+
+
+def test_every_series_and_step_is_compared_both_ways():
+    """Series missing on either side, steps that differ (sorting before and after),
+    and a clean match, with the count of values compared written out here."""
+    recorded = {
+        "a": [(1, 1.0), (2, 2.0)],
+        "b": [(1, 1.0), (2, 2.0)],
+        "c": [(1, 1.0), (3, 3.0)],
+        "only_recorded": [(1, 1.0)],
+        "same": [(2, 0.5), (1, 0.25)],  # Order of the pairs does not matter.
+    }
+    now = {
+        "a": [(1, 1.0), (3, 2.0)],  # A later step now.
+        "b": [(1, 1.0)],  # A step lost.
+        "c": [(1, 1.0), (2, 3.0)],  # An earlier step now.
+        "only_now": [(4, 4.0)],
+        "same": [(1, 0.25), (2, 0.5)],
+    }
+    mismatches, compared = reproduce.compare_metrics(recorded, now)
+    assert mismatches == {
+        "a": "steps differ (2 recorded, 2 now)",
+        "b": "steps differ (2 recorded, 1 now)",
+        "c": "steps differ (2 recorded, 2 now)",
+        "only_now": "missing from the record",
+        "only_recorded": "missing from the re-run",
+    }
+    assert compared == 2 + 1 + 2 + 2
+    assert reproduce.compare_metrics({}, {}) == ({}, 0)
+    assert reproduce.compare_metrics(now, now) == ({}, 1 + 2 + 2 + 1 + 2)
+
+
+def test_whole_verdicts_word_for_word():
+    same = {"code": {}, "data": {}, "runtime": {}}
+    one = {"k": ("a", "b")}
+    assert reproduce.verdict_of({**same, "code": one}, {}, True, True) == (
+        "not a reproduction: code identity differs; the re-run's metrics are bitwise equal"
+    )
+    assert reproduce.verdict_of({**same, "data": one, "runtime": one}, {"m": "x"}, None, None) == (
+        "not a reproduction: data and runtime identity differs; the re-run's metrics are different"
+    )
+    assert reproduce.verdict_of(
+        {"code": one, "data": one, "runtime": one}, {}, False, False
+    ).startswith("not a reproduction: code and data and runtime identity differs")
+    for params, ckpt in ((True, True), (None, True), (True, None), (None, None)):
+        assert reproduce.verdict_of(same, {}, params, ckpt) == "reproduced"
+    for mismatches, params, ckpt in (
+        ({"m": "x"}, True, True),
+        ({}, False, True),
+        ({}, None, False),
+    ):
+        assert reproduce.verdict_of(same, mismatches, params, ckpt) == (
+            "NOT reproduced: identities match but the metrics differ"
+        )
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, database=None)
+@given(verdict=st.one_of(st.text(max_size=30), st.sampled_from(["reproduced", "reproduced!", "z"])))
+def test_only_the_verdict_reproduced_is_a_reproduction(verdict):
+    made = reproduce.Reproduction("r", verdict, {}, {}, 0, None, None, None)
+    assert made.reproduced is (verdict == "reproduced")
+
+
+_TAG = st.sampled_from(["a", "b", "c", "d", "e"])
+_VALUE = st.sampled_from(["", "0", "1", "x", "y"])
+
+
+@settings(max_examples=80, derandomize=True, deadline=None, database=None)
+@given(recorded=st.dictionaries(_TAG, _VALUE), current=st.dictionaries(_TAG, _VALUE))
+def test_identity_differences_against_a_key_by_key_reference(recorded, current):
+    """Every key on either side whose value differs or is missing on one side,
+    with both values (`<missing>` for the absent one); equal keys never appear."""
+    expected = {}
+    for key in "abcde":
+        if key in recorded or key in current:
+            pair = (recorded.get(key, "<missing>"), current.get(key, "<missing>"))
+            if key not in recorded or key not in current or pair[0] != pair[1]:
+                expected[key] = pair
+    assert identity.differences(recorded, current) == expected
+    assert identity.differences(current, recorded) == {k: v[::-1] for k, v in expected.items()}
+
+
+def test_params_digest_against_a_reference():
+    """sha256 over `path|dtype|shape|` and the bytes of each leaf, leaves sorted by
+    their path string: with eleven list entries that order ([0], [10], [1], ...)
+    is not the tree's own. Any changed value, dtype, shape or path changes it."""
+    params = {"w": [np.full((2,), i, np.float32) for i in range(11)], "b": np.arange(3)}
+    leaves = [(f"['w'][{i}]", a) for i, a in enumerate(params["w"])] + [("['b']", params["b"])]
+    h = hashlib.sha256()
+    for path, leaf in sorted(leaves):
+        h.update(f"{path}|{leaf.dtype}|{leaf.shape}|".encode() + leaf.tobytes())
+    assert checkpoint.digest(params) == h.hexdigest()
+    changed = [
+        {**params, "b": np.arange(3) + 1},
+        {**params, "b": np.arange(3).astype(np.int32)},
+        {**params, "b": np.arange(3).reshape(1, 3)},
+        {"w": params["w"], "c": params["b"]},
+    ]
+    assert len({checkpoint.digest(p) for p in [params, *changed]}) == 5
 
 
 def test_reproduce_in_a_fresh_process_is_bitwise(evidence, store):
@@ -204,21 +333,6 @@ def test_checkpoint_restores_the_same_bits(evidence, sqlite_store):
             Path(sqlite_store.backend_uri.removeprefix("sqlite:///")).parent / "missing",
             result.params,
         )
-
-
-def test_bitwise_comparison_catches_one_ulp(evidence):
-    recorded = {"test_loss": [(5, 0.25)], "val_loss": [(1, 0.5), (2, 0.4)]}
-    nudged = {"test_loss": [(5, float(np.nextafter(0.25, 1.0)))], "val_loss": [(1, 0.5), (2, 0.4)]}
-    mismatches, compared = reproduce.compare_metrics(recorded, nudged)
-    same, _ = reproduce.compare_metrics(recorded, {k: list(v) for k, v in recorded.items()})
-    missing, _ = reproduce.compare_metrics(recorded, {"test_loss": [(5, 0.25)]})
-    assert evidence.record(
-        "bitwise comparison: one ulp is a difference, a missing series is a difference",
-        "test_loss nudged by one ulp; val_loss removed",
-        {"one_ulp": mismatches, "identical": same, "missing": missing, "compared": compared},
-        None,
-        list(mismatches) == ["test_loss"] and same == {} and list(missing) == ["val_loss"],
-    )
 
 
 def test_only_finished_runs_reproduce(store):

@@ -11,6 +11,7 @@ same functions audited under `jit`, `vmap` and `grad` agree.
 import collections
 import inspect as pyinspect
 import re
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +73,196 @@ NESTED_COUNTS = {
     "lt": 1,
     "add": 1,
 }
+
+
+def _leaf_primitives(fn, *args) -> set[str]:
+    """Every primitive in `make_jaxpr(fn)(*args)` at any depth, wrappers left out,
+    collected by a plain recursion over the equations' params."""
+
+    def names(jaxpr) -> set[str]:
+        found = set()
+        for eqn in jaxpr.eqns:
+            found.add(eqn.primitive.name)
+            for value in eqn.params.values():
+                for item in value if isinstance(value, tuple | list) else (value,):
+                    if isinstance(item, jex_core.ClosedJaxpr):
+                        found |= names(item.jaxpr)
+                    elif isinstance(item, jex_core.Jaxpr):
+                        found |= names(item)
+        return found
+
+    wrappers = {"jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call"}
+    return names(jax.make_jaxpr(fn)(*args).jaxpr) - wrappers
+
+
+def wide_and_random(x):
+    y = (x.astype(jnp.float64) * 2.0).astype(jnp.float32)
+    return y + jax.random.uniform(jax.random.key(0), x.shape, jnp.float32)
+
+
+def test_consistency_figures_match_an_independent_walk(evidence):
+    """Every variant's primitives added and dropped against a separate recursion
+    over `make_jaxpr`; grad keeps the plain findings and adds its own (the
+    backward pass of the cast is float64 too), which is still consistent."""
+    result = jaxpr_audit.consistency(wide_and_random, X4, F32)
+    plain = _leaf_primitives(wide_and_random, X4)
+    variants = {
+        "jit": _leaf_primitives(jax.jit(wide_and_random), X4),
+        "vmap": _leaf_primitives(jax.vmap(wide_and_random), jnp.stack([X4] * 3)),
+        "grad": _leaf_primitives(jax.grad(lambda y: jnp.sum(wide_and_random(y))), X4),
+    }
+    plain_findings = {
+        (f.rule, f.source) for f in jaxpr_audit.audit(wide_and_random, (X4,), F32).findings
+    }
+    ok = [result["plain"] == {"verdict": "rejected", "findings": sorted(plain_findings)}]
+    for name, leaves in variants.items():
+        r = result[name]
+        ok.append(r["primitives_added"] == sorted(leaves - plain))
+        ok.append(r["primitives_dropped"] == sorted(plain - leaves))
+        ok.append(r["verdict"] == "rejected" and r["consistent"] is True)
+        ok.append(plain_findings <= set(map(tuple, r["findings"])))
+    grad_extra = set(map(tuple, result["grad"]["findings"])) - plain_findings
+    ok.append(bool(grad_extra) and all(rule == "dtype-policy" for rule, _ in grad_extra))
+    ok.append(result["consistent"] is True)
+    assert evidence.record(
+        "consistency figures", "float64 cast and random bits", result, None, all(ok)
+    )
+
+
+def branch_on_data(x):
+    return jax.lax.cond(x[0] > 0, jnp.sin, jnp.cos, x)
+
+
+def test_consistency_flags_a_primitive_vmap_drops(evidence):
+    """vmap of a cond on a batched predicate computes both branches (`select_n`):
+    the `cond` is gone, so the vmapped program is not the plain one."""
+    result = jaxpr_audit.consistency(branch_on_data, X4)
+    vmapped = _leaf_primitives(jax.vmap(branch_on_data), jnp.stack([X4] * 3))
+    ok = (
+        result["plain"]["verdict"] == "accepted"
+        and "cond" not in vmapped
+        and result["vmap"]["primitives_dropped"] == ["cond"]
+        and "select_n" in result["vmap"]["primitives_added"]
+        and result["vmap"]["verdict"] == "accepted"
+        and result["vmap"]["consistent"] is False
+        and result["jit"]["consistent"] is True
+        and result["consistent"] is False
+    )
+    assert evidence.record("vmap drops a primitive", "cond on data", result, None, ok)
+
+
+def refuses_under_vmap(x):
+    if "Batch" in type(x).__name__:
+        raise RuntimeError("no batching here\nsecond line of the message")
+    return jnp.sin(x)
+
+
+def unbatchable_callback(x):
+    return jax.pure_callback(_host_double, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+@pytest.mark.parametrize(
+    ("fn", "plain_verdict", "error"),
+    [
+        (refuses_under_vmap, "accepted", "no batching here"),
+        (unbatchable_callback, "rejected", "vmap is only supported for the pure_callback"),
+    ],
+    ids=["accepted-plain", "rejected-plain"],
+)
+def test_consistency_records_a_refusal_and_goes_on(evidence, fn, plain_verdict, error):
+    """A variant that refuses to trace is recorded with the first line of its
+    error; it agrees with a rejection only, and the variants after it still run."""
+    result = jaxpr_audit.consistency(fn, X4)
+    vmap = result["vmap"]
+    ok = (
+        result["plain"]["verdict"] == plain_verdict
+        and vmap["verdict"] == "refused to trace"
+        and error in vmap["error"]
+        and "\n" not in vmap["error"]
+        and "second line" not in vmap["error"]
+        and vmap["consistent"] is (plain_verdict == "rejected")
+        and "grad" in result
+        and result["consistent"] is (plain_verdict == "rejected")
+    )
+    assert evidence.record("refusal recorded", fn.__name__, result, None, ok)
+
+
+@pytest.mark.parametrize(
+    "thing",
+    [SimpleNamespace(shape=(2, 3)), SimpleNamespace(dtype=np.dtype("float32")), 2.5],
+    ids=["shape-only", "dtype-only", "python-float"],
+)
+def test_describe_aval_needs_both_shape_and_dtype(thing):
+    assert jaxpr_audit.describe_aval(thing) == str(thing)
+    assert jaxpr_audit.describe_aval(jax.ShapeDtypeStruct((2, 3), jnp.float32)) == "float32[2,3]"
+
+
+@jax.custom_jvp
+def tanh_by_rule(x):
+    return jnp.tanh(x)
+
+
+@tanh_by_rule.defjvp
+def _tanh_by_rule_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = 2.0 * jax.nn.sigmoid(2.0 * x) - 1.0
+    return y, (1.0 - y * y) * t
+
+
+def test_consistency_lets_grad_drop_what_the_rule_replaces(evidence):
+    """Under grad JAX runs the JVP rule in place of the body, so the body's `tanh`
+    goes: reported as dropped, and not held against grad (only vmap must keep
+    every primitive)."""
+    result = jaxpr_audit.consistency(tanh_by_rule, X4)
+    grad = _leaf_primitives(jax.grad(lambda y: jnp.sum(tanh_by_rule(y))), X4)
+    ok = (
+        "tanh" not in grad
+        and result["grad"]["primitives_dropped"] == ["tanh"]
+        and result["grad"]["consistent"] is True
+        and result["vmap"]["consistent"] is True
+        and result["consistent"] is True
+    )
+    assert evidence.record("grad drops the body", "custom_jvp tanh", result, None, ok)
+
+
+@jax.custom_vjp
+def two_residuals(x):
+    return jnp.sin(x)
+
+
+two_residuals.defvjp(
+    lambda x: (jnp.sin(x), (jnp.cos(x), 2.0 * x)), lambda r, g: (r[0] * g + 0.0 * r[1],)
+)
+
+
+def test_backward_rule_is_traced_on_every_computed_residual(evidence):
+    """A forward rule with two computed residuals (none of them an input): both
+    rules traced, with what they contain enumerated by reading them."""
+    a = jaxpr_audit.audit(two_residuals, (X4,), jaxpr_audit.Policy(modes=("vjp",)))
+    fwd = collections.Counter(
+        e.primitive for e in a.rule_equations if e.path == "custom_vjp_call.fwd_rule"
+    )
+    bwd = collections.Counter(
+        e.primitive for e in a.rule_equations if e.path == "custom_vjp_call.bwd_rule"
+    )
+    ok = fwd == {"sin": 1, "cos": 1, "mul": 1} and bwd == {"mul": 2, "add": 1} and a.accepted
+    assert evidence.record(
+        "two residuals", "custom_vjp", {"fwd": dict(fwd), "bwd": dict(bwd)}, None, ok
+    )
+
+
+def calls_relu(x):
+    return jax.nn.relu(x) * 2.0
+
+
+def test_rule_equations_inside_a_library_take_the_callers_line(evidence):
+    """relu's JVP rule is JAX's own code: its equations have no user frame, so
+    each takes the line of the user's call (the `return` of `calls_relu`)."""
+    a = jaxpr_audit.audit(calls_relu, (X4,))
+    where = f"test_stage_3_jaxpr.py:{_call_line(calls_relu)}:"
+    sources = [e.source for e in a.rule_equations]
+    ok = bool(sources) and all(where in s and "(calls_relu)" in s for s in sources)
+    assert evidence.record("rule sources", "jax.nn.relu", {"sources": sources}, None, ok)
 
 
 def test_walker_counts_every_nested_equation(evidence):

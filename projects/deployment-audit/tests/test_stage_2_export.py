@@ -32,6 +32,155 @@ from deployment_audit import data, export, precision, train
 from deployment_audit.cli import main
 from deployment_audit.config import Config
 
+OLD_JAX, NEW_JAX = "0.4.30", "99.0.0"
+LOW = jax.export.minimum_supported_calling_convention_version
+HIGH = jax.export.maximum_supported_calling_convention_version
+CREATED = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+MINUTES = 1 / (24 * 60)
+
+
+def _manifest(made_by: str | None, convention: int | None = None, created=CREATED) -> dict:
+    return {
+        "created_at": created if isinstance(created, str) else created.isoformat(),
+        "jax_version": made_by or jax.__version__,
+        "calling_convention_version": HIGH if convention is None else convention,
+    }
+
+
+@pytest.mark.parametrize(
+    ("age_days", "made_by", "convention", "within"),
+    [
+        (180 + 2 * MINUTES, OLD_JAX, None, False),  # just past the backward window
+        (180 - 2 * MINUTES, OLD_JAX, None, True),
+        (-40, OLD_JAX, None, True),  # an older jax's artifact dated ahead: no forward rule
+        (200, NEW_JAX, None, True),  # a newer jax's artifact long ago: no backward rule
+        (-30 - 12 * 60 * MINUTES, NEW_JAX, None, False),  # half a day past the forward window
+        (-30 + 12 * 60 * MINUTES, NEW_JAX, None, True),
+        (-1000, None, None, True),  # the running jax runs its own, whatever the date
+        (0, None, LOW, True),
+        (0, None, HIGH, True),
+        (0, None, LOW - 1, False),
+        (0, None, HIGH + 1, False),
+    ],
+)
+def test_compatibility_boundaries(age_days, made_by, convention, within):
+    """Both sides of every edge of the window, without an artifact: the two age
+    limits (minutes and half a day from them), each rule applied only to its own
+    direction, and both ends of the supported calling conventions."""
+    now = CREATED + datetime.timedelta(days=age_days)
+    verdict = export.compatibility(_manifest(made_by, convention), now)
+    assert verdict["within_window"] is within, verdict
+    assert verdict["age_days"] == round(age_days, 3)
+    if within:
+        assert verdict["message"] == "within the jax.export compatibility window"
+    else:
+        assert "window" in verdict["message"] or "outside the range" in verdict["message"]
+
+
+def test_compatibility_messages_name_the_figures():
+    ahead = export.compatibility(_manifest(NEW_JAX), CREATED - datetime.timedelta(days=40))
+    assert (
+        f"newer than the running jax {jax.__version__}, and is dated 40 days ahead"
+        in (ahead["message"])
+    )
+    old = export.compatibility(_manifest(OLD_JAX), CREATED + datetime.timedelta(days=200))
+    assert f"exported by jax {OLD_JAX} 200 days ago" in old["message"]
+    for created in ("2026-01-01T12:00:00", "not a date"):  # no time zone; no date at all
+        verdict = export.compatibility(_manifest(None, created=created), CREATED)
+        assert verdict["within_window"] is False
+        assert (
+            f"`created_at` `{created}` is not an ISO date with a time zone" in (verdict["message"])
+        )
+
+
+def _quantize_reference(params, policy: str, calibration: np.ndarray) -> list[dict]:
+    """Each policy's stored arrays from their definitions (module docstring of
+    `precision`): per-output-column int8 scales, round-to-nearest, and, for
+    `int8_w8a8`, each matmul input's largest magnitude over 127 in the float32
+    network run on the calibration set (ReLU after every hidden layer)."""
+    layers = [{k: np.asarray(v, np.float32) for k, v in lay.items()} for lay in params["layers"]]
+    out = []
+    x = np.asarray(calibration, np.float64)
+    for i, lay in enumerate(layers):
+        kernel, bias = lay["kernel"], lay["bias"]
+        entry = {"bias": bias}
+        if policy == "f32":
+            entry["kernel"] = kernel
+        elif policy == "bf16":
+            entry["kernel"] = kernel.astype(ml_dtypes.bfloat16)
+        else:
+            peak = np.abs(kernel.astype(np.float64)).max(axis=0)
+            w_scale = np.where(peak > 0, peak / 127, 1.0)
+            entry["w_scale"] = w_scale
+            entry["kernel"] = np.clip(np.rint(kernel / w_scale), -127, 127).astype(np.int8)
+            if policy == "int8_w8a8":
+                a_peak = float(np.abs(x).max())
+                entry["a_scale"] = a_peak / 127 if a_peak > 0 else 1.0
+        x = x @ kernel.astype(np.float64) + bias
+        if i < len(layers) - 1:
+            x = np.maximum(x, 0.0)
+        out.append(entry)
+    return out
+
+
+def _random_params(seed: int, hidden: tuple[int, ...]) -> dict:
+    rng = np.random.default_rng(seed)
+    widths = [data.NUM_FEATURES, *hidden, 10]
+    layers = []
+    for a, b in zip(widths[:-1], widths[1:], strict=True):
+        kernel = (rng.normal(size=(a, b)) / np.sqrt(a)).astype(np.float32)
+        kernel[:, 1] = 0.0  # a zero column: its scale is 1
+        layers.append({"kernel": kernel, "bias": rng.normal(size=b).astype(np.float32)})
+    return {"layers": layers}
+
+
+@pytest.mark.parametrize("hidden", [(12,), (16, 8)], ids=["1 hidden", "2 hidden"])
+@pytest.mark.parametrize("calibration", ["normal", "zeros"])
+@pytest.mark.parametrize("policy", precision.POLICIES)
+def test_quantize_against_its_definition(policy, calibration, hidden):
+    params = _random_params(len(hidden), hidden)
+    rng = np.random.default_rng(11)
+    calib = (
+        rng.normal(scale=2.0, size=(20, data.NUM_FEATURES)).astype(np.float32)
+        if calibration == "normal"
+        else np.zeros((4, data.NUM_FEATURES), np.float32)
+    )
+    got = precision.quantize(params, policy, calib)["layers"]
+    ref = _quantize_reference(params, policy, calib)
+    assert [sorted(g) for g in got] == [sorted(r) for r in ref]
+    for g, r in zip(got, ref, strict=True):
+        assert g["kernel"].dtype == r["kernel"].dtype
+        if policy.startswith("int8"):
+            assert np.array_equal(g["kernel"], r["kernel"])
+            np.testing.assert_allclose(g["w_scale"], r["w_scale"], rtol=1e-6)
+            assert g["w_scale"].dtype == np.float32
+        else:
+            assert np.array_equal(g["kernel"].astype(np.float32), r["kernel"].astype(np.float32))
+        assert np.array_equal(g["bias"], r["bias"]) and g["bias"].dtype == np.float32
+        if "a_scale" in r:
+            assert float(g["a_scale"]) == pytest.approx(r["a_scale"], rel=1e-5)
+
+
+@pytest.mark.parametrize("hidden", [(12,), (16, 8)], ids=["1 hidden", "2 hidden"])
+@pytest.mark.parametrize("policy", precision.POLICIES)
+def test_policy_forward_and_bytes_on_random_weights(policy, hidden):
+    """Each policy's forward pass against the NumPy arithmetic below, and its byte
+    table against counts from the widths, on random weights with non-zero biases
+    (in process, before any artifact is built)."""
+    params = _random_params(len(hidden), hidden)
+    rng = np.random.default_rng(5)
+    calib = rng.normal(size=(20, data.NUM_FEATURES)).astype(np.float32)
+    x = rng.normal(size=(9, data.NUM_FEATURES)).astype(np.float32)
+    qparams = precision.quantize(params, policy, calib)
+    got = np.asarray(
+        precision.forward_jit(jax.tree.map(jnp.asarray, qparams), policy, jnp.asarray(x))
+    )
+    reference, _ = _numpy_policy(qparams, policy, x)
+    tol = {"f32": 1e-4, "bf16": 2e-2, "int8_w": 1e-4, "int8_w8a8": 1e-4}[policy]
+    np.testing.assert_allclose(got, reference, rtol=0, atol=tol)
+    widths = [data.NUM_FEATURES, *hidden, 10]
+    assert precision.account(qparams, policy) == _bytes_from_widths(widths, policy)
+
 
 def _digits_batch(n: int) -> np.ndarray:
     return data.load().images[100 : 100 + n]

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import Mesh
 
 from training_methods import reductions
@@ -56,6 +58,86 @@ def _loops(losses: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
         if n:
             seq_means.append(s / n)
     return tok_sum / tok_n, sum(seq_means) / len(seq_means)
+
+
+def _np_means(losses: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
+    """Per-token and per-sequence means in float64, 0 where nothing is counted."""
+    losses = losses.astype(np.float64)
+    tok = float(losses[mask].sum() / mask.sum()) if mask.any() else 0.0
+    seqs = [losses[b][mask[b]].mean() for b in range(len(mask)) if mask[b].any()]
+    return tok, float(np.mean(seqs)) if seqs else 0.0
+
+
+# Masks at the boundaries: nothing counted, one token, one sequence of one
+# token, sequences of exactly one token beside longer ones, everything counted.
+_BOUNDARY_MASKS = {
+    "empty": [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]],
+    "one token": [[0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]],
+    "one sequence": [[0, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]],
+    "single-token sequences": [[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 1]],
+    "full": [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]],
+}
+
+
+@pytest.mark.parametrize("name", list(_BOUNDARY_MASKS))
+def test_reductions_at_mask_boundaries(name):
+    mask = np.asarray(_BOUNDARY_MASKS[name], bool)
+    losses = np.asarray(jax.random.uniform(jax.random.key(61), mask.shape, minval=0.5, maxval=3))
+    tok = float(reductions.per_token_mean(jnp.asarray(losses), jnp.asarray(mask)))
+    seq = float(reductions.per_sequence_mean(jnp.asarray(losses), jnp.asarray(mask)))
+    ref_tok, ref_seq = _np_means(losses, mask)
+    np.testing.assert_allclose([tok, seq], [ref_tok, ref_seq], rtol=1e-6, atol=1e-7)
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, database=None)
+@given(
+    seed=st.integers(0, 2**16),
+    shape=st.sampled_from([(1, 5), (4, 3), (6, 9)]),
+    density=st.sampled_from([0.0, 0.15, 0.6, 1.0]),
+)
+def test_reductions_equal_numpy(seed, shape, density):
+    rng = np.random.default_rng(seed)
+    losses = rng.uniform(0.1, 4.0, shape).astype(np.float32)
+    mask = rng.random(shape) < density
+    tok = float(reductions.per_token_mean(jnp.asarray(losses), jnp.asarray(mask)))
+    seq = float(reductions.per_sequence_mean(jnp.asarray(losses), jnp.asarray(mask)))
+    ref_tok, ref_seq = _np_means(losses, mask)
+    np.testing.assert_allclose([tok, seq], [ref_tok, ref_seq], rtol=1e-5, atol=1e-6)
+
+
+def _toy_loss(p, batch):
+    """Token losses (w . x)^2 with a given mask: gradient 2 (w . x) x, by hand."""
+    return jnp.sum(p["w"][None, None, :] * batch["x"], -1) ** 2, batch["mask"]
+
+
+def _toy_grad(w: np.ndarray, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    w, x = w.astype(np.float64), x.astype(np.float64)
+    g = np.zeros_like(w)
+    for b, t in zip(*np.nonzero(mask), strict=True):
+        g += 2 * (w @ x[b, t]) * x[b, t]
+    return g / max(int(mask.sum()), 1)
+
+
+@pytest.mark.parametrize("counted", [0, 1, 2, 9])
+def test_accumulated_and_sharded_gradients_at_small_counts(counted):
+    rng = np.random.default_rng(counted)
+    w = rng.normal(size=3).astype(np.float32)
+    x = rng.normal(size=(4, 5, 3)).astype(np.float32)
+    flat = np.zeros(20, bool)
+    flat[rng.permutation(20)[:counted]] = True
+    mask = flat.reshape(4, 5)
+    params = {"w": jnp.asarray(w)}
+    batch = {"x": jnp.asarray(x), "mask": jnp.asarray(mask)}
+    expected = _toy_grad(w, x, mask)
+    micros = [{k: v[i : i + 1] for k, v in batch.items()} for i in range(4)]
+    good, count = reductions.accumulate_global(_toy_loss, params, micros)
+    assert int(count) == counted
+    np.testing.assert_allclose(np.asarray(good["w"]), expected, rtol=1e-5, atol=1e-6)
+    if len(jax.devices()) >= 2:
+        mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+        sharded, n = reductions.sharded_grad(_toy_loss, params, batch, mesh)
+        assert int(n) == counted
+        np.testing.assert_allclose(np.asarray(sharded["w"]), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("ragged", [True, False])
@@ -109,6 +191,14 @@ def test_accumulation_matches_the_full_batch_only_with_the_global_count(setup, e
     err_good = reductions.max_abs_diff(good, full)
     err_bad = reductions.max_abs_diff(bad, full)
     counts = [int(jnp.sum(token_loss_fn(params, m)[1])) for m in micros]
+    # The global count, recounted from the token types of the batch (after SEP, not padding).
+    tokens = np.asarray(batch["tokens"])
+    sep = np.argmax(tokens == 2, axis=1)
+    recount = sum(
+        int(np.sum((np.arange(1, tokens.shape[1]) > sep[b]) & (tokens[b, 1:] != 0)))
+        for b in range(n)
+    )
+    assert int(count) == recount == sum(counts)
     assert evidence.record(
         "accumulated vs full-batch gradient",
         f"{len(micros)} micro-batches of {micro}, counts {counts}",

@@ -17,10 +17,181 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharded_training import profile, sharding, train
 from sharded_training.cli import main
 from sharded_training.config import Config
+
+
+def constructed_trace(durations_ns: list[int], gap_ns: int = 10_000) -> dict:
+    """A trace with known events: one `train_iteration` per duration, each holding one
+    event of every category (1, 2, 3, 4 ns), two overlapping device intervals (10..50
+    and 30..60 ns into the step: a union of 50 ns) and one Rendezvous (5 ns); plus a
+    long `input_wait` (prefetch) between the iterations that belongs to no step."""
+    host, busy, rendezvous = [], [], []
+    for i, d in enumerate(durations_ns):
+        s = (i + 1) * gap_ns
+        host.append(("train_iteration", s, s + d))
+        for k, c in enumerate(profile.CATEGORIES, start=1):
+            host.append((c, s + 60 + 4 * k, s + 60 + 5 * k))
+        busy += [(s + 10, s + 50), (s + 30, s + 60)]
+        rendezvous.append((s + 70, s + 75))
+        host.append(("input_wait", s + d + 100, s + d + 5_000))
+    return {"host": host, "device_busy": busy, "rendezvous": rendezvous, "collective_ops": []}
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 8])
+def test_breakdown_of_a_constructed_trace(evidence, steps_per_call):
+    """`breakdown` against a trace whose answer is known: the first two iterations are
+    warm-up (far slower) and must be left out of the median; each category counts
+    only its events inside the step (not the prefetch between steps); overlapping
+    device intervals count once; a call of K steps is divided by K."""
+    durations = [9_000, 8_000, 300, 100, 500, 200, 400]
+    trace = constructed_trace(durations)
+    found = profile.breakdown(trace, (0, 10**9), steps_per_call)
+    steady = durations[2:]
+    expected = {
+        "iteration": statistics.median(steady) / 1e9 / steps_per_call,
+        **{c: k / 1e9 / steps_per_call for k, c in enumerate(profile.CATEGORIES, start=1)},
+        "device_busy": 50 / 1e9 / steps_per_call,
+        "collective_wait": 5 / 1e9 / steps_per_call,
+        "all_reduce": 0.0,
+    }
+    got = found["per_step_s"]
+    assert evidence.record(
+        "breakdown of a constructed trace vs its known per-step figures",
+        f"{len(durations)} iterations, the first 2 warm-up; {steps_per_call} step(s) per call",
+        {"per_step_s": got, "iterations": found["iterations"]},
+        {"per_step_s": expected, "iterations": len(steady), "rel": 1e-9},
+        found["iterations"] == len(steady)
+        and set(got) == set(expected)
+        and all(got[c] == pytest.approx(v, rel=1e-9, abs=0) for c, v in expected.items()),
+    ), got
+
+
+FAST = settings(max_examples=120, derandomize=True, deadline=None, database=None)
+
+
+def covered(intervals, lo: int, hi: int) -> int:
+    """Reference union: the integer instants t in [lo, hi) inside some [s, e)."""
+    return len({t for s, e in intervals for t in range(max(s, lo), min(e, hi))})
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 25)), max_size=8))
+def test_interval_union_against_a_coverage_count(pairs):
+    intervals = [(s, s + d) for s, d in pairs]  # empty (d = 0), nested, touching, apart
+    assert profile._intervals_union(intervals) == covered(intervals, -10, 200)
+
+
+@st.composite
+def traces(draw):
+    """A trace of 3-7 steps with events on both sides of every boundary: category
+    events starting exactly at a step's start (inside) or end (outside), device,
+    rendezvous and collective intervals ending exactly at a step's start or starting
+    exactly at its end, overlapping ones, and compile events at the window's ends."""
+    n = draw(st.integers(3, 7))
+    host, busy, rendezvous, ops = [], [], [], []
+    starts, s = [], 0
+    for _ in range(n):
+        s += draw(st.integers(30, 60))
+        d = draw(st.integers(10, 30))
+        starts.append((s, s + d))
+        host.append(("train_iteration", s, s + d))
+        for c in profile.CATEGORIES:
+            for _ in range(draw(st.integers(0, 2))):
+                at = draw(st.sampled_from(["start", "inside", "end", "before"]))
+                ss = {"start": s, "inside": s + d // 2, "end": s + d, "before": s - 5}[at]
+                host.append((c, ss, ss + draw(st.integers(0, 8))))
+        for target in (busy, rendezvous, ops):
+            for _ in range(draw(st.integers(0, 3))):
+                at = draw(st.sampled_from(["ends-at-start", "over-start", "inside", "at-end"]))
+                length = draw(st.integers(1, 12))
+                ss = {
+                    "ends-at-start": s - length,
+                    "over-start": s - length // 2,
+                    "inside": s + draw(st.integers(0, d)),
+                    "at-end": s + d,
+                }[at]
+                target.append((ss, ss + length))
+        s += d
+    w0 = starts[draw(st.integers(0, 1))][0]
+    w1 = starts[draw(st.integers(n - 2, n - 1))][0]  # an iteration starting AT the end
+    for at in (w0 - 1, w0, w1, w1 + 1, (w0 + w1) // 2):
+        host.append(("compile", at, at + draw(st.integers(1, 9))))
+    for _ in range(draw(st.integers(0, 3))):  # Other annotations count nowhere.
+        at = draw(st.integers(w0 - 5, w1 + 5))
+        host.append((draw(st.sampled_from(["annotation", "backend", "zeta"])), at, at + 3))
+    k = draw(st.sampled_from([1, 8]))
+    skip = draw(st.sampled_from([None, 0, 1, 2]))
+    trace = {
+        "host": host,
+        "device_busy": busy,
+        "rendezvous": rendezvous,
+        "collective_ops": [("all-reduce.1", a, b) for a, b in ops],
+    }
+    return trace, (w0, w1), k, skip
+
+
+def median_or_zero(values) -> float:
+    return float(np.median(values)) if values else 0.0
+
+
+def breakdown_reference(trace, window, k, skip):
+    """The per-step breakdown from its definition, with NumPy medians and coverage
+    counts: the steps whose start lies in the window, less the warm-up ones."""
+    w0, w1 = window
+    steps = sorted((s, e) for n, s, e in trace["host"] if n == "train_iteration" and w0 <= s <= w1)
+    steps = steps[(2 if skip is None else skip) :]
+    per = {c: [] for c in (*profile.CATEGORIES, "iteration")}
+    per.update(device_busy=[], collective_wait=[], all_reduce=[])
+    for s, e in steps:
+        per["iteration"].append(e - s)
+        for c in profile.CATEGORIES:
+            per[c].append(sum(b - a for n, a, b in trace["host"] if n == c and s <= a < e))
+        per["device_busy"].append(covered(trace["device_busy"], s, e))
+        per["collective_wait"].append(covered(trace["rendezvous"], s, e))
+        per["all_reduce"].append(covered([(a, b) for _, a, b in trace["collective_ops"]], s, e))
+    parts = [sum(per[c][i] for c in profile.CATEGORIES) for i in range(len(steps))]
+    return {
+        "iterations": len(steps),
+        "per_step_s": {c: median_or_zero(v) / 1e9 / k for c, v in per.items()},
+        "parts_minus_step_max_s": max(
+            [p - it for p, it in zip(parts, per["iteration"], strict=True)], default=0
+        )
+        / 1e9,
+        "host_side": median_or_zero(
+            [p / it for p, it in zip(parts, per["iteration"], strict=True)]
+        ),
+        "device_busy": median_or_zero(
+            [b / it for b, it in zip(per["device_busy"], per["iteration"], strict=True)]
+        ),
+        "iteration_s": [(e - s) / 1e9 for s, e in steps],
+        "compile_s": sum(
+            (e - s) / 1e9 for n, s, e in trace["host"] if n == "compile" and w0 <= s <= w1
+        ),
+    }
+
+
+@FAST
+@given(traces())
+def test_breakdown_against_its_definition(drawn):
+    trace, window, k, skip = drawn
+    got = (
+        profile.breakdown(trace, window, k)
+        if skip is None
+        else profile.breakdown(trace, window, k, skip=skip)
+    )
+    ref = breakdown_reference(trace, window, k, skip)
+    assert got["iterations"] == ref["iterations"]
+    assert got["per_step_s"] == pytest.approx(ref["per_step_s"], rel=1e-12, abs=0)
+    assert got["parts_minus_step_max_s"] == pytest.approx(ref["parts_minus_step_max_s"], abs=0)
+    assert got["fraction_of_step"]["host_side"] == pytest.approx(ref["host_side"], rel=1e-12)
+    assert got["fraction_of_step"]["device_busy"] == pytest.approx(ref["device_busy"], rel=1e-12)
+    assert got["iteration_s"] == pytest.approx(ref["iteration_s"], rel=1e-12, abs=0)
+    assert got["compile_s_from_trace"] == pytest.approx(ref["compile_s"], rel=1e-12, abs=0)
 
 
 @pytest.fixture(scope="module")
@@ -108,52 +279,6 @@ def test_trace_agrees_with_host_timers(evidence, report, variant):
         same_count and per_step_ok and compile_ok and nested_ok and iteration_ok and busy_ok,
     )
     assert full["trace"]["events_read"]["device_busy"] > 0
-
-
-def constructed_trace(durations_ns: list[int], gap_ns: int = 10_000) -> dict:
-    """A trace with known events: one `train_iteration` per duration, each holding one
-    event of every category (1, 2, 3, 4 ns), two overlapping device intervals (10..50
-    and 30..60 ns into the step: a union of 50 ns) and one Rendezvous (5 ns); plus a
-    long `input_wait` (prefetch) between the iterations that belongs to no step."""
-    host, busy, rendezvous = [], [], []
-    for i, d in enumerate(durations_ns):
-        s = (i + 1) * gap_ns
-        host.append(("train_iteration", s, s + d))
-        for k, c in enumerate(profile.CATEGORIES, start=1):
-            host.append((c, s + 60 + 4 * k, s + 60 + 5 * k))
-        busy += [(s + 10, s + 50), (s + 30, s + 60)]
-        rendezvous.append((s + 70, s + 75))
-        host.append(("input_wait", s + d + 100, s + d + 5_000))
-    return {"host": host, "device_busy": busy, "rendezvous": rendezvous, "collective_ops": []}
-
-
-@pytest.mark.parametrize("steps_per_call", [1, 8])
-def test_breakdown_of_a_constructed_trace(evidence, steps_per_call):
-    """`breakdown` against a trace whose answer is known: the first two iterations are
-    warm-up (far slower) and must be left out of the median; each category counts
-    only its events inside the step (not the prefetch between steps); overlapping
-    device intervals count once; a call of K steps is divided by K."""
-    durations = [9_000, 8_000, 300, 100, 500, 200, 400]
-    trace = constructed_trace(durations)
-    found = profile.breakdown(trace, (0, 10**9), steps_per_call)
-    steady = durations[2:]
-    expected = {
-        "iteration": statistics.median(steady) / 1e9 / steps_per_call,
-        **{c: k / 1e9 / steps_per_call for k, c in enumerate(profile.CATEGORIES, start=1)},
-        "device_busy": 50 / 1e9 / steps_per_call,
-        "collective_wait": 5 / 1e9 / steps_per_call,
-        "all_reduce": 0.0,
-    }
-    got = found["per_step_s"]
-    assert evidence.record(
-        "breakdown of a constructed trace vs its known per-step figures",
-        f"{len(durations)} iterations, the first 2 warm-up; {steps_per_call} step(s) per call",
-        {"per_step_s": got, "iterations": found["iterations"]},
-        {"per_step_s": expected, "iterations": len(steady), "rel": 1e-9},
-        found["iterations"] == len(steady)
-        and set(got) == set(expected)
-        and all(got[c] == pytest.approx(v, rel=1e-9, abs=0) for c, v in expected.items()),
-    ), got
 
 
 def test_losses_unchanged_by_the_optimization(evidence, report):

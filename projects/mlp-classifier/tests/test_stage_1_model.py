@@ -237,3 +237,45 @@ def test_evidence_round_trip(evidence, tmp_path):
     payload = json.loads(path.read_text())
     assert payload["stage"] == "1"
     assert payload["records"] and all("passed" in r for r in payload["records"])
+
+
+@pytest.mark.parametrize("hidden", [(32,), ()], ids=["one hidden layer", "no hidden layer"])
+@pytest.mark.parametrize("lead", [(), (2, 3)], ids=["one row", "two leading axes"])
+def test_any_leading_axes_match_numpy(hidden, lead):
+    """Only the last axis must be `in_features` wide: a single row and a
+    (2, 3) stack of rows give the NumPy MLP's logits row by row."""
+    rng = np.random.default_rng(len(lead) + 10 * len(hidden))
+    weights = known_weights(rng, [IN, *hidden, OUT])
+    x = rng.uniform(size=(*lead, IN)).astype(np.float32)
+    model = MLP(IN, hidden, OUT, 0.3, rngs=nnx.Rngs(params=0, dropout=1))
+    load_weights(model, weights)
+    model.eval()
+    logits = model(jnp.asarray(x))
+    assert logits.shape == (*lead, OUT)
+    ref = numpy_mlp(x.reshape(-1, IN), weights).reshape(*lead, OUT)
+    np.testing.assert_allclose(np.asarray(logits), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hidden", [(32,), ()], ids=["one hidden layer", "no hidden layer"])
+@pytest.mark.parametrize("width", [IN - 1, IN + 1])
+def test_input_one_column_too_narrow_or_too_wide_is_refused(hidden, width):
+    model = MLP(IN, hidden, OUT, 0.0, rngs=nnx.Rngs(params=0, dropout=1))
+    x = jnp.zeros((3, width), jnp.float32)
+    message = rf"shape \(batch, {IN}\), but it has shape \(3, {width}\)"
+    with pytest.raises(ValueError, match=message):
+        model(x)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_input_is_refused(bad):
+    """Eagerly (a concrete array), one non-finite value anywhere is an error;
+    under `jit` (a traced array) the check is skipped and the same bad row
+    reaches the logits."""
+    model = MLP(IN, (32,), OUT, 0.0, rngs=nnx.Rngs(params=0, dropout=1))
+    x = np.zeros((4, IN), np.float32)
+    x[2, 17] = bad
+    with pytest.raises(ValueError, match="holds NaN or infinite values"):
+        model(jnp.asarray(x))
+    graphdef, state = nnx.split(model)
+    logits = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))(state, jnp.asarray(x))
+    assert np.isfinite(np.asarray(logits)[[0, 1, 3]]).all()

@@ -11,6 +11,7 @@ kernel here runs in interpret mode on a CPU, and the records say so.
 """
 
 import json
+import math
 from pathlib import Path
 
 import jax
@@ -18,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernel_audit import data, kernels, reference
 from kernel_audit.cli import main
@@ -35,6 +38,175 @@ def matmul_inputs(seed: int, m: int, k: int, n: int, dtype: str):
 def row_inputs(seed: int, rows: int, cols: int, dtype: str):
     key = data.case_key(seed, "stage1-rows", rows, cols, dtype)
     return data.layer_norm_operands(key, rows, cols, kernels.DTYPES[dtype])
+
+
+# --- The error bounds, element by element in plain Python (the documented formulas) ---
+
+U32 = 2.0**-24  # unit roundoff of float32: half of 2**-23
+U_OUT = {"float32": 2.0**-24, "bfloat16": 2.0**-8}  # bfloat16 keeps 8 significand bits
+
+
+def _gamma(n: int, u: float) -> float:
+    return math.inf if n * u >= 1 else n * u / (1 - n * u)
+
+
+def _gelu(z: float) -> float:
+    return 0.5 * z * (1 + math.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+
+
+def _act(z: float, activation: str) -> float:
+    return {"none": z, "relu": max(z, 0.0), "gelu": _gelu(z)}[activation]
+
+
+def _matmul_bound_loop(x, w, b, activation, dtype):
+    """gamma_{K+1} (sum_k |x_ik w_kj| + |b_j|) before the activation; gelu multiplies
+    it by its Lipschitz constant 1.13 and adds 8 float32 roundings of |z| + |y|; the
+    cast to `dtype` adds u_out (|y| + that error)."""
+    m, k = x.shape
+    n = w.shape[1]
+    out = np.zeros((m, n))
+    for i in range(m):
+        for j in range(n):
+            mag = sum(abs(float(x[i, t]) * float(w[t, j])) for t in range(k)) + abs(float(b[j]))
+            z = sum(float(x[i, t]) * float(w[t, j]) for t in range(k)) + float(b[j])
+            y = _act(z, activation)
+            err = _gamma(k + 1, U32) * mag
+            if activation == "gelu":
+                err = 1.13 * err + 8 * U32 * (abs(z) + abs(y))
+            out[i, j] = err + U_OUT[dtype] * (abs(y) + err)
+    return out
+
+
+def _layer_norm_bound_loop(x, g, b, dtype):
+    """Row by row, the docstring's propagation (eps = 1e-5), doubled."""
+    rows, c = x.shape
+    out = np.zeros((rows, c))
+    u = U32
+    for i in range(rows):
+        row = [float(v) for v in x[i]]
+        mean = sum(row) / c
+        d = [v - mean for v in row]
+        var = sum(v * v for v in d) / c
+        r = 1 / math.sqrt(var + 1e-5)
+        e_mu = _gamma(c + 1, u) * sum(abs(v) for v in row) / c
+        e_d = e_mu + u * max(abs(v) for v in d)
+        e_var = 2 * (sum(abs(v) for v in d) / c) * e_d + e_d**2 + _gamma(c + 2, u) * var
+        rel_r = e_var / (2 * (var + 1e-5)) + 2 * u
+        for j in range(c):
+            gj, bj = float(g[j]), float(b[j])
+            first = abs(gj) * (e_d * r + abs(d[j]) * r * rel_r) + 3 * u * (
+                abs(d[j]) * r * abs(gj) + abs(bj)
+            )
+            y = d[j] * r * gj + bj
+            out[i, j] = 2 * first + U_OUT[dtype] * (abs(y) + 2 * first)
+    return out
+
+
+def _operands(seed: int, shapes, dtype: str, scale: float):
+    rng = np.random.default_rng(seed)
+    arrays = [(rng.standard_normal(shape) * scale).astype(np.float32) for shape in shapes]
+    return [np.asarray(jnp.asarray(a, kernels.DTYPES[dtype])) for a in arrays]
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, database=None)
+@given(
+    m=st.integers(1, 3),
+    k=st.integers(1, 5),
+    n=st.integers(1, 3),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    activation=st.sampled_from(["none", "relu", "gelu"]),
+    scale=st.sampled_from([0.5, 3.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_matmul_bound_equals_its_formula_element_by_element(
+    m, k, n, dtype, activation, scale, seed
+):
+    x, w, b = _operands(seed, [(m, k), (k, n), (n,)], dtype, scale)
+    got = reference.matmul_error_bound(x, w, b, activation, dtype)
+    expected = _matmul_bound_loop(x, w, b, activation, dtype)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=0)
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, database=None)
+@given(
+    rows=st.integers(1, 3),
+    cols=st.integers(1, 6),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    level=st.sampled_from([0.0, 3.0, -40.0]),
+    spread=st.sampled_from([1e-3, 1.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_layer_norm_bound_equals_its_formula_element_by_element(
+    rows, cols, dtype, level, spread, seed
+):
+    x, g, b = _operands(seed, [(rows, cols), (cols,), (cols,)], dtype, 1.0)
+    x = np.asarray(jnp.asarray(level + spread * x.astype(np.float32), kernels.DTYPES[dtype]))
+    got = reference.layer_norm_error_bound(x, g, b, dtype)
+    expected = _layer_norm_bound_loop(x, g, b, dtype)
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=0)
+
+
+def test_gamma_is_finite_exactly_below_n_u_equal_to_one():
+    u = 2.0**-24
+    assert reference.gamma(2**24, u) == math.inf  # n u = 1 exactly
+    assert reference.gamma(2**24 + 1, u) == math.inf
+    n = 2**24 - 1
+    assert reference.gamma(n, u) == n * u / (1 - n * u)
+    assert reference.gamma(1000, u) == pytest.approx(1000 * u, rel=1e-4)
+    assert reference.gamma(0, u) == 0.0
+
+
+def test_gelu_lipschitz_constant_holds():
+    """The 1.13 the bound uses: the largest |gelu'| of the tanh form, on a fine grid."""
+    z = np.linspace(-10, 10, 200_001)
+    slope = np.abs(np.gradient(reference.gelu_f64(z), z))
+    assert 1.12 < slope.max() <= reference.GELU_LIPSCHITZ
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+def test_epilogue_activation_against_float64(activation):
+    z = np.concatenate([np.linspace(-6, 6, 97), [0.0, -0.0, 1e-30, -1e-30]]).astype(np.float32)
+    got = np.asarray(kernels.activate(jnp.asarray(z), activation), dtype=np.float64)
+    expected = np.array([_act(float(v), activation) for v in z])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    if activation == "relu":
+        assert np.array_equal(got, np.maximum(z, 0).astype(np.float64))
+    with pytest.raises(kernels.KernelInputError, match="Unknown activation `tanh`"):
+        kernels.activate(jnp.asarray(z), "tanh")
+
+
+def _primitives(fn, *args) -> list[str]:
+    """Every primitive in the traced program of `fn(*args)`, kernel bodies and loop
+    bodies included."""
+    names: list[str] = []
+
+    def walk(jaxpr) -> None:
+        jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+        for eqn in jaxpr.eqns:
+            names.append(eqn.primitive.name)
+            for value in eqn.params.values():
+                for item in value if isinstance(value, tuple | list) else [value]:
+                    if hasattr(getattr(item, "jaxpr", item), "eqns"):
+                        walk(item)
+
+    walk(jax.make_jaxpr(fn)(*args))
+    return names
+
+
+def test_a_shape_that_divides_its_blocks_builds_no_edge_mask():
+    """The mask is static: a reduction (K = 64, block_k = 32) or a row (C = 64 = the
+    column block) that divides its block builds no index comparison and no select,
+    so whole-block shapes pay nothing for the edge handling."""
+    x, w, b = matmul_inputs(7, 20, 64, 24, "float32")
+    blocks = kernels.MatmulBlocks(block_m=16, block_n=16, block_k=32)
+    matmul = _primitives(
+        lambda *a: kernels.matmul_bias_act(*a, blocks=blocks, activation="relu"), x, w, b
+    )
+    xr, g, be = row_inputs(7, 8, 64, "float32")
+    norm = _primitives(lambda *a: kernels.layer_norm(*a, blocks=kernels.RowBlocks(8)), xr, g, be)
+    for names in (matmul, norm):
+        assert "pallas_call" in names and "dot_general" in matmul
+        assert names.count("select_n") == 0 and names.count("iota") == 0, names
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

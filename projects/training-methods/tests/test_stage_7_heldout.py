@@ -15,8 +15,57 @@ import pytest
 from flax import nnx
 
 from training_methods import heldout, mlm
-from training_methods.data import HeldoutLeak, batches
+from training_methods.data import HeldoutLeak, batches, split_ids
 from training_methods.train import Ledger, fit
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 3, 5, 7])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_ngrams_are_every_window_in_order(length, n):
+    seq = tuple(range(10, 10 + length))
+    windows = []
+    for start in range(length):
+        if start + n <= length:
+            windows.append(seq[start : start + n])
+    assert heldout.ngrams(seq, n) == windows
+    # Repeated windows are kept: (1, 1, 1, 1) has length - n + 1 equal windows.
+    assert heldout.ngrams((1,) * length, n) == [(1,) * n] * max(length - n + 1, 0)
+
+
+@pytest.mark.parametrize("config_kw", [{}, {"num_train": 100, "num_heldout": 17}])
+def test_split_ids_are_the_two_documented_ranges(config, config_kw):
+    cfg = config.replace(**config_kw)
+    split = split_ids(cfg)
+    assert split["train"].tolist() == list(range(cfg.num_train))
+    assert split["heldout"].tolist() == list(range(cfg.num_train, cfg.num_train + cfg.num_heldout))
+    assert split["train"].dtype == split["heldout"].dtype == np.int32
+
+
+def test_audit_boundaries_n_and_truncation(splits, corpus):
+    train, held = _split_corpora(corpus, splits)
+    held_ids = [int(i) for i in splits["heldout"]]
+    leaky = Ledger()
+    leaky.add("sft", np.asarray(held_ids[:12] + [0, 1, 2]))
+    leaky.add("mlm", np.asarray([3, 4]))
+    report = heldout.audit(leaky, train, held, n=1)
+    # At most the first ten leaked ids (sorted) per objective; an objective without leaks: [].
+    assert report["leaked_ids"] == {"sft": held_ids[:10], "mlm": []}
+    assert report["separated"] is False and report["objectives"] == ["mlm", "sft"]
+    # n = 1: every held-out prompt symbol is a unigram; all symbols occur in training.
+    assert report["ngram_n"] == 1
+    assert report["heldout_ngrams"] == int(held.prompt_len.sum())
+    assert report["ngram_overlap"] == 1.0
+    # The default n is 3.
+    default = heldout.audit(leaky, train, held)
+    assert default == heldout.audit(leaky, train, held, n=3) and default["ngram_n"] == 3
+    # n longer than every prompt: no held-out n-gram, overlap 0 (not a division by zero).
+    longest = int(held.prompt_len.max())
+    empty = heldout.audit(Ledger(), train, held, n=longest + 1)
+    assert empty["heldout_ngrams"] == 0 and empty["ngram_overlap"] == 0.0
+    assert empty["separated"] is True and empty["leaked_ids"] == {}
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match=rf"must be a positive integer, got `{bad}`"):
+            heldout.audit(Ledger(), train, held, n=bad)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import special
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from scipy import special, stats
 
 from bayesian_regression import data, model
 from bayesian_regression.config import Config, ConfigError
@@ -56,10 +58,114 @@ def np_log_joint(w, log_s2, x, y, scale, a0, b0):
     return log_lik + log_pw + log_ps2 + log_s2
 
 
+# No shrinking: a failing example is reported as drawn (kept fast under mutation).
+FAST = settings(
+    max_examples=12,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+)
+
 CASES = [  # (seed, n, d, rho): the changed conditions
     (0, 60, 3, 0.9),
     (1, 25, 5, 0.3),
 ]
+
+
+@FAST
+@given(
+    n=st.sampled_from([1, 3, 8]),
+    d=st.sampled_from([1, 3]),
+    scale=st.sampled_from([0.3, 1.0, 2.5]),
+    a0=st.sampled_from([0.7, 2.5]),
+    b0=st.sampled_from([0.4, 1.5]),
+    nonzero_mean=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_log_evidence_is_the_multivariate_t_density(n, d, scale, a0, b0, nonzero_mean, seed):
+    """Integrating w and sigma^2 out: y ~ t_{2 a0}(X m0, (b0/a0)(I + s^2 X X^T)),
+    SciPy's multivariate t in float64, over prior scales other than 1, a prior
+    mean zero and not, and fewer observations than weights."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    y = rng.normal(size=n).astype(np.float32)
+    m0 = rng.normal(size=d).astype(np.float32) if nonzero_mean else None
+    prior = model.make_prior(d, scale, a0, b0, mean=m0)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    loc = x64 @ (np.zeros(d) if m0 is None else m0.astype(np.float64))
+    shape = b0 / a0 * (np.eye(n) + scale**2 * x64 @ x64.T)
+    expected = stats.multivariate_t(loc=loc, shape=shape, df=2 * a0).logpdf(y64)
+    got = float(model.log_marginal_likelihood(jnp.asarray(x), jnp.asarray(y), prior))
+    assert got == pytest.approx(expected, rel=1e-4, abs=2e-3)
+
+
+MOMENT_CASES = [  # (seed, n, d, a0): a_n = a0 + n/2 below, at and above 2
+    (10, 2, 1, 0.5),
+    (11, 3, 3, 0.5),
+    (12, 3, 2, 1.0),
+    (13, 40, 4, 2.5),
+]
+
+
+@pytest.mark.parametrize("seed,n,d,a0", MOMENT_CASES)
+def test_moments_and_log_posterior_match_scipy(seed, n, d, a0, evidence):
+    """Every field of `moments` (the whole (d+1) x (d+1) covariance, zeros
+    included) against the sequential float64 posterior and SciPy's inverse gamma
+    (mean, variance, infinite for a_n <= 2); `log_posterior` against SciPy's
+    normal and inverse-gamma log densities plus the Jacobian log sigma^2."""
+    scale, b0 = 1.7, 0.9
+    ds = data.make_dataset(jax.random.key(seed), n, d, 0.4, 0.7)
+    prior = model.make_prior(d, scale, a0, b0)
+    post = model.exact_posterior(ds.x, ds.y, prior)
+    mom = model.moments(post)
+    mean, prec, a, b = sequential_posterior(ds.x, ds.y, scale, a0, b0)
+    cov_w = b / (a - 1.0) * np.linalg.inv(prec)
+    theta_cov = np.zeros((d + 1, d + 1))
+    theta_cov[:d, :d] = cov_w
+    theta_cov[d, d] = special.polygamma(1, a)
+    ig = stats.invgamma(a, scale=b)
+    var_ref = ig.var() if a > 2 else np.inf
+    rng = np.random.default_rng(seed)
+    thetas = np.concatenate([mean + 0.3 * rng.normal(size=(5, d)), rng.normal(size=(5, 1))], 1)
+    log_post_ref = [
+        stats.multivariate_normal(mean, np.exp(t[d]) * np.linalg.inv(prec)).logpdf(t[:d])
+        + ig.logpdf(np.exp(t[d]))
+        + t[d]
+        for t in thetas
+    ]
+    log_post = jax.vmap(lambda t: model.log_posterior(t, post))(jnp.asarray(thetas, jnp.float32))
+    cond = f"seed={seed} n={n} d={d} a_n={a}"
+    ok = [
+        evidence.record(
+            "theta_cov shape",
+            cond,
+            {"shape": mom.theta_cov.shape},
+            None,
+            mom.theta_cov.shape == (d + 1, d + 1) and mom.theta_mean.shape == (d + 1,),
+        ),
+        evidence.allclose(
+            "theta_mean",
+            cond,
+            mom.theta_mean,
+            np.append(mean, np.log(b) - special.digamma(a)),
+            rtol=1e-4,
+            atol=1e-4,
+        ),
+        evidence.allclose("theta_cov", cond, mom.theta_cov, theta_cov, rtol=1e-3, atol=1e-5),
+        evidence.allclose("E[sigma^2]", cond, mom.sigma2_mean, ig.mean(), rtol=1e-4, atol=0.0),
+        evidence.record(
+            "Var[sigma^2]",
+            cond,
+            {"got": float(mom.sigma2_var), "scipy": var_ref},
+            None,
+            bool(np.isinf(mom.sigma2_var))
+            if np.isinf(var_ref)
+            else float(mom.sigma2_var) == pytest.approx(var_ref, rel=1e-3),
+        ),
+        evidence.allclose("log_posterior", cond, log_post, log_post_ref, rtol=1e-4, atol=1e-3),
+    ]
+    assert all(ok)
 
 
 @pytest.mark.parametrize("seed,n,d,rho", CASES)

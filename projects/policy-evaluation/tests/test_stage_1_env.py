@@ -8,6 +8,10 @@
 - Time limit: truncated exactly at `max_steps`, never on a terminating step.
 - CartPole: states, rewards and termination against gymnasium's CartPole-v1,
   step for step, from the same start state and action sequence (several starts).
+- Any board: on drawn sizes, start, goal and pit cells, step costs, slips and
+  time limits, `step` (every cell and action, both sides of the time limit),
+  `reset` and `transition_table()` against a plain-Python reading of the
+  specification; CartPole's resets are uniform on [-0.05, 0.05] per variable.
 - Owned streams: runs under `jax_debug_key_reuse`; environment i's trajectory
   is bit-identical whether 3 or 11 environments run beside it.
 """
@@ -17,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policy_evaluation.envs import CartPole, EnvState, GridWorld
 
@@ -294,3 +300,110 @@ def test_key_reuse_is_detected():
     jax.random.uniform(key)
     with pytest.raises(jax.errors.KeyReuseError):
         jax.random.uniform(key)
+
+
+# The specification's moves, by action: up, right, down, left as (row, column) steps.
+SPEC_MOVES = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}
+
+
+def _spec_next(size: int, s: int, a: int) -> int:
+    r, c = divmod(s, size)
+    dr, dc = SPEC_MOVES[a]
+    r, c = r + dr, c + dc
+    if not (0 <= r < size and 0 <= c < size):
+        return s  # a wall keeps the agent in place
+    return r * size + c
+
+
+@st.composite
+def _boards(draw):
+    size = draw(st.integers(2, 6))
+    start, goal, pit = draw(
+        st.lists(st.integers(0, size * size - 1), min_size=3, max_size=3, unique=True)
+    )
+    return {
+        "size": size,
+        "start": start,
+        "goal": goal,
+        "pit": pit,
+        "step_reward": draw(st.sampled_from([0.0, -0.01, -0.25, 0.5])),
+        "max_steps": draw(st.integers(1, 6)),
+        "slip": draw(st.sampled_from([0.0, 0.2, 1.0])),
+    }
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, database=None)
+@given(_boards())
+def test_gridworld_on_any_board_matches_a_python_reading_of_the_specification(board):
+    """Boards of 2 to 6 cells a side with the goal, pit and start anywhere
+    (not only in the default corners), against plain Python: the deterministic
+    step from every cell by every action, one step before and at the time
+    limit; the reset; and the enumerated table at the drawn slip."""
+    size, goal, pit = board["size"], board["goal"], board["pit"]
+    env = GridWorld(**{**board, "slip": 0.0})
+    S = size * size
+    # Every (cell, action, t) triple, repeated to one fixed length so that the
+    # eager JAX operations compile once for all drawn boards.
+    cells, actions, t_before = (
+        np.resize(g.ravel(), 6 * 6 * 4 * 2)
+        for g in np.meshgrid(np.arange(S), np.arange(4), [0, board["max_steps"] - 1])
+    )
+    keys = jax.random.split(jax.random.key(3), len(cells))
+    state = EnvState(jnp.asarray(cells, jnp.int32), jnp.asarray(t_before, jnp.int32))
+    out = jax.vmap(env.step)(state, jnp.asarray(actions, jnp.int32), keys)
+    nxt = np.array([_spec_next(size, s, a) for s, a in zip(cells, actions, strict=True)])
+    bonus = np.where(nxt == goal, 1.0, np.where(nxt == pit, -1.0, 0.0))
+    ends = (nxt == goal) | (nxt == pit)
+    np.testing.assert_array_equal(np.asarray(out.state.physics), nxt)
+    np.testing.assert_allclose(np.asarray(out.reward), bonus + board["step_reward"], atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(out.terminated), ends)
+    np.testing.assert_array_equal(
+        np.asarray(out.truncated), (t_before + 1 >= board["max_steps"]) & ~ends
+    )
+    np.testing.assert_array_equal(np.asarray(out.state.t), t_before + 1)
+    assert np.array_equal(np.asarray(out.obs), np.eye(S)[nxt])
+    state0, obs0 = env.reset(jax.random.key(4))
+    assert int(state0.physics) == board["start"] and int(state0.t) == 0
+    np.testing.assert_array_equal(np.asarray(obs0), np.eye(S)[board["start"]])
+
+    slip = board["slip"]
+    P, R, terminal = GridWorld(**board).transition_table()
+    P_ref = np.zeros((S, 4, S))
+    for s in range(S):
+        for a in range(4):
+            P_ref[s, a, _spec_next(size, s, a)] += 1.0 - slip
+            for b in range(4):
+                P_ref[s, a, _spec_next(size, s, b)] += slip / 4
+    s2_bonus = np.where(np.arange(S) == goal, 1.0, np.where(np.arange(S) == pit, -1.0, 0.0))
+    np.testing.assert_allclose(P, P_ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        R, np.broadcast_to(s2_bonus + board["step_reward"], (S, 4, S)), rtol=0, atol=1e-12
+    )
+    np.testing.assert_array_equal(terminal, np.isin(np.arange(S), [goal, pit]))
+
+
+def test_cartpole_resets_are_uniform_on_the_specified_interval(evidence):
+    """gymnasium's CartPole-v1 starts each of the 4 variables uniformly on
+    [-0.05, 0.05]: 4000 resets from 4000 keys stay inside, reach within 0.002
+    of both ends, have a mean within 5 standard errors of 0, and the
+    observation is the state."""
+    n = 4000
+    state, obs = jax.vmap(CartPole().reset)(jax.random.split(jax.random.key(9), n))
+    x = np.asarray(state.physics, np.float64)
+    se = 0.1 / np.sqrt(12.0 * n)
+    ok = evidence.record(
+        "CartPole resets vs U[-0.05, 0.05] per variable",
+        f"{n} keys",
+        {"min": x.min(axis=0), "max": x.max(axis=0), "mean": x.mean(axis=0)},
+        {"inside": [-0.05, 0.05], "end_gap": 0.002, "mean_z": 5.0},
+        bool(
+            (x >= -0.05).all()
+            and (x <= 0.05).all()
+            and (x.min(axis=0) < -0.048).all()
+            and (x.max(axis=0) > 0.048).all()
+            and (np.abs(x.mean(axis=0)) <= 5 * se).all()
+        ),
+    )
+    assert ok
+    np.testing.assert_array_equal(np.asarray(obs), np.asarray(state.physics))
+    assert not np.asarray(state.t).any()

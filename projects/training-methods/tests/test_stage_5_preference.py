@@ -121,6 +121,99 @@ def test_length_differences_sum_versus_normalized(evidence, vocab):
     )
 
 
+class _Bigram(nnx.Module):
+    """A stand-in model whose next-token logits depend on the current token only."""
+
+    def __init__(self, table):
+        self.table = nnx.Param(jnp.asarray(table, jnp.float32))
+
+    def __call__(self, tokens):
+        return self.table[...][tokens]
+
+
+_V = 12  # 5 special tokens and 7 symbols
+
+
+def _bigram_table(seed):
+    return np.asarray(jax.random.normal(jax.random.key(seed), (_V, _V)), np.float64) * 2.0
+
+
+def _rows(seed, n, lens):
+    """Rows `BOS p SEP r EOS PAD..` of width 13, prompt lengths `lens`."""
+    rng = np.random.default_rng(seed)
+    rows = np.zeros((n, 13), np.int32)
+    for i, n_i in enumerate(lens):
+        p = rng.integers(NUM_SPECIAL, _V, n_i)
+        r = rng.integers(NUM_SPECIAL, _V, n_i)
+        rows[i, : 2 * n_i + 3] = [1, *p, 2, *r, 3]
+    return rows
+
+
+def _np_logps(table, rows, lens, normalize=False):
+    logsm = table - np.log(np.sum(np.exp(table), -1, keepdims=True))
+    out = []
+    for row, n_i in zip(rows, lens, strict=True):
+        # Targets: the response tokens and EOS, token indices n + 2 .. 2n + 2.
+        terms = [logsm[row[t - 1], row[t]] for t in range(n_i + 2, 2 * n_i + 3)]
+        out.append(sum(terms) / (len(terms) if normalize else 1))
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_sequence_logps_equal_a_numpy_enumeration(normalize):
+    lens = np.asarray([1, 2, 5, 3, 4], np.int32)
+    rows = _rows(7, 5, lens)
+    table = _bigram_table(5)
+    got = dpo.sequence_logps(_Bigram(table), jnp.asarray(rows), jnp.asarray(lens), normalize)
+    np.testing.assert_allclose(
+        np.asarray(got), _np_logps(table, rows, lens, normalize), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_preference_metrics_count_ties_as_half():
+    lens = np.asarray([1, 2, 3, 4, 5, 2, 3, 4, 5, 3], np.int32)
+    chosen = _rows(11, 10, lens)
+    rejected = chosen.copy()
+    for i in range(9):  # the last pair is a tie: identical responses
+        t = lens[i] + 2 + i % lens[i]
+        rejected[i, t] = NUM_SPECIAL + (rejected[i, t] - NUM_SPECIAL + 1) % (_V - NUM_SPECIAL)
+    table, beta = _bigram_table(9), 0.7
+    pair_model = dpo.PolicyAndReference(_Bigram(table), _Uniform(_V))
+    got = dpo.preference_metrics(pair_model, dpo.Pairs(chosen, rejected, lens), beta)
+    ref = -(lens + 1) * np.log(_V)  # the uniform reference, equal for both responses
+    chosen_r = beta * (_np_logps(table, chosen, lens) - ref)
+    rejected_r = beta * (_np_logps(table, rejected, lens) - ref)
+    margin = chosen_r - rejected_r
+    margin[-1] = 0.0
+    assert np.sum(margin > 1e-3) >= 2 and np.sum(margin < -1e-3) >= 2
+    assert np.all(np.abs(margin[:-1]) > 1e-3)
+    accuracy = (np.sum(margin > 0) + 0.5) / len(margin)
+    np.testing.assert_allclose(got["preference_accuracy"], accuracy, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got["reward_margin"], margin.mean(), rtol=1e-5, atol=1e-6)
+    loss = np.mean(np.logaddexp(0.0, -margin))
+    np.testing.assert_allclose(got["loss"], loss, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["bos", "prompt", "sep", "response"])
+def test_check_pairs_compares_exactly_the_prompt(corpus, where):
+    chosen = corpus.tokens[:4].copy()
+    lens = corpus.prompt_len[:4]
+    rejected = chosen.copy()
+    n = int(lens[2])
+    col = {"bos": 0, "prompt": n, "sep": n + 1, "response": n + 2}[where]
+    rejected[2, col] = NUM_SPECIAL + (rejected[2, col] - NUM_SPECIAL + 3) % 16
+    if where == "response":
+        dpo.check_pairs(dpo.Pairs(chosen, rejected, lens))  # the same prompt: accepted
+        return
+    c, r = chosen[2, : n + 2].tolist(), rejected[2, : n + 2].tolist()
+    with pytest.raises(ValueError) as info:
+        dpo.check_pairs(dpo.Pairs(chosen, rejected, lens))
+    assert str(info.value) == (
+        f"Preference pair `2` has different prompts: chosen `{c}`, rejected `{r}`; "
+        "both responses must answer the same prompt."
+    )
+
+
 @pytest.fixture(scope="module")
 def pairs(config, splits, corpus):
     held = corpus.take(splits["heldout"])

@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file as numpy_save_file
 from safetensors.torch import save_file as torch_save_file
 
-from weight_conversion import checkpoint, model, pipeline, sources, streaming, synthetic
+from weight_conversion import checkpoint, data, model, pipeline, sources, streaming, synthetic
 from weight_conversion.cli import main
 from weight_conversion.config import Arch, Config
 from weight_conversion.weight_map import MappingError, convert, torch_map
@@ -75,6 +75,148 @@ def test_streamed_file_equals_in_memory_conversion(evidence, tmp_path, arch, dty
     )
 
 
+def _safetensors_blob(header: object, data: bytes = b"", length: int | None = None) -> bytes:
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(text) if length is None else length) + text + data
+
+
+F32 = {"dtype": "F32", "shape": [2]}
+
+
+@pytest.mark.parametrize(
+    ("blob", "expected"),
+    [
+        (b"", "the file is empty"),
+        (b"\x01\x02\x03", "the header cannot be read (unpack requires a buffer of 8 bytes)"),
+        (
+            _safetensors_blob({}, length=100),
+            "the header claims 100 bytes but the file has 2 after it",
+        ),
+        (_safetensors_blob({}, length=2), None),  # exactly the bytes it claims
+        (_safetensors_blob([1, 2]), "the header is a JSON list, not an object of tensors"),
+        (_safetensors_blob({"w": {"dtype": "F32"}}), "tensor `w` has no valid `data_offsets`"),
+        (_safetensors_blob({"w": [0, 8]}), "tensor `w` has no valid `data_offsets`"),
+        (
+            _safetensors_blob({"w": dict(F32, data_offsets=[0, 8, 8])}),
+            "tensor `w` has no valid `data_offsets`",
+        ),
+        (
+            _safetensors_blob({"w": dict(F32, data_offsets=[0, 8.0])}),
+            "tensor `w` has no valid `data_offsets`",
+        ),
+        (_safetensors_blob({"w": dict(F32, data_offsets=[0, 8])}, bytes(8)), None),
+        (
+            _safetensors_blob(
+                {"__metadata__": {"a": "b"}, "w": dict(F32, data_offsets=[0, 8])}, bytes(7)
+            ),
+            "tensor `w` needs bytes 0..8 of the data section, but the file holds only 7 "
+            "(truncated)",
+        ),
+    ],
+    ids=[
+        "empty",
+        "shorter-than-the-length",
+        "header-longer-than-file",
+        "header-exactly-the-file",
+        "header-a-list",
+        "no-offsets",
+        "entry-not-an-object",
+        "three-offsets",
+        "float-offset",
+        "intact",
+        "one-byte-short",
+    ],
+)
+def test_describe_damage_names_what_is_cut_off(tmp_path, blob, expected):
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(blob)
+    found = streaming.describe_damage(path)
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(expected), found
+    unreadable = tmp_path / "not-json.safetensors"
+    unreadable.write_bytes(_safetensors_blob(b"{nope"))
+    assert streaming.describe_damage(unreadable).startswith("the header cannot be read (")
+    assert streaming.describe_damage(tmp_path / "absent").startswith("the header cannot be read (")
+
+
+@pytest.mark.parametrize(
+    ("arch", "dtype"), [(Arch(), np.float32), (OTHER, np.float64), (Arch(), np.float16)]
+)
+def test_streamed_header_is_padded_and_its_offsets_contiguous(tmp_path, arch, dtype):
+    """The header the streaming writer computes, read byte by byte: its length
+    a multiple of 8 (JSON padded with spaces), tensors in the map's order, each
+    range starting where the previous ended, sized shape x itemsize, the last
+    ending at the end of the file; the metadata as given."""
+    torch.manual_seed(4)
+    net = sources.TorchDigitNet(arch).eval()
+    src = pipeline.save_torch_source(net, tmp_path / "src.safetensors")
+    spec = {
+        k: (s, np.dtype(dtype))
+        for k, (s, _) in checkpoint.target_spec(model.abstract_model(arch)).items()
+    }
+    calls = []
+    out = streaming.convert_file(
+        src,
+        tmp_path / "out.safetensors",
+        torch_map(arch),
+        arch,
+        spec,
+        {"k": "v"},
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    n = len(torch_map(arch))
+    assert calls == [(i, n) for i in range(1, n + 1)]
+    blob = out.read_bytes()
+    (length,) = struct.unpack("<Q", blob[:8])
+    assert length % 8 == 0
+    text = blob[8 : 8 + length]
+    assert text == text.rstrip(b" ") + b" " * (len(text) - len(text.rstrip(b" ")))
+    header = json.loads(text)
+    assert header.pop("__metadata__") == {"k": "v"}
+    order = [p for rule in torch_map(arch) for p in rule.targets]
+    assert list(header) == order
+    end = 0
+    for name in order:
+        shape, want = spec[name]
+        entry = header[name]
+        assert entry["shape"] == list(shape)
+        assert entry["dtype"] == {2: "F16", 4: "F32", 8: "F64"}[np.dtype(want).itemsize]
+        begin, stop = entry["data_offsets"]
+        assert begin == end and stop - begin == int(np.prod(shape)) * np.dtype(want).itemsize
+        end = stop
+    assert end == len(blob) - 8 - length
+
+
+def test_a_refused_conversion_removes_the_folders_it_made(tmp_path):
+    """A source refused half-way leaves no partial file and removes the empty
+    folders made for the output, but never a folder that was there before."""
+    arch = Arch()
+    torch.manual_seed(0)
+    good = pipeline.save_torch_source(sources.TorchDigitNet(arch), tmp_path / "good.safetensors")
+    state = read_all(good)
+    state["fc2.weight"] = np.full_like(state["fc2.weight"], np.nan)
+    bad = tmp_path / "bad.safetensors"
+    numpy_save_file(state, str(bad))
+    spec = checkpoint.target_spec(model.abstract_model(arch))
+    (tmp_path / "kept").mkdir()
+    for dst in (tmp_path / "made" / "deeper" / "out.safetensors", tmp_path / "kept" / "out.st"):
+        with pytest.raises(MappingError, match=r"`fc2.weight` holds 4096 non-finite"):
+            streaming.convert_file(bad, dst, torch_map(arch), arch, spec)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "bad.safetensors",
+        "good.safetensors",
+        "kept",
+    ]
+    assert list((tmp_path / "kept").iterdir()) == []
+    # the good source written into new folders: the folders and the file stay
+    out = streaming.convert_file(
+        good, tmp_path / "new" / "dir" / "out.st", torch_map(arch), arch, spec
+    )
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.st"]
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, torch_source):
     """A run folder written by `pipeline.convert_run` (tiny config: 3 epochs)."""
@@ -95,7 +237,12 @@ def test_reload_in_a_fresh_process(evidence, run_dir):
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((run_dir / "reload.json").read_text())
+    reference = np.load(run_dir / "source_logits.npy")
+    split = data.load_split(Config.tiny().split_seed, Config.tiny().test_fraction)
+    source_accuracy = float(np.mean(reference.argmax(1) == split.test_labels))
     for name in ("safetensors", "orbax"):
+        # identical predictions: the reloaded model's accuracy is the source's
+        assert result[name]["accuracy"] == pytest.approx(source_accuracy, abs=1e-12), name
         r = result[name]
         assert evidence.record(
             "fresh-process reload: logits within tolerance, identical predictions",
@@ -309,3 +456,92 @@ def test_reload_fails_a_transposed_square_kernel(evidence, run_dir, tmp_path):
         and report["orbax"]["passed"]
         and error > 100 * report["tolerance"],
     ), result.output
+
+
+def test_orbax_digest_record_gates_the_checkpoint(run_dir, tmp_path):
+    """`load_orbax` reads nothing that differs from what `save_orbax` recorded:
+    the record absent, not JSON, not an object; a recorded file missing; a file
+    changed (same size, other bytes) — each named."""
+    arch = Arch()
+
+    def copy() -> Path:
+        target = tmp_path / f"orbax-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(run_dir / "orbax", target)
+        return target
+
+    record = json.loads((run_dir / "orbax" / checkpoint.FILE_DIGESTS).read_text())
+    assert record  # every file of the checkpoint, with its size and digest
+    for name, (size, digest) in record.items():
+        import hashlib
+
+        blob = (run_dir / "orbax" / name).read_bytes()
+        assert [len(blob), hashlib.sha256(blob).hexdigest()] == [size, digest]
+    damaged = {}
+    d = copy()
+    (d / checkpoint.FILE_DIGESTS).unlink()
+    damaged["absent"] = (d, rf"has no `{checkpoint.FILE_DIGESTS}`")
+    d = copy()
+    (d / checkpoint.FILE_DIGESTS).write_text("{not json")
+    damaged["not-json"] = (d, r"files.sha256.json` cannot be read")
+    d = copy()
+    (d / checkpoint.FILE_DIGESTS).write_text("[1, 2]")
+    damaged["not-an-object"] = (d, r"must hold a JSON object of file digests")
+    name = max(record, key=lambda k: record[k][0])  # the largest file: array data
+    d = copy()
+    (d / name).unlink()
+    damaged["missing"] = (d, rf"file `{re.escape(name)}` of the checkpoint is missing")
+    d = copy()
+    blob = bytearray((d / name).read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    (d / name).write_bytes(bytes(blob))
+    damaged["changed"] = (
+        d,
+        rf"file `{re.escape(name)}` of the checkpoint has changed since it was saved "
+        rf"\({len(blob)} bytes, {len(blob)} recorded\)",
+    )
+    for label, (folder, pattern) in damaged.items():
+        with pytest.raises(checkpoint.CheckpointError, match=pattern):
+            checkpoint.load_orbax(folder, arch)
+        assert label
+    checkpoint.load_orbax(copy(), arch)  # an intact copy loads
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.05], ids=["reference-as-saved", "reference-shifted"])
+def test_reload_check_needs_both_the_bound_and_the_predictions(run_dir, tmp_path, shift):
+    """Reference logits all shifted by 0.05 (far beyond the ~2e-3 bound, every
+    argmax unchanged): the check fails on the bound alone, both artifacts."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    reference = np.load(run / "source_logits.npy")
+    np.save(run / "source_logits.npy", (reference + np.float32(shift)).astype(np.float32))
+    result = pipeline.reload_check(run)
+    text = (run / "reload.json").read_text()
+    assert json.loads(text) == json.loads(json.dumps(result))
+    assert text.startswith('{\n "') and text.endswith("}\n")  # one field a line, for a person
+    for name in ("safetensors", "orbax"):
+        r = result[name]
+        assert r["identical_predictions"] == len(reference) == result["held_out_examples"]
+        if shift:
+            assert r["max_abs_logit_error"] > 10 * result["tolerance"]
+        else:
+            assert r["max_abs_logit_error"] < result["tolerance"]
+        assert r["passed"] is (not shift)
+    assert result["passed"] is (not shift)
+
+
+def test_reload_refuses_an_artifact_of_another_architecture(run_dir, tmp_path):
+    """The converted file's recorded architecture must be the run's: a config
+    that says otherwise is refused, both files named, before any reload."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "reload.json").unlink(missing_ok=True)
+    config = json.loads((run / "config.json").read_text())
+    config["arch"]["hidden"] = 32
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        pipeline.reload_check(run)
+    message = str(info.value)
+    assert f"`{run / 'converted.safetensors'}`: metadata `arch`" in message
+    assert f"is not the architecture of `{run / 'config.json'}`" in message
+    assert "hidden=64" in message and "hidden=32" in message
+    assert not (run / "reload.json").exists()

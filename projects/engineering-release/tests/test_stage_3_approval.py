@@ -35,6 +35,172 @@ def approval_for(state, model_id: str, pem, **kw) -> dict:
     )
 
 
+# --- In memory: the chain, the registry check and the signature, against references ---
+
+
+def _reference_hash(entry: dict) -> str:
+    body = {k: entry[k] for k in ("seq", "kind", "prev", "body")}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _reference_chain(bodies: list[tuple[str, dict]]) -> list[dict]:
+    out, prev = [], "0" * 64
+    for i, (kind, body) in enumerate(bodies):
+        entry = {"seq": i, "kind": kind, "prev": prev, "body": body}
+        entry["hash"] = _reference_hash(entry)
+        out.append(entry)
+        prev = entry["hash"]
+    return out
+
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+BODIES = [
+    ("approve", {"approval": {"model_id": A}}),
+    ("approve", {"approval": {"model_id": B}}),
+    ("release", {"model_id": A, "approval": "x", "previous_model_id": None}),
+    ("release", {"model_id": B, "approval": "y", "previous_model_id": A}),
+]
+
+
+def test_make_entry_links_and_seals_like_the_reference():
+    reference = _reference_chain(BODIES)
+    built: list[dict] = []
+    for kind, body in BODIES:
+        built.append(ledger.make_entry(built, kind, body))
+    assert built == reference
+    with pytest.raises(ledger.LedgerError, match="Unknown entry kind `delete`"):
+        ledger.make_entry(built, "delete", {})
+
+
+def test_verify_chain_names_each_break_exactly():
+    chain = _reference_chain(BODIES)
+    assert ledger.verify_chain(chain) == []
+    orders = set()
+    for k in range(len(chain)):
+        for value in ("edited", "other", 7):
+            edited = json.loads(json.dumps(chain))
+            edited[k]["body"]["note"] = value
+            actual, recorded = _reference_hash(edited[k]), chain[k]["hash"]
+            orders.add(recorded < actual)
+            assert ledger.verify_chain(edited) == [
+                f"Entry {k} ({chain[k]['kind']}) was edited: it hashes to `{actual[:12]}`, "
+                f"not to its recorded `{recorded[:12]}`."
+            ]
+            if k + 1 < len(chain):  # edited and re-sealed: only the next link can tell
+                edited[k]["hash"] = actual
+                assert ledger.verify_chain(edited) == [
+                    f"Entry {k + 1} points at `{recorded[:12]}`, but the entry before it "
+                    f"hashes to `{actual[:12]}`: an entry was edited, removed or reordered."
+                ]
+    assert orders == {True, False}  # recorded hashes below and above the actual ones
+    last = len(chain) - 1
+    for seq in (last - 1, last + 1):  # a seq too small and too large, re-sealed
+        edited = json.loads(json.dumps(chain))
+        edited[last]["seq"] = seq
+        edited[last]["hash"] = _reference_hash(edited[last])
+        assert ledger.verify_chain(edited) == [
+            f"Entry {last} has seq `{seq}`: reordered or removed."
+        ]
+
+
+class _Version:
+    def __init__(self, model_id):
+        self.tags = {"model_id": model_id}
+
+
+class _FakeRegistry:
+    """The two registry calls `registry.state` makes, over plain values."""
+
+    def __init__(self, champion, previous, length, head):
+        self.aliases = {"champion": champion, "previous": previous}
+        self.tags = {"ledger.length": str(length), "ledger.head": head}
+
+    def get_registered_model(self, name):
+        assert name == registry.MODEL_NAME
+        return type("Model", (), {"tags": self.tags})()
+
+    def get_model_version_by_alias(self, name, alias):
+        from mlflow.exceptions import MlflowException
+
+        if self.aliases[alias] is None:
+            raise MlflowException(f"no alias {alias}")
+        return _Version(self.aliases[alias])
+
+
+def test_registry_check_names_every_disagreement():
+    chain = _reference_chain(BODIES)
+    h = [e["hash"] for e in chain]
+    assert registry.check(_FakeRegistry(B, A, 4, h[3]), chain) == []
+    # The registry lags (log one entry longer): not lost history, only stale aliases.
+    assert registry.check(_FakeRegistry(A, None, 3, h[2]), chain) == [
+        f"The registry's `champion` is `{A[:12]}`, the log says `{B[:12]}`.",
+        f"The registry's `previous` is `None`, the log says `{A[:12]}`.",
+        "The registry's `ledger.length` is `3`, the log says `4`.",
+        f"The registry's `ledger.head` is `{h[2][:12]}`, the log says `{h[3][:12]}`.",
+    ]
+    assert registry.check(_FakeRegistry(B, A, 5, h[3]), chain) == [
+        "The registry anchored 5 log entries, but the log holds 4: committed entries were deleted.",
+        "The registry's `ledger.length` is `5`, the log says `4`.",
+    ]
+    for head in ("f" * 64, "0" * 63 + "1"):  # an anchor above and below the entry's hash
+        assert registry.check(_FakeRegistry(B, A, 4, head), chain) == [
+            f"Log entry 3 does not hash to the registry's anchor `{head[:12]}`: a committed "
+            "entry was changed.",
+            f"The registry's `ledger.head` is `{head[:12]}`, the log says `{h[3][:12]}`.",
+        ]
+    for moved in (A, C):  # the champion moved to a smaller and to a larger id
+        assert registry.check(_FakeRegistry(moved, A, 4, h[3]), chain) == [
+            f"The registry's `champion` is `{moved[:12]}`, the log says `{B[:12]}`."
+        ]
+
+
+def _keyring(private, not_before: str, not_after: str) -> dict:
+    public = private.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+    kid = hashlib.sha256(public).hexdigest()[:16]
+    entry = {"name": "k", "not_before": not_before, "not_after": not_after}
+    return {kid: {**entry, "public_key": base64.b64encode(public).decode()}}
+
+
+def test_signature_covers_the_fields_and_the_key_window_is_inclusive():
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    private = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+    at = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
+    policy = Policy()
+    approval = signing.sign_approval(
+        private, model_id=A, evaluation_id=B, policy=policy, signer="alice", signed_at=at
+    )
+    assert approval["signed_at"] == "2026-03-04T05:06:07Z"
+    fields = ("model_id", "evaluation_id", "policy", "policy_sha256", "key_id", "signer")
+    payload = json.dumps(
+        {k: approval[k] for k in (*fields, "signed_at")}, sort_keys=True, separators=(",", ":")
+    ).encode()
+    private.public_key().verify(base64.b64decode(approval["signature"]), payload)
+    ring = _keyring(private, "2026-03-04T05:06:07Z", "2026-03-04T05:06:07Z")
+    signing.verify_approval(approval, ring)  # signed at both ends of the window at once
+    for nb, na in (
+        ("2026-03-04T05:06:08Z", "2026-04-01T00:00:00Z"),
+        ("2026-01-01T00:00:00Z", "2026-03-04T05:06:06Z"),
+    ):
+        with pytest.raises(signing.SignatureRefused, match="expired or not yet valid"):
+            signing.verify_approval(approval, _keyring(private, nb, na))
+    ring = _keyring(private, "2026-01-01T00:00:00Z", "2026-12-31T00:00:00Z")
+    # The recorded policy digest below and above the policy's own (and the policy edited).
+    edited = {**approval, "policy": {**approval["policy"], "min_accuracy": 0.5}}
+    for forged in (
+        {**approval, "policy_sha256": "0" * 64},
+        {**approval, "policy_sha256": "f" * 64},
+        edited,
+    ):
+        with pytest.raises(signing.SignatureRefused, match="`policy_sha256` does not match"):
+            signing.verify_approval(forged, ring)
+    with pytest.raises(signing.SignatureRefused, match="signature does not verify with key"):
+        signing.verify_approval({**approval, "signer": "mallory"}, ring)
+
+
 @pytest.fixture
 def state(registry_template, tmp_path):
     template, models = registry_template

@@ -239,6 +239,43 @@ def enumerate_mutants(project: Path, stage: str, targets: list[Target]) -> list[
     return mutants
 
 
+def find_mutant(project: Path, stage: str, key: str, operator: str, line: int) -> Mutant | None:
+    """The mutant a report row names (its key, operator and changed line), found by
+    trying only that operator's positions near that line: far cheaper than
+    enumerating the stage. None when the code no longer has it."""
+    from cosmic_ray.ast import ast_nodes, get_ast
+
+    rel, _, rest = key.partition("::")
+    function = rest.split(": `", 1)[0]
+    base, _, nth = key.rpartition(" #")
+    wanted, repeat = (base, int(nth)) if nth.isdigit() else (key, 1)
+    path = project / rel
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    op = get_operator(operator)()
+    positions = [
+        start for node in ast_nodes(get_ast(text)) for start, _ in op.mutation_positions(node)
+    ]
+    first, last = _definitions(ast.parse(text)).get(function, (line, line))
+    seen = 0
+    for occurrence, start in enumerate(positions):
+        # Within the function; near the row's line unless the key repeats in it.
+        if not first <= start[0] <= last or (repeat == 1 and abs(start[0] - line) > 3):
+            continue
+        code = mutate_code(text, op, occurrence)
+        if code is None:
+            continue
+        changed, before, after = _changed_lines(text, code)
+        if mutant_key(rel, function, before, after) == wanted:
+            seen += 1
+            if seen == repeat:
+                return Mutant(
+                    key, stage, rel, function, changed, operator, occurrence, before, after
+                )
+    return None
+
+
 def stage_mutants(project: Path, stage: str, sample: int = SAMPLE) -> StageMutants:
     targets = stage_targets(project, stage)
     every = enumerate_mutants(project, stage, targets)

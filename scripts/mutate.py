@@ -43,6 +43,7 @@ from mutants import (
     Mutant,
     StageMutants,
     equivalents,
+    find_mutant,
     mutated_source,
     stage_hash,
     stage_mutants,
@@ -336,9 +337,10 @@ def confirm_jobs(
             killed = [r["key"] for r in entry.get("mutants", []) if r["outcome"] == KILLED]
             rng = random.Random(f"{seed}/{project.name}/{stage}")
             chosen = set(rng.sample(killed, min(per_stage, len(killed))))
-            current = {m.key: m for m in stage_mutants(project, stage).mutants}
+            rows = {r["key"]: r for r in entry.get("mutants", [])}
             for key in sorted(chosen):
-                mutant = current.get(key)
+                row = rows[key]
+                mutant = find_mutant(project, stage, key, row["operator"], row["line"])
                 if mutant is None:  # The code moved on: the contract test says stale.
                     continue
                 job = mutant_job(

@@ -148,3 +148,15 @@ def test_the_rerun_of_reported_kills_fails_on_one_that_does_not_reproduce(
     finally:
         worker.close()
     assert result.outcome == mutate.SURVIVED
+
+
+def test_a_report_row_finds_its_mutant_again(toy: Path):
+    """What the matrix's rerun relies on: a row's key, operator and line lead back
+    to the same mutation, without enumerating the stage."""
+    for m in mutants.stage_mutants(toy, "2").mutants:
+        found = mutants.find_mutant(toy, "2", m.key, m.operator, m.line)
+        assert found is not None and (found.key, found.occurrence) == (m.key, m.occurrence)
+        assert mutants.mutated_source(toy, found) == mutants.mutated_source(toy, m)
+    assert (
+        mutants.find_mutant(toy, "2", FLOOR.replace("//", "@"), "core/NumberReplacer", 17) is None
+    )

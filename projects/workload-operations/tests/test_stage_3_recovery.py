@@ -9,13 +9,18 @@ judgement. Changed conditions: a kill after a step vs a kill during a save;
 two damaged steps; two degradations.
 """
 
+import hashlib
 import json
 import shutil
 import threading
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workload_operations import checkpoint, data, faults, train, verifier
 from workload_operations.cli import main
@@ -62,6 +67,294 @@ def test_a_step_without_a_request_is_not_accepted(tmp_path):
     verdict = verifier.judge(tmp_path, 6, config, dataset={})
     assert not verdict["accepted"]
     assert "no request record" in verdict["reasons"][0]
+
+
+def _write_ledger(workdir: Path, kind: str, records: list[dict]) -> None:
+    """Records with the times given (`Ledger.append` stamps the present)."""
+    ledger = checkpoint.Ledger(workdir)
+    ledger.root.mkdir(parents=True, exist_ok=True)
+    ledger.rewrite(kind, records)
+
+
+@pytest.mark.parametrize(
+    "request_t, verdict_t, expected",
+    [
+        (10.0, 10.5, 4),  # judged after its request
+        (10.0, 10.0, 4),  # judged at the instant of its request
+        (10.0, 9.5, 2),  # requested again after its verdict: that verdict is old
+    ],
+)
+def test_latest_accepted_needs_a_verdict_no_older_than_the_request(
+    tmp_path, request_t, verdict_t, expected
+):
+    _write_ledger(
+        tmp_path,
+        "requested",
+        [{"step": 2, "t": 1.0}, {"step": 4, "t": 1.0}, {"step": 4, "t": request_t}],
+    )
+    _write_ledger(
+        tmp_path,
+        "verdicts",
+        [
+            {"step": 2, "t": 2.0, "accepted": True, "reasons": []},
+            {"step": 4, "t": verdict_t, "accepted": True, "reasons": []},
+        ],
+    )
+    for step in (2, 4):
+        root = checkpoint.checkpoint_dir(tmp_path) / str(step)
+        root.mkdir(parents=True)
+        (root / "_CHECKPOINT_METADATA").write_text("{}")
+    assert checkpoint.latest_accepted(tmp_path) == expected
+
+
+def test_ledger_by_step_keeps_the_last_record_of_each_step(tmp_path):
+    records = [
+        {"step": 3, "t": 1.0, "accepted": True, "reasons": []},
+        {"step": 6, "t": 2.0, "accepted": True, "reasons": []},
+        {"step": 3, "t": 3.0, "accepted": False, "reasons": ["x"]},
+        {"step": 0, "t": 4.0, "accepted": True, "reasons": []},
+    ]
+    _write_ledger(tmp_path, "verdicts", records)
+    got = checkpoint.Ledger(tmp_path).by_step("verdicts")
+    assert list(got) == [3, 6, 0] and all(type(k) is int for k in got)
+    assert got == {3: records[2], 6: records[1], 0: records[3]}
+    assert checkpoint.Ledger(tmp_path).by_step("completed") == {}
+
+
+def test_is_committed_needs_the_step_directory_and_its_metadata_file(tmp_path):
+    root = checkpoint.checkpoint_dir(tmp_path)
+    (root / "3").mkdir(parents=True)
+    (root / "3" / "_CHECKPOINT_METADATA").write_text("{}")
+    (root / "6").mkdir()  # no metadata: Orbax never finished it
+    (root / "9").mkdir()
+    (root / "9" / "_CHECKPOINT_METADATA").mkdir()  # a directory, not the file
+    (root / "12").write_text("")  # a file where the step directory should be
+    (root / "15.orbax-checkpoint-tmp-1").mkdir()
+    (root / "15.orbax-checkpoint-tmp-1" / "_CHECKPOINT_METADATA").write_text("{}")
+    got = {step: checkpoint.is_committed(tmp_path, step) for step in (3, 6, 9, 12, 15, 18)}
+    assert got == {3: True, 6: False, 9: False, 12: False, 15: False, 18: False}
+
+
+def test_a_requested_step_never_committed_is_rejected_without_a_restore(tmp_path, monkeypatch):
+    _ledger(tmp_path, requested=[3, 6], verdicts=[], committed=[3])
+    (checkpoint.checkpoint_dir(tmp_path) / "6.orbax-checkpoint-tmp-2").mkdir()
+
+    def no_restore(*args, **kwargs):
+        raise AssertionError("a step that was never committed must not be restored")
+
+    monkeypatch.setattr(checkpoint, "restore", no_restore)
+    verdict = verifier.judge(tmp_path, 6, Config.tiny_recovery(), dataset={})
+    assert verdict["accepted"] is False and verdict["figures"]["committed"] is False
+    assert verdict["reasons"] == ["not completed: Orbax never committed the step directory"]
+
+
+_DTYPES = ["float32", "float64", "int32", "uint8", "bool"]
+
+
+@st.composite
+def _trees(draw):
+    """A dict of arrays: dtypes, 0-d, empty and non-contiguous (transposed) arrays."""
+    leaves = {}
+    for i in range(draw(st.integers(1, 4))):
+        dtype = draw(st.sampled_from(_DTYPES))
+        shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+        seed = draw(st.integers(0, 2**16))
+        a = np.random.default_rng(seed).integers(0, 255, size=shape).astype(dtype)
+        if a.ndim == 2 and draw(st.booleans()):
+            a = a.T
+        leaves[f"a{i}"] = a
+    return {"params": leaves, "step": np.int32(draw(st.integers(0, 100)))}
+
+
+def _sha(array: np.ndarray) -> str:
+    """The documented digest: SHA-256 of the dtype, the shape and the C-order bytes."""
+    header = f"{array.dtype}{array.shape}".encode()
+    return hashlib.sha256(header + np.asarray(array).tobytes(order="C")).hexdigest()
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, database=None)
+@given(tree=_trees())
+def test_checksums_hash_dtype_shape_and_bytes_of_every_leaf(tree):
+    got = checkpoint.checksums(tree)
+    expected = {f"['params']['{k}']": _sha(v) for k, v in tree["params"].items()}
+    expected["['step']"] = _sha(np.asarray(tree["step"]))
+    assert got == expected
+
+
+def test_checksums_change_with_each_field():
+    """Field by field: the same bytes under another dtype or shape, and one flipped
+    byte, each give another digest; equal arrays give equal digests."""
+    a = np.arange(12, dtype=np.int32)
+    base = checkpoint.checksums({"w": a})["['w']"]
+    variants = {
+        "dtype": a.view(np.float32),
+        "shape": a.reshape(3, 4),
+        "byte": np.where(np.arange(12) == 5, a ^ 1, a).astype(np.int32),
+    }
+    for field, v in variants.items():
+        assert checkpoint.checksums({"w": v})["['w']"] != base, field
+    assert checkpoint.checksums({"w": a.copy()})["['w']"] == base
+    assert checkpoint.checksums({"w": jax.numpy.asarray(a)})["['w']"] == base
+
+
+@pytest.mark.parametrize(
+    "state",
+    [b"", b"grain-state\x00\xff", {"b": 1, "a": [1, 2]}, {}],
+)
+def test_data_state_digest_is_sha256_of_bytes_or_sorted_json(state):
+    if isinstance(state, bytes):
+        expected = hashlib.sha256(state).hexdigest()
+    else:
+        text = json.dumps(dict(sorted(state.items())), separators=(", ", ": "))
+        expected = hashlib.sha256(text.encode()).hexdigest()
+    assert checkpoint.data_state_digest(state) == expected
+    if isinstance(state, dict) and state:
+        reordered = dict(reversed(list(state.items())))
+        assert checkpoint.data_state_digest(reordered) == expected
+        assert checkpoint.data_state_digest({**state, "c": 0}) != expected
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory, jax_cache):
+    """A job run to the end with its checkpoints (Orbax's background saves run in the
+    job's process, not here), every step judged in this process."""
+    config = Config.tiny_recovery().replace(steps_per_second=0.0)
+    workdir = tmp_path_factory.mktemp("saved") / "run"
+    outcome = Supervisor(config, workdir, detect=False, compilation_cache=jax_cache).run()
+    assert outcome.status == "completed", outcome.status
+    verdicts = verifier.verify(workdir, config)
+    assert [v["accepted"] for v in verdicts] == [True] * 5, verdicts
+    return config, workdir
+
+
+@pytest.fixture
+def finished_copy(saved_run, tmp_path):
+    config, workdir = saved_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    return config, copy
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        "below",
+        "above",
+        "missing",
+        "extra",
+        "extra-null",
+        "data-below",
+        "data-above",
+        "heldout-below",
+        "heldout-above",
+    ],
+)
+def test_a_request_whose_checksums_differ_in_any_way_is_rejected(finished_copy, forgery):
+    """The request record of step 12 is edited: one array's SHA-256 replaced by a
+    value below or above the true digest (as hex strings compare), one array left
+    out, one array the state does not hold added (with a digest, or with null, which
+    no restored array's digest equals), or the Grain state digest or the recorded
+    held-out predictions digest replaced by a value below or above the true one. The
+    step itself is intact; it is rejected on that record, with that one reason.
+    Step 9, untouched, is accepted."""
+    config, workdir = finished_copy
+    dataset = data.make_dataset(config)
+    ledger = checkpoint.Ledger(workdir)
+    records = ledger.read("requested")
+    record = next(r for r in records if r["step"] == 12)
+    sums = record["checksums"]
+    key = sorted(sums)[0]
+    forged = ("0" if forgery.endswith("-below") else "f") * 64
+    if forgery.startswith("data-"):
+        record["data_state_sha256"] = forged
+    elif forgery.startswith("heldout-"):
+        record["heldout"]["predictions_sha256"] = forged
+    elif forgery == "below":
+        sums[key] = "0" * 64
+    elif forgery == "above":
+        sums[key] = "f" * 64
+    elif forgery == "missing":
+        del sums[key]
+    else:  # An array the state does not hold, recorded with a digest or with null.
+        key = "['not_in_the_state']"
+        sums[key] = None if forgery == "extra-null" else "0" * 64
+    ledger.rewrite("requested", records)
+    verdict = verifier.judge(workdir, 12, config, dataset)
+    expected_bad = [key] if forgery in ("below", "above", "extra") else []
+    if forgery.startswith("data-"):
+        expected_reasons = ["the Grain iterator state differs from the requested one"]
+    elif forgery.startswith("heldout-"):
+        computed = verdict["figures"]["heldout"]["predictions_sha256"]
+        expected_reasons = [
+            f"held-out `predictions_sha256` is `{computed}`, recorded `{forged}` at save time"
+        ]
+    else:
+        expected_reasons = [f"checksums differ for {expected_bad or 'the set of arrays'}"]
+    assert not verdict["accepted"], verdict
+    assert verdict["figures"]["checksum_mismatches"] == expected_bad, verdict["figures"]
+    assert verdict["reasons"] == expected_reasons, verdict["reasons"]
+    if forgery == "below":
+        intact = verifier.judge(workdir, 9, config, dataset)
+        assert intact["accepted"] and intact["figures"]["checksum_mismatches"] == [], intact
+
+
+def test_corrupted_completed_steps_are_rejected(finished_copy, jax_cache, evidence):
+    """Bytes flipped in two committed steps; the verifier process judges every step
+    (a restore that fails on damage is best kept out of the test process)."""
+    config, workdir = finished_copy
+    dataset = data.make_dataset(config)
+    before = {step: verifier.judge(workdir, step, config, dataset)["accepted"] for step in (12, 15)}
+    changed = {step: faults.corrupt_step(workdir, step) for step in (12, 15)}
+    checkpoint.Ledger(workdir).rewrite("verdicts", [])
+    summary = run_verifier(workdir, jax_cache)
+    after = {v["step"]: v for v in summary["verdicts"]}
+    for step in (12, 15):
+        ok = before[step] and changed[step] and not after[step]["accepted"]
+        assert evidence.record(
+            "bytes flipped in a committed step: rejected by the verifier process",
+            f"step {step}, {len(changed[step])} data files changed",
+            {"before": before[step], "reasons": after[step]["reasons"]},
+            None,
+            ok,
+        ), after[step]
+    intact = [after[s]["accepted"] for s in (3, 6, 9)]
+    assert intact == [True] * 3 and summary["latest_accepted"] == 9, summary
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.999])
+def test_a_degraded_artifact_with_regenerated_checksums_is_rejected(
+    finished_copy, scale, jax_cache, evidence
+):
+    config, workdir = finished_copy
+    dataset = data.make_dataset(config)
+    step = 15
+    faults.degrade_step(workdir, step, config, scale=scale)
+    verdict = verifier.judge(workdir, step, config, dataset)
+    figures = verdict["figures"]
+    ok = (
+        not verdict["accepted"]
+        and figures["checksum_mismatches"] == []
+        and any("held-out" in r for r in verdict["reasons"])
+    )
+    summary = {"latest_accepted": None}
+    if scale == 0.5:
+        # The same judgement by the separate verifier process, re-judging every step.
+        checkpoint.Ledger(workdir).rewrite("verdicts", [])
+        summary = run_verifier(workdir, jax_cache)
+        process_verdict = next(v for v in summary["verdicts"] if v["step"] == step)
+        ok = ok and not process_verdict["accepted"] and summary["latest_accepted"] == 12
+    assert evidence.record(
+        "checksums pass, held-out evaluation rejects",
+        f"w2 scaled by {scale}",
+        {
+            "reasons": verdict["reasons"],
+            "heldout": figures.get("heldout"),
+            "recorded": figures.get("heldout_recorded"),
+            "latest_accepted_after": summary["latest_accepted"],
+        },
+        None,
+        ok,
+    ), verdict
 
 
 SCENARIOS = {"kill-after-step": "kill@8", "kill-during-save": "kill-during-save@9"}
@@ -175,86 +468,6 @@ def test_only_completed_steps_are_accepted(recovery, evidence):
             None,
             ok,
         ), (name, sorted(job_completed), sorted(orbax_steps), verdicts, cut)
-
-
-@pytest.fixture(scope="module")
-def saved_run(tmp_path_factory, jax_cache):
-    """A job run to the end with its checkpoints (Orbax's background saves run in the
-    job's process, not here), every step judged in this process."""
-    config = Config.tiny_recovery().replace(steps_per_second=0.0)
-    workdir = tmp_path_factory.mktemp("saved") / "run"
-    outcome = Supervisor(config, workdir, detect=False, compilation_cache=jax_cache).run()
-    assert outcome.status == "completed", outcome.status
-    verdicts = verifier.verify(workdir, config)
-    assert [v["accepted"] for v in verdicts] == [True] * 5, verdicts
-    return config, workdir
-
-
-@pytest.fixture
-def finished_copy(saved_run, tmp_path):
-    config, workdir = saved_run
-    copy = tmp_path / "copy"
-    shutil.copytree(workdir, copy)
-    return config, copy
-
-
-def test_corrupted_completed_steps_are_rejected(finished_copy, jax_cache, evidence):
-    """Bytes flipped in two committed steps; the verifier process judges every step
-    (a restore that fails on damage is best kept out of the test process)."""
-    config, workdir = finished_copy
-    dataset = data.make_dataset(config)
-    before = {step: verifier.judge(workdir, step, config, dataset)["accepted"] for step in (12, 15)}
-    changed = {step: faults.corrupt_step(workdir, step) for step in (12, 15)}
-    checkpoint.Ledger(workdir).rewrite("verdicts", [])
-    summary = run_verifier(workdir, jax_cache)
-    after = {v["step"]: v for v in summary["verdicts"]}
-    for step in (12, 15):
-        ok = before[step] and changed[step] and not after[step]["accepted"]
-        assert evidence.record(
-            "bytes flipped in a committed step: rejected by the verifier process",
-            f"step {step}, {len(changed[step])} data files changed",
-            {"before": before[step], "reasons": after[step]["reasons"]},
-            None,
-            ok,
-        ), after[step]
-    intact = [after[s]["accepted"] for s in (3, 6, 9)]
-    assert intact == [True] * 3 and summary["latest_accepted"] == 9, summary
-
-
-@pytest.mark.parametrize("scale", [0.5, 0.999])
-def test_a_degraded_artifact_with_regenerated_checksums_is_rejected(
-    finished_copy, scale, jax_cache, evidence
-):
-    config, workdir = finished_copy
-    dataset = data.make_dataset(config)
-    step = 15
-    faults.degrade_step(workdir, step, config, scale=scale)
-    verdict = verifier.judge(workdir, step, config, dataset)
-    figures = verdict["figures"]
-    ok = (
-        not verdict["accepted"]
-        and figures["checksum_mismatches"] == []
-        and any("held-out" in r for r in verdict["reasons"])
-    )
-    summary = {"latest_accepted": None}
-    if scale == 0.5:
-        # The same judgement by the separate verifier process, re-judging every step.
-        checkpoint.Ledger(workdir).rewrite("verdicts", [])
-        summary = run_verifier(workdir, jax_cache)
-        process_verdict = next(v for v in summary["verdicts"] if v["step"] == step)
-        ok = ok and not process_verdict["accepted"] and summary["latest_accepted"] == 12
-    assert evidence.record(
-        "checksums pass, held-out evaluation rejects",
-        f"w2 scaled by {scale}",
-        {
-            "reasons": verdict["reasons"],
-            "heldout": figures.get("heldout"),
-            "recorded": figures.get("heldout_recorded"),
-            "latest_accepted_after": summary["latest_accepted"],
-        },
-        None,
-        ok,
-    ), verdict
 
 
 def test_missing_or_damaged_checkpoint_folder_is_a_clear_error(tmp_path):

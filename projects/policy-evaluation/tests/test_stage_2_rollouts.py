@@ -5,7 +5,10 @@
   horizons, gamma, lambda and environment counts.
 - Rollouts: without auto-reset, steps after an episode's end are padding
   (mask 0, reward 0, state frozen); with auto-reset, each finished episode's
-  recorded return equals the sum of its rewards recomputed by a Python loop.
+  recorded return equals the sum of its rewards recomputed by a Python loop;
+  every recorded field and the final carry equal a step-by-step reference
+  written from the specification (owned key streams, Python bookkeeping),
+  with terminations and truncations both occurring.
 """
 
 import jax
@@ -13,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from policy_evaluation.envs import CartPole, GridWorld
+from policy_evaluation.envs import CartPole, EnvState, GridWorld
 from policy_evaluation.model import init_params
 from policy_evaluation.rollout import discounted_returns, gae, reset_all, rollout
 from policy_evaluation.train import sample_policy
@@ -110,18 +113,102 @@ def test_gae_with_lambda_one_equals_returns_minus_values(evidence):
     )
 
 
+def _stepwise_reference(env, params, n, T, auto_reset, reset_key, key):
+    """The rollout written from its specification, one step at a time: each
+    step splits its key into (next, action, env, reset) keys and environment i
+    gets entry i of `split(k, n)` of each; the bookkeeping (masks, freezing,
+    resets, returns) is plain Python per environment."""
+    policy = sample_policy(params)
+
+    @jax.jit
+    def draw(state, obs, key):
+        key, act_key, env_key, reset_key = jax.random.split(key, 4)
+        action, log_prob, value = jax.vmap(policy)(obs, jax.random.split(act_key, n))
+        out = jax.vmap(env.step)(state, action, jax.random.split(env_key, n))
+        fresh_state, fresh_obs = jax.vmap(env.reset)(jax.random.split(reset_key, n))
+        return key, (action, log_prob, value), out, fresh_state, fresh_obs
+
+    state, obs = jax.vmap(env.reset)(jax.random.split(reset_key, n))
+    state = [np.asarray(x) for x in state]
+    obs = np.asarray(obs)
+    active, ret = [True] * n, [0.0] * n
+    rec = {f: np.zeros((T, n), np.float64) for f in ("action", "log_prob", "value", "reward")}
+    rec.update({f: np.zeros((T, n), bool) for f in ("done", "terminated")})
+    rec["mask"], rec["finished_return"] = np.zeros((T, n)), np.zeros((T, n))
+    rec["obs"] = np.zeros((T, *obs.shape))
+    for t in range(T):
+        key, policy_out, out, fresh_state, fresh_obs = draw(
+            EnvState(*(jnp.asarray(x) for x in state)), jnp.asarray(obs), key
+        )
+        action, log_prob, value = (np.asarray(x) for x in policy_out)
+        out, fresh_state, fresh_obs = jax.device_get((out, fresh_state, fresh_obs))
+        rec["obs"][t] = obs
+        new_obs = np.array(out.obs)
+        new_state = [np.array(x) for x in out.state]
+        for i in range(n):
+            for f, x in (("action", action), ("log_prob", log_prob), ("value", value)):
+                rec[f][t, i] = x[i]
+            done = bool(out.terminated[i]) or bool(out.truncated[i])
+            rec["mask"][t, i] = 1.0 if active[i] else 0.0
+            if not active[i]:  # frozen: padding, nothing changes
+                new_obs[i] = obs[i]
+                for x_new, x_old in zip(new_state, state, strict=True):
+                    x_new[i] = x_old[i]
+                continue
+            reward = float(out.reward[i])
+            rec["reward"][t, i] = reward
+            ret[i] += reward
+            rec["terminated"][t, i] = bool(out.terminated[i])
+            if done:
+                rec["done"][t, i] = True
+                rec["finished_return"][t, i] = ret[i]
+                if auto_reset:
+                    ret[i] = 0.0
+                    new_obs[i] = fresh_obs[i]
+                    for x_new, x_fresh in zip(new_state, fresh_state, strict=True):
+                        x_new[i] = x_fresh[i]
+                else:
+                    active[i] = False
+        obs, state = new_obs, new_state
+    final = {"state": state, "obs": obs, "active": np.array(active), "return": np.array(ret)}
+    return rec, final
+
+
+def _check_against_stepwise_reference(env, params, n, T, auto_reset, k_reset, k_roll, tr, final):
+    rec, ref_final = _stepwise_reference(env, params, n, T, auto_reset, k_reset, k_roll)
+    for field in ("action", "done", "terminated", "mask"):
+        np.testing.assert_array_equal(np.asarray(getattr(tr, field)), rec[field], err_msg=field)
+    for field in ("obs", "log_prob", "value", "reward", "finished_return"):
+        np.testing.assert_allclose(
+            np.asarray(getattr(tr, field)), rec[field], rtol=1e-5, atol=1e-5, err_msg=field
+        )
+    for x, ref in zip(final.state, ref_final["state"], strict=True):
+        np.testing.assert_allclose(np.asarray(x), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(final.obs), ref_final["obs"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(final.active), ref_final["active"])
+    np.testing.assert_allclose(
+        np.asarray(final.episode_return), ref_final["return"], rtol=1e-5, atol=1e-5
+    )
+    # The reference's episodes cover what the claim needs: terminations, and (for the
+    # grid world's 12-step limit) truncations that are not terminations.
+    assert rec["terminated"].any()
+    if isinstance(env, GridWorld):
+        assert (rec["done"] & ~rec["terminated"]).any()
+
+
 @pytest.mark.parametrize(
-    "env,n", [(GridWorld(max_steps=30), 6), (CartPole(), 4)], ids=["gridworld", "cartpole"]
+    "env,n", [(GridWorld(max_steps=12), 6), (CartPole(), 4)], ids=["gridworld", "cartpole"]
 )
 def test_rollout_masks_and_episode_bookkeeping(evidence, env, n):
     params = init_params(jax.random.key(3), env.obs_size, env.num_actions, 16)
     T = 80
     for auto_reset in (False, True):
         k_reset, k_roll = jax.random.split(jax.random.key(int(auto_reset)))
-        carry = reset_all(env, k_reset, n)
-        _, tr = jax.jit(
+        carry = reset_all(env, jax.random.clone(k_reset), n)
+        final, tr = jax.jit(
             lambda c, k: rollout(env, sample_policy(params), c, k, T, auto_reset)  # noqa: B023
-        )(carry, k_roll)
+        )(carry, jax.random.clone(k_roll))
+        _check_against_stepwise_reference(env, params, n, T, auto_reset, k_reset, k_roll, tr, final)
         reward, done, mask = (np.asarray(x, np.float64) for x in (tr.reward, tr.done, tr.mask))
         finished = np.asarray(tr.finished_return, np.float64)
         # Python bookkeeping: running sum since the last episode start.

@@ -12,6 +12,9 @@ then evaluated on held-out keys.
   uniformly random policy's on the same held-out keys. This is what the test
   budget can show; the >= 475 target belongs to the default run (8 seeds x
   500,000 steps), reproduced by `policy-evaluation train`, not by this suite.
+- `train/` metrics of a run's first update against that rollout rebuilt from
+  the documented key use (seeds with 0, exactly 1 and several finished
+  episodes); `mean_ci` at 1, 2 and many values.
 - CLI: a tiny run writes the report with `train/` and `eval/` kept apart; bad
   configs give clear errors naming the values.
 - Initialization: every layer equals `jax.nn.initializers.orthogonal` on its
@@ -45,8 +48,10 @@ from policy_evaluation.rollout import reset_all, rollout
 from policy_evaluation.train import (
     make_evaluate,
     make_train,
+    mean_ci,
     policy_table,
     run_experiment,
+    sample_policy,
     seed_keys,
     summarize_seeds,
 )
@@ -82,6 +87,21 @@ def test_per_seed_summary_reads_the_held_out_namespace(evidence, env):
     assert summary["worst_seed"] == int(ref.argmin())
 
 
+@pytest.mark.parametrize(
+    "values,z", [([3.5], 1.96), ([1.0, 4.0], 1.96), ([2.0, -1.0, 0.5, 7.0, 3.0], 2.5)]
+)
+def test_mean_ci_at_one_two_and_many_values(values, z):
+    """Mean and z times the standard error (ddof 1); one value has no interval."""
+    mean, half = mean_ci(np.asarray(values), z) if z != 1.96 else mean_ci(np.asarray(values))
+    assert mean == pytest.approx(sum(values) / len(values), abs=1e-12)
+    if len(values) == 1:
+        assert np.isnan(half)
+    else:
+        m = sum(values) / len(values)
+        sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+        assert half == pytest.approx(z * sd / len(values) ** 0.5, rel=1e-12)
+
+
 def test_value_iteration_gives_the_optimal_values(evidence):
     """Optimality checked another way: the greedy policy's values by a linear
     solve equal value iteration's, and no deterministic policy of 300 drawn
@@ -111,6 +131,86 @@ def test_value_iteration_gives_the_optimal_values(evidence):
         bool(np.all(V >= best_other - 1e-9)),
     )
     assert ok
+
+
+@pytest.mark.parametrize("obs_size,num_actions,hidden", [(4, 2, 64), (4, 2, 3)])
+def test_init_matches_library_orthogonal(evidence, obs_size, num_actions, hidden):
+    key = jax.random.key(7)
+    # The same key twice, on purpose: the library's draws must be the model's.
+    params = init_params(jax.random.clone(key), obs_size, num_actions, hidden)
+    layers = params["actor"] + params["critic"]
+    gains = [2.0**0.5, 2.0**0.5, 0.01, 2.0**0.5, 2.0**0.5, 1.0]
+    errors, orthogonality = [], []
+    for layer_key, (w, b), gain in zip(jax.random.split(key, 6), layers, gains, strict=True):
+        reference = jax.nn.initializers.orthogonal(gain)(layer_key, w.shape, jnp.float32)
+        errors.append(float(jnp.max(jnp.abs(w - reference))) / gain)
+        q = np.asarray(w, np.float64) / gain
+        gram = q.T @ q if q.shape[0] >= q.shape[1] else q @ q.T
+        orthogonality.append(float(np.max(np.abs(gram - np.eye(len(gram))))))
+        assert not np.any(np.asarray(b))
+    # Gram-Schmidt and LAPACK's Householder QR round differently; the Q factor's
+    # sensitivity grows with the draw's condition number (a 64 x 64 Gaussian:
+    # hundreds), so the two agree to about float32 eps times that.
+    assert evidence.record(
+        "initial weights vs jax.nn.initializers.orthogonal, layer by layer (divided by gain)",
+        f"obs {obs_size}, actions {num_actions}, hidden {hidden}",
+        {
+            "max_abs_error": max(errors),
+            "per_layer": errors,
+            "max_orthogonality_error": max(orthogonality),
+        },
+        {"max_abs_error": 1e-5, "max_orthogonality_error": 1e-6},
+        max(errors) <= 1e-5 and max(orthogonality) <= 1e-6,
+    )
+
+
+def test_train_metrics_of_the_first_update_match_its_rollout(evidence):
+    """`train/episodes` and `train/episode_return` (the mean return of the
+    episodes that finished during the update's rollout) of update 0, against
+    that rollout rebuilt outside `make_train`: key -> (init, env, loop) keys,
+    loop -> (next, rollout, permutation) keys, the initial network sampling.
+    One environment and 12 steps per update, so that seeds see 0, exactly 1
+    and several finished episodes (a mean over one episode and over several)."""
+    config = Config.tiny("gridworld").replace(
+        num_seeds=8,
+        num_envs=1,
+        num_steps=12,
+        num_minibatches=1,
+        update_epochs=1,
+        total_timesteps=12,
+        hidden_size=8,
+    )
+    env = make_env("gridworld")
+    keys = jax.random.split(jax.random.key(21), config.num_seeds)
+
+    def first_rollout(key):
+        init_key, env_key, loop_key = jax.random.split(key, 3)
+        params = init_params(init_key, env.obs_size, env.num_actions, config.hidden_size)
+        _, roll_key, _ = jax.random.split(loop_key, 3)
+        carry = reset_all(env, env_key, config.num_envs)
+        _, tr = rollout(env, sample_policy(params), carry, roll_key, config.num_steps, True)
+        return tr.done, tr.finished_return
+
+    done, finished = jax.jit(jax.vmap(first_rollout))(jax.random.clone(keys))
+    metrics = jax.jit(jax.vmap(make_train(config)))(keys)["metrics"]
+    done, finished = np.asarray(done), np.asarray(finished, np.float64)
+    ref_episodes = done.sum(axis=(1, 2))
+    ref_return = [
+        float(finished[i][done[i]].mean()) if ref_episodes[i] else 0.0
+        for i in range(config.num_seeds)
+    ]
+    episodes = np.asarray(metrics["train/episodes"])[:, 0]
+    returns = np.asarray(metrics["train/episode_return"], np.float64)[:, 0]
+    assert {0, 1} <= set(ref_episodes.tolist()) and ref_episodes.max() >= 2
+    assert np.array_equal(episodes, ref_episodes)
+    assert evidence.allclose(
+        "train/episode_return of update 0 vs its rebuilt rollout",
+        f"episodes per seed {ref_episodes.tolist()}",
+        returns,
+        ref_return,
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_evaluation_episodes_stop_at_their_end(evidence):
@@ -346,37 +446,6 @@ def test_bad_configs_give_clear_errors(tmp_path):
     res = CliRunner().invoke(main, ["train", "--env", "gridworld", "--config", str(four)])
     assert res.exit_code != 0 and "Traceback" not in res.output
     assert "`seed_shards` = 4 needs 4 CPU devices, but JAX started with 2" in res.output
-
-
-@pytest.mark.parametrize("obs_size,num_actions,hidden", [(4, 2, 64), (4, 2, 3)])
-def test_init_matches_library_orthogonal(evidence, obs_size, num_actions, hidden):
-    key = jax.random.key(7)
-    # The same key twice, on purpose: the library's draws must be the model's.
-    params = init_params(jax.random.clone(key), obs_size, num_actions, hidden)
-    layers = params["actor"] + params["critic"]
-    gains = [2.0**0.5, 2.0**0.5, 0.01, 2.0**0.5, 2.0**0.5, 1.0]
-    errors, orthogonality = [], []
-    for layer_key, (w, b), gain in zip(jax.random.split(key, 6), layers, gains, strict=True):
-        reference = jax.nn.initializers.orthogonal(gain)(layer_key, w.shape, jnp.float32)
-        errors.append(float(jnp.max(jnp.abs(w - reference))) / gain)
-        q = np.asarray(w, np.float64) / gain
-        gram = q.T @ q if q.shape[0] >= q.shape[1] else q @ q.T
-        orthogonality.append(float(np.max(np.abs(gram - np.eye(len(gram))))))
-        assert not np.any(np.asarray(b))
-    # Gram-Schmidt and LAPACK's Householder QR round differently; the Q factor's
-    # sensitivity grows with the draw's condition number (a 64 x 64 Gaussian:
-    # hundreds), so the two agree to about float32 eps times that.
-    assert evidence.record(
-        "initial weights vs jax.nn.initializers.orthogonal, layer by layer (divided by gain)",
-        f"obs {obs_size}, actions {num_actions}, hidden {hidden}",
-        {
-            "max_abs_error": max(errors),
-            "per_layer": errors,
-            "max_orthogonality_error": max(orthogonality),
-        },
-        {"max_abs_error": 1e-5, "max_orthogonality_error": 1e-6},
-        max(errors) <= 1e-5 and max(orthogonality) <= 1e-6,
-    )
 
 
 @pytest.fixture(scope="module")

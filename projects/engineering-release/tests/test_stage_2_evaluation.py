@@ -116,6 +116,10 @@ def _edited(report: dict, how: str) -> dict:
     out = copy.deepcopy(report)
     if how == "accuracy":
         out["metrics"]["accuracy"] += 0.01
+    elif how == "accuracy-lowered":
+        out["metrics"]["accuracy"] -= 0.01
+    elif how == "recall-lowered":
+        out["metrics"]["min_class_recall"] -= 0.01
     elif how == "prediction":
         out["predictions"][0] = (out["predictions"][0] + 1) % data.NUM_CLASSES
     elif how == "recall":
@@ -131,6 +135,8 @@ def _edited(report: dict, how: str) -> dict:
     ("how", "message"),
     [
         ("accuracy", "`accuracy`"),
+        ("accuracy-lowered", "`accuracy`"),
+        ("recall-lowered", "`min_class_recall`"),
         ("prediction", "`correct`"),
         ("recall", "`class_recall`"),
         ("count", "`correct`"),

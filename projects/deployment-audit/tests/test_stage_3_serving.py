@@ -23,6 +23,8 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deployment_audit import data, export, loadgen, queue_model, report, serve, train
 from deployment_audit.cli import main
@@ -32,6 +34,50 @@ SERVE = ServeConfig(batch_timeout_ms=5.0)
 TINY_QUEUE = ServeConfig(
     max_batch_size=64, batch_timeout_ms=300.0, max_queue_rows=8, max_rows_per_request=8
 )
+
+
+FAST = settings(max_examples=150, derandomize=True, deadline=None, database=None)
+
+
+def next_power_of_two(rows: int) -> int:
+    size = 1
+    while size < rows:
+        size *= 2
+    return size
+
+
+@pytest.mark.parametrize("max_batch", [1, 8, 48, 64])
+def test_bucket_is_the_next_power_of_two_capped(max_batch):
+    for rows in range(1, max_batch + 1):
+        assert serve.bucket(rows, max_batch) == min(max_batch, next_power_of_two(rows)), rows
+
+
+def capacity_reference(a, c, h, mean_rows, max_batch):
+    """The saturation rates from their definitions: the worker packs as many whole
+    requests of `mean_rows` rows (at least 1) as fit, padded to its bucket."""
+    per_batch = max(1, int(max_batch // max(mean_rows, 1.0)))
+    rows = min(max_batch, int(round(per_batch * mean_rows)))
+    worker = per_batch / (a + c * min(max_batch, next_power_of_two(rows)))
+    loop = 1.0 / h if h > 0 else float("inf")
+    return loop, worker
+
+
+@FAST
+@given(
+    a=st.floats(1e-4, 1e-2),
+    c=st.floats(1e-6, 1e-3),
+    h=st.sampled_from([0.0, 1e-5, 2e-4, 3e-3, 0.5, 2.0]),
+    mean_rows=st.sampled_from([0.6, 1.0, 1.5, 2.0, 3.0, 7.5, 20.0, 40.0, 64.0]),
+    max_batch=st.sampled_from([8, 48, 64]),
+)
+def test_capacity_against_its_definition(a, c, h, mean_rows, max_batch):
+    model = {"a_s": a, "c_s_per_row": c, "h_s": h, "mean_rows": mean_rows}
+    got = queue_model.capacity(model, max_batch)
+    loop, worker = capacity_reference(a, c, h, mean_rows, max_batch)
+    assert got["loop_limit_rps"] == pytest.approx(loop, rel=1e-12)
+    assert got["worker_limit_rps"] == pytest.approx(worker, rel=1e-12)
+    assert got["capacity_rps"] == pytest.approx(min(loop, worker), rel=1e-12)
+    assert got["bottleneck"] == ("event loop" if loop < worker else "model worker")
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +219,15 @@ def test_the_queue_bound_counts_rows_and_batches_hold_whole_requests(evidence):
         {k: {"answers": v[0], "batches": v[1]} for k, v in expected.items()},
         ok,
     ), observed
+
+
+def test_a_batch_never_passes_its_maximum():
+    """Requests of 1, 4, 2, 2, 3, 1 rows, all queued (bound 20), batches of at most 4
+    rows, worked out by hand: the 4-row request cannot join the 1-row one (5 > 4),
+    two requests fill a batch exactly (2 + 2, 3 + 1)."""
+    answers, batches = _batcher_scenario(20, [1, 4, 2, 2, 3, 1])
+    assert answers == [[0.0], [1.0], [2.0], [3.0], [4.0], [5.0]]
+    assert batches == [(1, 1), (4, 1), (4, 2), (4, 2)]
 
 
 def test_ready_only_after_load_and_self_test(evidence, good, artifact):

@@ -48,6 +48,81 @@ def grad_fn():
     return f
 
 
+def _reference_pack(tokens, prompt_len, length):
+    """Greedy in-order packing written out in plain Python, one list per field."""
+    rows, used = [[]], 0
+    for i, (row, n) in enumerate(zip(tokens.tolist(), prompt_len.tolist(), strict=True)):
+        real = row[: 2 * n + 3]
+        if used + len(real) > length:
+            rows.append([])
+            used = 0
+        rows[-1].append((i, real))
+        used += len(real)
+    fields = {k: [] for k in ("tokens", "segment_ids", "positions", "example")}
+    for row in rows:
+        line = {k: [] for k in fields}
+        for k, (i, real) in enumerate(row):
+            line["tokens"] += real
+            line["segment_ids"] += [k + 1] * len(real)
+            line["positions"] += list(range(len(real)))
+            line["example"] += [i] * len(real)
+        pad = length - len(line["tokens"])
+        for k, fill in (("tokens", 0), ("segment_ids", 0), ("positions", 0), ("example", -1)):
+            fields[k].append(line[k] + [fill] * pad)
+    return fields
+
+
+@pytest.mark.parametrize("n,length", [(12, 13), (12, 32), (20, 48), (7, 100), (1, 13)])
+def test_pack_fields_equal_a_plain_python_packing(config, corpus, n, length):
+    tokens, prompt_len = corpus.tokens[:n], corpus.prompt_len[:n]
+    packed = sft.pack(tokens, prompt_len, length)
+    reference = _reference_pack(tokens, prompt_len, length)
+    for field in ("tokens", "segment_ids", "positions", "example"):
+        got = packed[field]
+        assert got.dtype == np.int32, field
+        assert got.tolist() == reference[field], field
+    # Every example appears exactly once, with its own real tokens.
+    for i in range(n):
+        span = packed["example"] == i
+        assert packed["tokens"][span].tolist() == tokens[i, : 2 * prompt_len[i] + 3].tolist()
+
+
+def test_pack_row_length_boundaries(corpus):
+    tokens, prompt_len = corpus.tokens[:40], corpus.prompt_len[:40]
+    longest = int(np.max(2 * prompt_len + 3))
+    assert longest == tokens.shape[1]
+    # A row exactly as long as the longest example holds it; one token less refuses it.
+    packed = sft.pack(tokens, prompt_len, longest)
+    assert packed["tokens"].shape[1] == longest
+    with pytest.raises(ValueError, match=rf"has {longest} tokens, more than the row `length`"):
+        sft.pack(tokens, prompt_len, longest - 1)
+    with pytest.raises(ValueError, match=r"row `length` must be at least 1, got `0`"):
+        sft.pack(tokens, prompt_len, 0)
+    with pytest.raises(ValueError, match=r"`tokens` must be `\(N, T\)`"):
+        sft.pack(tokens[0], prompt_len[:1], longest)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 30])
+def test_sft_loss_at_every_mask_size(count):
+    # The denominator's boundaries: no counted target, exactly one, all of them.
+    rng = np.random.default_rng(100 + count)
+    logits = rng.normal(size=(5, 6, 11)).astype(np.float32)
+    targets = rng.integers(0, 11, (5, 6)).astype(np.int32)
+    mask = np.zeros(30, bool)
+    mask[rng.permutation(30)[:count]] = True
+    mask = mask.reshape(5, 6)
+    loss = float(sft.sft_loss(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask)))
+    z = logits.astype(np.float64)
+    m = z.max(-1)
+    ce = (
+        m
+        + np.log(np.exp(z - m[..., None]).sum(-1))
+        - np.take_along_axis(z, targets[..., None], -1)[..., 0]
+    )
+    expected = float(ce[mask].sum() / count) if count else 0.0
+    np.testing.assert_allclose(loss, expected, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("which", ["tiny", "lengths 1-4"])
 def test_response_mask_matches_token_types(corpus, other_corpus, evidence, which):
     data = corpus if which == "tiny" else other_corpus[1]
@@ -177,6 +252,27 @@ def test_packed_examples_cannot_see_each_other(config, corpus, evidence, length)
         rtol=0.0,
         atol=1e-4,
     )
+
+
+def test_loss_fn_is_next_token_cross_entropy_over_the_response(config, corpus):
+    model = build(config, key=jax.random.key(8))
+    batch = {
+        "tokens": jnp.asarray(corpus.tokens[:16]),
+        "prompt_len": jnp.asarray(corpus.prompt_len[:16]),
+    }
+    loss, aux = nnx.jit(sft.loss_fn)(model, batch, None)
+    assert aux is None
+    tokens = np.asarray(corpus.tokens[:16])
+    logits = np.asarray(nnx.jit(lambda m, t: m(t[:, :-1]))(model, batch["tokens"]), np.float64)
+    mask = _reference_mask(tokens)
+    total, count = 0.0, 0
+    for b in range(16):
+        for t in range(tokens.shape[1] - 1):
+            if mask[b, t]:
+                z = logits[b, t]
+                total += z.max() + np.log(np.sum(np.exp(z - z.max()))) - z[tokens[b, t + 1]]
+                count += 1
+    np.testing.assert_allclose(float(loss), total / count, rtol=1e-5, atol=1e-6)
 
 
 def test_sft_learns_the_task_reproducibly(config, splits, corpus, sft_run, evidence):

@@ -14,13 +14,17 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weight_conversion import checkpoint, data, model, sources
 from weight_conversion.config import Arch
+from weight_conversion.model import Layer
 from weight_conversion.parity import FAULTS, compare, tolerance, torch_parity
 from weight_conversion.weight_map import convert, keras_map, torch_map
 
 N_IMAGES = 96  # held-out images per parity run
+OTHER = Arch(channels=8, heads=4, conv2_channels=4, hidden=32)
 
 
 @pytest.mark.parametrize("k", [16, 256, 4096])
@@ -42,6 +46,142 @@ def test_tolerance_bounds_float32_rounding(evidence, k):
         {"bound": bound},
         error <= bound,
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("k", [1, 7, 4096])
+@pytest.mark.parametrize("scale", [0.0, 1e-300, 0.5, 37.25])
+def test_tolerance_is_eps_times_length_times_scale(dtype, k, scale):
+    """eps of the compared dtype (not float64's), times the running reduction
+    length, times the scale; a zero (or denormal) scale is floored at the
+    dtype's smallest normal number, so an all-zero layer still gets a bound > 0."""
+    info = np.finfo(dtype)
+    want = float(info.eps) * k * max(scale, float(info.tiny))
+    assert tolerance(np.dtype(dtype), k, scale) == pytest.approx(want, rel=1e-12)
+    assert tolerance(np.dtype(dtype), k, scale) > 0
+
+
+def test_reduction_lengths_and_layouts_follow_the_torch_modules(torch_source):
+    """Each tapped layer's reduction length, counted from the PyTorch module's
+    own sizes (kernel area x input channels, normalised width, in_features,
+    head width + two sums over the tokens + the output projection), its layout
+    from the rank of PyTorch's output, its place from the order the forward
+    hooks fire; both architectures."""
+    for arch, net in ((Arch(), torch_source.model), (OTHER, sources.TorchDigitNet(OTHER))):
+        net = net.eval()
+        layer_list = model.layers(arch)
+        taps = sources.torch_taps(
+            net, data.nchw(np.zeros((2, 8, 8), np.float32)), [x.name for x in layer_list]
+        )
+        attn = net.attn
+        expected = {
+            "conv1": net.conv1.in_channels * net.conv1.kernel_size[0] * net.conv1.kernel_size[1],
+            "norm1": net.norm1.normalized_shape[0],
+            "attn": attn.embed_dim // attn.num_heads + 2 * net.pos.num_embeddings + attn.embed_dim,
+            "conv2": net.conv2.in_channels * net.conv2.kernel_size[0] * net.conv2.kernel_size[1],
+            "fc1": net.fc1.in_features,
+            "fc2": net.fc2.in_features,
+            "head": net.head.in_features,
+        }
+        rank_layout = {4: "map", 3: "tokens", 2: "vector"}
+        assert [x.name for x in layer_list] == list(taps)  # forward order
+        for layer in layer_list:
+            assert layer.reduction == expected.get(layer.name, 1), (arch, layer)
+            assert layer.layout == rank_layout[taps[layer.name].ndim], layer
+
+
+SHAPES = {"map": (2, 3, 4, 5), "tokens": (2, 3, 5), "vector": (2, 5)}  # NNX layouts
+
+
+def _synthetic_taps(rng, layouts, scales, factors, reductions, dtype, source_layout):
+    """Source and target taps whose error is `factor` x the tolerance a Python
+    reference computes for each layer (on an element that is zero in the
+    reference, so the error is exact)."""
+    eps, tiny = float(np.finfo(dtype).eps), float(np.finfo(dtype).tiny)
+    src, tgt, expected, cumulative = {}, {}, [], 0
+    for i, (layout, scale, factor, k) in enumerate(
+        zip(layouts, scales, factors, reductions, strict=True)
+    ):
+        name = f"layer{i}"
+        ref = rng.uniform(-1.0, 1.0, SHAPES[layout]) * scale
+        ref.flat[0], ref.flat[-1] = -scale, 0.0
+        cumulative += k
+        tol = eps * cumulative * max(scale, tiny)
+        out = ref.copy()
+        out.flat[-1] = factor * tol
+        tgt[name] = out
+        src[name] = (
+            ref.transpose(0, 3, 1, 2) if layout == "map" and source_layout == "torch" else ref
+        )
+        expected.append((name, factor * tol, scale, cumulative, tol))
+    return src, tgt, expected
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, database=None)
+@given(
+    layouts=st.lists(st.sampled_from(sorted(SHAPES)), min_size=1, max_size=5),
+    dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+    source_layout=st.sampled_from(["torch", "keras"]),
+    data=st.data(),
+)
+def test_compare_against_a_python_reference(layouts, dtype, source_layout, data):
+    """Every layer's error, scale, running reduction length and tolerance as a
+    Python reference computes them; the first layer beyond its tolerance named
+    (none when all agree), whatever disagrees after it. PyTorch maps (NCHW)
+    are brought to NHWC, Keras taps compared as they are."""
+    n = len(layouts)
+    scales = data.draw(st.lists(st.sampled_from([0.0, 1e-3, 1.0, 37.5]), min_size=n, max_size=n))
+    factors = data.draw(st.lists(st.sampled_from([0.0, 0.5, 3.0, 1e4]), min_size=n, max_size=n))
+    reductions = data.draw(st.lists(st.integers(1, 5000), min_size=n, max_size=n))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    src, tgt, expected = _synthetic_taps(
+        rng, layouts, scales, factors, reductions, dtype, source_layout
+    )
+    layer_list = [
+        Layer(f"layer{i}", k, x) for i, (k, x) in enumerate(zip(reductions, layouts, strict=True))
+    ]
+    report = compare(src, tgt, layer_list, np.dtype(dtype), source_layout=source_layout)
+    assert report.dtype == np.dtype(dtype).name
+    first = next((f"layer{i}" for i, f in enumerate(factors) if f > 1), None)
+    assert report.first_disagreement == first
+    assert len(report.layers) == n
+    for row, (name, error, scale, cumulative, tol), factor in zip(
+        report.layers, expected, factors, strict=True
+    ):
+        assert (row.name, row.cumulative_reduction) == (name, cumulative)
+        assert row.max_abs_reference == scale
+        assert row.tolerance == pytest.approx(tol, rel=1e-12)
+        assert row.max_abs_error == pytest.approx(error, rel=1e-12, abs=0.0)
+        assert row.ratio == pytest.approx(factor, rel=1e-9, abs=0.0)
+        assert row.agrees == (factor <= 1)
+    assert report.to_dict()["first_disagreement"] == first
+
+
+@pytest.mark.parametrize("over", [False, True], ids=["at-the-tolerance", "one-ulp-beyond"])
+def test_an_error_equal_to_the_tolerance_agrees(over):
+    """The boundary itself: an error exactly at the tolerance agrees, the next
+    float above it is a disagreement."""
+    tol = float(np.finfo(np.float32).eps) * 3 * 1.0
+    ref = np.zeros((2, 5))
+    ref[0, 0] = 1.0
+    out = ref.copy()
+    out[1, 4] = np.nextafter(tol, np.inf) if over else tol
+    layer_list = [Layer("only", 3, "vector")]
+    report = compare({"only": ref}, {"only": out}, layer_list, np.float32)
+    (row,) = report.layers
+    assert row.tolerance == tol
+    assert row.agrees is (not over)
+    assert report.first_disagreement == ("only" if over else None)
+    assert (row.ratio > 1.0) is over
+
+
+def test_compare_refuses_taps_of_different_shapes():
+    layer_list = [Layer("conv", 9, "map")]
+    src = {"conv": np.zeros((1, 5, 3, 4))}  # NCHW -> NHWC (1, 3, 4, 5)
+    with pytest.raises(ValueError, match=r"Layer `conv`: source output \(1, 3, 4, 5\) vs target"):
+        compare(src, {"conv": np.zeros((1, 5, 3, 4))}, layer_list, np.float32)
+    report = compare(src, {"conv": np.zeros((1, 3, 4, 5))}, layer_list, np.float32)
+    assert report.first_disagreement is None
 
 
 def test_clean_conversion_agrees_at_every_layer(evidence, torch_source, split):

@@ -37,6 +37,135 @@ def fitted(block: int, dim: int) -> int:
     return min(block, max(kernels.MIN_DOT_BLOCK, pl.next_power_of_2(dim)))
 
 
+# --- GRADIENTS -----------------------------------------------------------------------------------
+
+
+def _fraction(actual, ref, bound) -> float:
+    err = np.abs(reference.to_f64(actual) - ref)
+    return float(np.max(err / np.maximum(bound, TINY), initial=0.0))
+
+
+def _directional_check(evidence, condition, f64, operands, grads, bounds, key) -> bool:
+    """Central differences of the float64 function `f64` along a random direction
+    (one normal draw per operand from `key`) against the kernel's gradients.
+
+    Kernel error along the direction is at most sum |d| * bound; the float64
+    difference quotient adds O(h^2) truncation and eps64 * |f| / h rounding."""
+    dirs64 = [
+        reference.to_f64(jax.random.normal(kk, a.shape, jnp.float32))
+        for kk, a in zip(jax.random.split(key, len(operands)), operands, strict=True)
+    ]
+    base = [reference.to_f64(a) for a in operands]
+    h = 1e-5
+    plus = f64(*[a + h * d for a, d in zip(base, dirs64, strict=True)])
+    minus = f64(*[a - h * d for a, d in zip(base, dirs64, strict=True)])
+    fd = (plus - minus) / (2 * h)
+    directional = sum(
+        float(np.sum(reference.to_f64(gk) * d)) for gk, d in zip(grads, dirs64, strict=True)
+    )
+    fd_tol = sum(float(np.sum(np.abs(d) * bd)) for d, bd in zip(dirs64, bounds, strict=True))
+    fd_tol += 1e-6 * abs(fd) + 1e-9
+    return evidence.record(
+        "directional derivative: custom_vjp vs float64 central differences",
+        condition + f", h={h}",
+        {"custom_vjp": directional, "finite_difference": fd, "abs_diff": abs(directional - fd)},
+        {"atol": fd_tol},
+        abs(directional - fd) <= fd_tol,
+    )
+
+
+@pytest.mark.parametrize("shape", [(13, 70), (4, 300)])
+def test_layer_norm_gradients(evidence, shape):
+    rows, cols = shape
+    k_ops, k_g, k_dir = jax.random.split(data.case_key(2, "grad-ln", *shape), 3)
+    x, gam, bet = data.layer_norm_operands(k_ops, rows, cols, jnp.float32)
+    g = jax.random.normal(k_g, (rows, cols), jnp.float32)
+    blocks = kernels.fit_row_blocks(rows)
+
+    grads = jax.jit(
+        jax.grad(lambda *a: jnp.sum(kernels.layer_norm(*a, blocks=blocks) * g), (0, 1, 2))
+    )(x, gam, bet)
+    auto = jax.jit(jax.grad(lambda *a: jnp.sum(reference.layer_norm_jnp(*a) * g), (0, 1, 2)))(
+        x, gam, bet
+    )
+    exact = reference.layer_norm_grads_f64(x, gam, bet, g)
+    bounds = reference.layer_norm_grad_error_bound(x, gam, bet, g)
+    condition = f"(R, C)={shape}, float32, block_rows {blocks.block_rows}, mode={MODE}"
+    ok = True
+    for name, gk, ga, ge, bd in zip(
+        ["dx", "dgamma", "dbeta"], grads, auto, exact, bounds, strict=True
+    ):
+        ok &= evidence.within_bound(
+            f"{name}: custom_vjp vs float64 closed form", condition, gk, ge, bd
+        )
+        ok &= evidence.within_bound(
+            f"{name}: custom_vjp vs autodiff of the jnp reference (twice the bound)",
+            condition,
+            gk,
+            reference.to_f64(ga),
+            bd,
+            scale=2.0,
+        )
+    g64 = reference.to_f64(g)
+
+    def f64(*args):
+        return float(np.sum(reference.layer_norm_f64(*args) * g64))
+
+    ok &= _directional_check(evidence, condition, f64, (x, gam, bet), grads, bounds, k_dir)
+    assert ok
+
+
+@pytest.mark.parametrize(
+    ("shape", "activation"),
+    [((33, 70, 17), "gelu"), ((16, 48, 40), "relu")],
+)
+def test_matmul_gradients(evidence, shape, activation):
+    m, k, n = shape
+    k_ops, k_g, k_dir = jax.random.split(data.case_key(1, "grad", *shape, activation), 3)
+    x, w, b = data.matmul_operands(k_ops, m, k, n, jnp.float32)
+    g = jax.random.normal(k_g, (m, n), jnp.float32)
+    blocks = kernels.MatmulBlocks(16, 16, 32)
+
+    def f_kernel(x_, w_, b_):
+        y = kernels.matmul_bias_act(x_, w_, b_, blocks=blocks, activation=activation)
+        return jnp.sum(y * g)
+
+    def f_jnp(x_, w_, b_):
+        return jnp.sum(reference.matmul_bias_act_jnp(x_, w_, b_, activation) * g)
+
+    grads = jax.jit(jax.grad(f_kernel, argnums=(0, 1, 2)))(x, w, b)
+    auto = jax.jit(jax.grad(f_jnp, argnums=(0, 1, 2)))(x, w, b)
+    exact = reference.dense_grads_f64(x, w, b, g, activation)
+    bounds = reference.dense_grad_error_bound(x, w, b, g, activation)
+    condition = f"(M, K, N)={shape}, {activation}, float32, blocks 16/16/32, mode={MODE}"
+    ok = True
+    for name, gk, ga, ge, bd in zip(["dx", "dw", "db"], grads, auto, exact, bounds, strict=True):
+        ok &= evidence.within_bound(
+            f"{name}: custom_vjp vs float64 chain rule", condition, gk, ge, bd
+        )
+        ok &= evidence.within_bound(
+            f"{name}: custom_vjp vs autodiff of the jnp reference (twice the bound)",
+            condition,
+            gk,
+            reference.to_f64(ga),
+            bd,
+            scale=2.0,
+        )
+    g64 = reference.to_f64(g)
+
+    def f64(xx, ww, bb):
+        z = xx @ ww + bb
+        act = {
+            "gelu": reference.gelu_f64,
+            "relu": lambda v: np.maximum(v, 0.0),
+            "none": lambda v: v,
+        }
+        return float(np.sum(act[activation](z) * g64))
+
+    ok &= _directional_check(evidence, condition, f64, (x, w, b), grads, bounds, k_dir)
+    assert ok
+
+
 # --- THE TABLE ------------------------------------------------------------------------------
 
 ACTIVATION_FOR = dict(
@@ -214,135 +343,6 @@ def test_unmasked_edge_fails_and_masked_edge_passes(evidence):
         expected,
         results == expected,
     )
-
-
-# --- GRADIENTS -----------------------------------------------------------------------------------
-
-
-def _fraction(actual, ref, bound) -> float:
-    err = np.abs(reference.to_f64(actual) - ref)
-    return float(np.max(err / np.maximum(bound, TINY), initial=0.0))
-
-
-def _directional_check(evidence, condition, f64, operands, grads, bounds, key) -> bool:
-    """Central differences of the float64 function `f64` along a random direction
-    (one normal draw per operand from `key`) against the kernel's gradients.
-
-    Kernel error along the direction is at most sum |d| * bound; the float64
-    difference quotient adds O(h^2) truncation and eps64 * |f| / h rounding."""
-    dirs64 = [
-        reference.to_f64(jax.random.normal(kk, a.shape, jnp.float32))
-        for kk, a in zip(jax.random.split(key, len(operands)), operands, strict=True)
-    ]
-    base = [reference.to_f64(a) for a in operands]
-    h = 1e-5
-    plus = f64(*[a + h * d for a, d in zip(base, dirs64, strict=True)])
-    minus = f64(*[a - h * d for a, d in zip(base, dirs64, strict=True)])
-    fd = (plus - minus) / (2 * h)
-    directional = sum(
-        float(np.sum(reference.to_f64(gk) * d)) for gk, d in zip(grads, dirs64, strict=True)
-    )
-    fd_tol = sum(float(np.sum(np.abs(d) * bd)) for d, bd in zip(dirs64, bounds, strict=True))
-    fd_tol += 1e-6 * abs(fd) + 1e-9
-    return evidence.record(
-        "directional derivative: custom_vjp vs float64 central differences",
-        condition + f", h={h}",
-        {"custom_vjp": directional, "finite_difference": fd, "abs_diff": abs(directional - fd)},
-        {"atol": fd_tol},
-        abs(directional - fd) <= fd_tol,
-    )
-
-
-@pytest.mark.parametrize(
-    ("shape", "activation"),
-    [((33, 70, 17), "gelu"), ((16, 48, 40), "relu")],
-)
-def test_matmul_gradients(evidence, shape, activation):
-    m, k, n = shape
-    k_ops, k_g, k_dir = jax.random.split(data.case_key(1, "grad", *shape, activation), 3)
-    x, w, b = data.matmul_operands(k_ops, m, k, n, jnp.float32)
-    g = jax.random.normal(k_g, (m, n), jnp.float32)
-    blocks = kernels.MatmulBlocks(16, 16, 32)
-
-    def f_kernel(x_, w_, b_):
-        y = kernels.matmul_bias_act(x_, w_, b_, blocks=blocks, activation=activation)
-        return jnp.sum(y * g)
-
-    def f_jnp(x_, w_, b_):
-        return jnp.sum(reference.matmul_bias_act_jnp(x_, w_, b_, activation) * g)
-
-    grads = jax.jit(jax.grad(f_kernel, argnums=(0, 1, 2)))(x, w, b)
-    auto = jax.jit(jax.grad(f_jnp, argnums=(0, 1, 2)))(x, w, b)
-    exact = reference.dense_grads_f64(x, w, b, g, activation)
-    bounds = reference.dense_grad_error_bound(x, w, b, g, activation)
-    condition = f"(M, K, N)={shape}, {activation}, float32, blocks 16/16/32, mode={MODE}"
-    ok = True
-    for name, gk, ga, ge, bd in zip(["dx", "dw", "db"], grads, auto, exact, bounds, strict=True):
-        ok &= evidence.within_bound(
-            f"{name}: custom_vjp vs float64 chain rule", condition, gk, ge, bd
-        )
-        ok &= evidence.within_bound(
-            f"{name}: custom_vjp vs autodiff of the jnp reference (twice the bound)",
-            condition,
-            gk,
-            reference.to_f64(ga),
-            bd,
-            scale=2.0,
-        )
-    g64 = reference.to_f64(g)
-
-    def f64(xx, ww, bb):
-        z = xx @ ww + bb
-        act = {
-            "gelu": reference.gelu_f64,
-            "relu": lambda v: np.maximum(v, 0.0),
-            "none": lambda v: v,
-        }
-        return float(np.sum(act[activation](z) * g64))
-
-    ok &= _directional_check(evidence, condition, f64, (x, w, b), grads, bounds, k_dir)
-    assert ok
-
-
-@pytest.mark.parametrize("shape", [(13, 70), (4, 300)])
-def test_layer_norm_gradients(evidence, shape):
-    rows, cols = shape
-    k_ops, k_g, k_dir = jax.random.split(data.case_key(2, "grad-ln", *shape), 3)
-    x, gam, bet = data.layer_norm_operands(k_ops, rows, cols, jnp.float32)
-    g = jax.random.normal(k_g, (rows, cols), jnp.float32)
-    blocks = kernels.fit_row_blocks(rows)
-
-    grads = jax.jit(
-        jax.grad(lambda *a: jnp.sum(kernels.layer_norm(*a, blocks=blocks) * g), (0, 1, 2))
-    )(x, gam, bet)
-    auto = jax.jit(jax.grad(lambda *a: jnp.sum(reference.layer_norm_jnp(*a) * g), (0, 1, 2)))(
-        x, gam, bet
-    )
-    exact = reference.layer_norm_grads_f64(x, gam, bet, g)
-    bounds = reference.layer_norm_grad_error_bound(x, gam, bet, g)
-    condition = f"(R, C)={shape}, float32, block_rows {blocks.block_rows}, mode={MODE}"
-    ok = True
-    for name, gk, ga, ge, bd in zip(
-        ["dx", "dgamma", "dbeta"], grads, auto, exact, bounds, strict=True
-    ):
-        ok &= evidence.within_bound(
-            f"{name}: custom_vjp vs float64 closed form", condition, gk, ge, bd
-        )
-        ok &= evidence.within_bound(
-            f"{name}: custom_vjp vs autodiff of the jnp reference (twice the bound)",
-            condition,
-            gk,
-            reference.to_f64(ga),
-            bd,
-            scale=2.0,
-        )
-    g64 = reference.to_f64(g)
-
-    def f64(*args):
-        return float(np.sum(reference.layer_norm_f64(*args) * g64))
-
-    ok &= _directional_check(evidence, condition, f64, (x, gam, bet), grads, bounds, k_dir)
-    assert ok
 
 
 def test_training_through_kernels_matches_references(evidence):

@@ -351,3 +351,65 @@ def test_digest_covers_every_part_of_the_state(trained, field):
     leaves[i] = leaves[i] + jnp.ones_like(leaves[i])
     changed = state._replace(**{field: jax.tree.unflatten(treedef, leaves)})
     assert checkpoint.digest(changed) != checkpoint.digest(state)
+
+
+def test_loss_of_an_all_padding_batch_is_zero(digits):
+    """No valid row: the loss is 0 (not 0/0) and its gradient is 0."""
+    model = create_model(Config.tiny(), jax.random.key(3))
+    model.eval()
+    batch = real_batches(digits, 1, seed=0)[0]
+    batch["mask"] = np.zeros(BATCH, bool)
+    loss, _ = loss_fn(model, batch)
+    assert float(loss) == 0.0
+
+
+def _numpy_eval(graphdef, state, digits, ids):
+    """Eval-mode logits row by row from an eager model, then NumPy: mean
+    cross-entropy and accuracy over exactly the rows `ids`."""
+    model = nnx.merge(graphdef, state.params, state.rng, copy=True)
+    model.eval()
+    logits = np.asarray(model(jnp.asarray(digits.images[ids])), np.float64)
+    labels = digits.labels[ids]
+    predictions = logits.argmax(axis=1)
+    loss = numpy_loss(logits, labels, np.ones(len(ids), bool))
+    return loss, float((predictions == labels).mean()), predictions
+
+
+@pytest.mark.parametrize(
+    ("ids", "batch_size"),
+    [(np.arange(300, 500), 64), (np.array([1234]), 4), (np.array([7, 1500, 42]), 2)],
+    ids=["200 rows in 4 padded batches", "exactly one row", "3 rows in 2 batches"],
+)
+def test_evaluate_matches_numpy(evidence, digits, trained, ids, batch_size):
+    """Loss and accuracy over the valid rows only, padding left out, with the
+    per-example IDs, labels and predictions in batch order; including a pass of
+    exactly one valid row (a mean over one)."""
+    graphdef, state, _ = state_and_batches(trained)
+    out = evaluate(graphdef, state, data.dataset(digits, ids, batch_size))
+    loss, accuracy, predictions = _numpy_eval(graphdef, state, digits, ids)
+    assert out["count"] == len(ids)
+    np.testing.assert_array_equal(out["ids"], ids)
+    np.testing.assert_array_equal(out["labels"], digits.labels[ids])
+    np.testing.assert_array_equal(out["predictions"], predictions)
+    assert evidence.allclose(
+        "evaluate loss vs NumPy cross-entropy of eager eval-mode logits",
+        f"{len(ids)} rows, batch size {batch_size}",
+        out["loss"],
+        loss,
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    assert out["accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    # A non-trivial accuracy on the 200 rows: both right and wrong predictions occur.
+    if len(ids) == 200:
+        assert 0.0 < accuracy < 1.0
+
+
+def test_evaluate_of_padding_only_is_zero(digits, trained):
+    """A pass with no valid row: count 0, loss and accuracy 0, empty per-example arrays."""
+    graphdef, state, _ = state_and_batches(trained)
+    batch = next(iter(data.dataset(digits, np.arange(8), 8)))
+    batch = {**batch, "mask": np.zeros(8, bool), "id": np.full(8, -1, np.int32)}
+    out = evaluate(graphdef, state, [batch])
+    assert (out["count"], out["loss"], out["accuracy"]) == (0, 0.0, 0.0)
+    assert out["ids"].size == out["labels"].size == out["predictions"].size == 0

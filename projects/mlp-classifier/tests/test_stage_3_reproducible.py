@@ -102,6 +102,104 @@ def test_other_split_seed_gives_other_split(digits):
     assert not np.array_equal(a["test"], b["test"])
 
 
+LABELS = np.array([0, 1, 0, 1, 2, 2, 0, 1, 2, 0], np.int64)
+
+
+@pytest.mark.parametrize(
+    ("labels", "val", "test", "message"),
+    [
+        (np.zeros((2, 5), np.int64), 0.2, 0.2, "`labels` must be a non-empty 1-D integer array"),
+        (np.zeros(0, np.int64), 0.2, 0.2, "`labels` must be a non-empty 1-D integer array"),
+        (LABELS.astype(np.float32), 0.2, 0.2, "`labels` must be a non-empty 1-D integer array"),
+        (LABELS, 0.0, 0.2, "`val_fraction` must be a number in \\(0, 1\\)"),
+        (LABELS, -0.1, 0.2, "`val_fraction` must be a number in \\(0, 1\\)"),
+        (LABELS, 0.2, 1.0, "`test_fraction` must be a number in \\(0, 1\\)"),
+        (LABELS, 0.5, 0.5, "but they sum to 1\\.$"),
+        (LABELS, 0.6, 0.7, "but they sum to 1\\.3\\.$"),
+    ],
+)
+def test_split_refuses_bad_labels_and_fractions(labels, val, test, message):
+    with pytest.raises(ValueError, match=message):
+        data.split_ids(labels, jax.random.key(0), val, test)
+
+
+def test_split_just_inside_the_fraction_bounds(digits):
+    """Fractions summing to just below 1, and a small one: accepted, and the parts
+    have the sizes the rounding rule gives per class."""
+    for val, test in ((0.45, 0.5), (0.01, 0.3)):
+        split = data.split_ids(digits.labels, jax.random.key(2), val, test)
+        sizes = np.bincount(digits.labels)
+        assert len(split["test"]) == sum(round(test * c) for c in sizes)
+        assert len(split["validation"]) == sum(round(val * c) for c in sizes)
+        assert sum(len(v) for v in split.values()) == len(digits.labels)
+
+
+@pytest.mark.parametrize(
+    ("ids", "batch_size", "seed", "message"),
+    [
+        (np.zeros((2, 3), np.int32), 4, None, "`ids` must be a non-empty 1-D integer array"),
+        (np.zeros(0, np.int32), 4, None, "`ids` must be a non-empty 1-D integer array"),
+        (np.array([0.0, 1.0]), 4, None, "`ids` must be a non-empty 1-D integer array"),
+        (np.array([-1, 3]), 4, None, "from 0 to 1796, but they range from -1 to 3"),
+        (np.array([3, 1797]), 4, None, "from 0 to 1796, but they range from 3 to 1797"),
+        (np.array([3, 1800]), 4, None, "from 0 to 1796, but they range from 3 to 1800"),
+        (np.array([3]), 0, None, "`batch_size` must be a positive integer"),
+        (np.array([3]), 2.5, None, "`batch_size` must be a positive integer"),
+        (np.array([3]), True, None, "`batch_size` must be a positive integer"),
+        (np.array([3]), 4, -1, "`seed` must be None or an integer in \\[0, 2\\*\\*32\\)"),
+        (np.array([3]), 4, 2**32, "`seed` must be None or an integer in"),
+        (np.array([3]), 4, 2**40, "`seed` must be None or an integer in"),
+        (np.array([3]), 4, 1.5, "`seed` must be None or an integer in"),
+        (np.array([3]), 4, True, "`seed` must be None or an integer in"),
+    ],
+)
+def test_dataset_refuses_bad_ids_sizes_and_seeds(digits, ids, batch_size, seed, message):
+    with pytest.raises(ValueError, match=message):
+        data.dataset(digits, ids, batch_size, seed=seed)
+
+
+@pytest.mark.parametrize(
+    ("n", "batch_size", "seed"),
+    [(7, 3, None), (6, 3, 0), (5, 1, 2**32 - 1), (1, 4, 123)],
+)
+def test_dataset_batches_are_full_padded_and_seeded(digits, n, batch_size, seed):
+    """Every batch has exactly `batch_size` rows; the last pass is padded with
+    `-n % batch_size` rows (id -1, mask False, zero image); real rows carry
+    their own pixels and labels; no seed keeps the order of `ids`, a seed
+    gives a permutation that the same seed repeats. Both ends of the seed range
+    and a batch size of 1 are accepted, and ID 0 and the last ID are valid."""
+    ids = np.array([0, 1796, 5, 900, 33, 1200, 64][:n], np.int32)
+    batches = list(data.dataset(digits, ids, batch_size, seed=seed))
+    assert all(len(b["id"]) == batch_size for b in batches)
+    got = np.concatenate([b["id"] for b in batches])
+    mask = np.concatenate([b["mask"] for b in batches])
+    assert len(got) == n + (-n % batch_size)
+    assert np.array_equal(mask, np.arange(len(got)) < n)  # padding only at the end
+    assert np.all(got[~mask] == -1)
+    real = got[mask]
+    images = np.concatenate([b["image"] for b in batches])
+    labels = np.concatenate([b["label"] for b in batches])
+    assert np.array_equal(images[mask], digits.images[real])
+    assert np.array_equal(labels[mask], digits.labels[real])
+    assert not images[~mask].any()
+    if seed is None:
+        assert np.array_equal(real, ids)
+    else:
+        assert sorted(real.tolist()) == sorted(ids.tolist())
+        again = np.concatenate([b["id"] for b in data.dataset(digits, ids, batch_size, seed=seed)])
+        assert np.array_equal(again, got)
+
+
+def test_shuffle_seed_changes_the_order(digits):
+    ids = np.arange(40, dtype=np.int32)
+    orders = [
+        np.concatenate([b["id"] for b in data.dataset(digits, ids, 8, seed=s)]) for s in (0, 1)
+    ]
+    assert not np.array_equal(orders[0], ids) and not np.array_equal(orders[0], orders[1])
+    seeds = [data.shuffle_seed(k) for k in jax.random.split(jax.random.key(0), 3)]
+    assert len(set(seeds)) == 3 and all(0 <= s < 2**32 for s in seeds)
+
+
 def test_no_test_id_reaches_the_training_loop(evidence, digits, monkeypatch):
     fed = []
     real_step = train.train_step

@@ -55,6 +55,91 @@ def runs(config, splits, shift, sft_run):
     return out
 
 
+def _linear(d_in, d_out, seed):
+    layer = nnx.Linear(d_in, d_out, rngs=nnx.Rngs(seed))
+    # A non-zero bias, so that a lost or doubled bias shows.
+    layer.bias[...] = jax.random.normal(jax.random.key(seed + 1), (d_out,))
+    return layer
+
+
+@pytest.mark.parametrize(
+    "d_in,d_out,rank,alpha", [(6, 10, 1, 8.0), (12, 5, 3, 2.0), (8, 8, 8, 1.0)]
+)
+def test_lora_linear_and_merge_equal_the_numpy_formula(d_in, d_out, rank, alpha):
+    base = _linear(d_in, d_out, rank)
+    layer = lora.LoRALinear(base, rank, alpha, key=jax.random.key(10 + rank))
+    w, bias = np.asarray(base.kernel[...], np.float64), np.asarray(base.bias[...], np.float64)
+    a = np.asarray(layer.lora_a[...], np.float64)
+    assert a.shape == (d_in, rank) and layer.lora_b[...].shape == (rank, d_out)
+    # A starts uniform in +-1/sqrt(d_in) and spread over that range; B starts at zero.
+    bound = 1.0 / np.sqrt(d_in)
+    assert np.all(np.abs(a) <= bound) and np.ptp(a) > 0.5 * bound
+    assert not np.any(np.asarray(layer.lora_b[...]))
+    x = np.asarray(jax.random.normal(jax.random.key(20), (3, 4, d_in)), np.float64)
+    plain = x @ w + bias
+    np.testing.assert_allclose(np.asarray(layer(jnp.asarray(x, jnp.float32))), plain, atol=1e-5)
+    # Once B moves, the output is W x + b + (alpha / rank) x A B, exactly as the formula says.
+    b = np.asarray(jax.random.normal(jax.random.key(21), (rank, d_out)), np.float64)
+    layer.lora_b[...] = jnp.asarray(b, jnp.float32)
+    expected = plain + (alpha / rank) * (x @ a @ b)
+    assert np.max(np.abs(expected - plain)) > 0.1
+    out = np.asarray(layer(jnp.asarray(x, jnp.float32)), np.float64)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    merged = lora.merged_linear(layer)
+    assert isinstance(merged, nnx.Linear)
+    np.testing.assert_allclose(
+        np.asarray(merged.kernel[...], np.float64), w + (alpha / rank) * a @ b, atol=1e-5
+    )
+    np.testing.assert_array_equal(np.asarray(merged.bias[...]), np.asarray(base.bias[...]))
+    # merged_linear copies: the layer's own base kernel is left as it was.
+    np.testing.assert_array_equal(np.asarray(base.kernel[...], np.float64), w)
+
+
+def test_apply_lora_wraps_exactly_the_named_layers_and_merge_unwraps_them(config):
+    from training_methods.model import build
+
+    model = build(config, key=jax.random.key(41))
+    before = {
+        (i, name): np.asarray(getattr(block.attn if name in "qkvo" else block, name).kernel[...])
+        for i, block in enumerate(model.blocks)
+        for name in ("q", "k", "v", "o", "up", "down")
+    }
+    lora.apply_lora(model, 2, 4.0, key=jax.random.key(42), targets=("q", "up"))
+    for i, block in enumerate(model.blocks):
+        for name in ("q", "k", "v", "o", "up", "down"):
+            layer = getattr(block.attn if name in "qkvo" else block, name)
+            assert isinstance(layer, lora.LoRALinear) == (name in ("q", "up")), (i, name)
+            kernel = layer.base.kernel if isinstance(layer, lora.LoRALinear) else layer.kernel
+            np.testing.assert_array_equal(np.asarray(kernel[...]), before[(i, name)])
+    # Different keys per adapted layer: no two A matrices are equal.
+    assert len(jax.tree.leaves(nnx.state(model, nnx.LoRAParam))) == 2 * 2 * config.num_layers
+    a_mats = [np.asarray(x.lora_a[...]) for b in model.blocks for x in (b.attn.q, b.up)]
+    assert all(not np.array_equal(x, y) for i, x in enumerate(a_mats) for y in a_mats[i + 1 :])
+    # Give every B a value, then merge: no adapter is left and each kernel moved.
+    for block in model.blocks:
+        for layer in (block.attn.q, block.up):
+            layer.lora_b[...] = jnp.ones_like(layer.lora_b[...])
+    merged = lora.merge(model)
+    assert not nnx.state(merged, nnx.LoRAParam)
+    for i, block in enumerate(merged.blocks):
+        for name in ("q", "k", "v", "o", "up", "down"):
+            layer = getattr(block.attn if name in "qkvo" else block, name)
+            assert type(layer) is nnx.Linear
+            moved = not np.array_equal(np.asarray(layer.kernel[...]), before[(i, name)])
+            assert moved == (name in ("q", "up")), (i, name)
+
+
+@pytest.mark.parametrize("rank,ok", [(0, False), (1, True), (64, True), (65, False)])
+def test_rank_boundaries(rank, ok):
+    base = _linear(64, 64, 0)
+    if ok:
+        layer = lora.LoRALinear(base, rank, 8.0, key=jax.random.key(0))
+        assert layer.lora_a[...].shape == (64, rank)
+    else:
+        with pytest.raises(ValueError, match=rf"LoRA rank `{rank}` does not fit"):
+            lora.LoRALinear(base, rank, 8.0, key=jax.random.key(0))
+
+
 @pytest.mark.parametrize("rank", [1, 16])
 def test_adapted_model_equals_the_base_bitwise_at_step_0(config, corpus, sft_run, evidence, rank):
     _, base, _, _ = sft_run

@@ -135,7 +135,8 @@ def test_the_rerun_of_reported_kills_fails_on_one_that_does_not_reproduce(
     from schedule import Worker
 
     # A forged report that calls the surviving mutant killed.
-    rows = [{"key": FLOOR, "outcome": mutate.KILLED}]
+    floor = next(m for m in mutants.stage_mutants(toy, "2").mutants if m.key == FLOOR)
+    rows = [{"key": FLOOR, "operator": floor.operator, "line": floor.line, "outcome": "killed"}]
     (toy / mutants.REPORT).write_text(
         json.dumps({"stages": {"2": {"mutants": rows}}}), encoding="utf-8"
     )

@@ -56,12 +56,30 @@ def _shown(path: Path, root: Path) -> str:
         return str(path)
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
+ROOT_OPTION = click.option(
     "--root",
     type=click.Path(file_okay=False, path_type=Path),
     help="The repository (default: the one containing the current folder).",
 )
+
+
+def _guarded(run, fmt: str) -> None:
+    """Print what ``run()`` returns and exit with its status; the one boundary where
+    an unexpected exception becomes INT001 and exit 3 (see the module docstring)."""
+    try:
+        code, text = run()
+    except click.ClickException:
+        raise
+    except Exception as error:
+        if os.environ.get("CATALOG_COMPILE_DEBUG"):
+            raise
+        code, text = EXIT_INTERNAL, _internal_error(error, fmt)
+    click.echo(text, nl=False)
+    sys.exit(code)
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@ROOT_OPTION
 @click.option(
     "--out", type=click.Path(path_type=Path), help="The build folder (default: <root>/build)."
 )
@@ -84,25 +102,12 @@ def main(
     """Validate the JAX Pathways catalog against the projects on disk and build it."""
     if ctx.invoked_subcommand is not None:
         return
-    try:
-        code, text = _run(root, out, strict, check, fmt)
-    except click.ClickException:
-        raise
-    except Exception as error:  # The one boundary (see the module docstring).
-        if os.environ.get("CATALOG_COMPILE_DEBUG"):
-            raise
-        code, text = EXIT_INTERNAL, _internal_error(error, fmt)
-    click.echo(text, nl=False)
-    sys.exit(code)
+    _guarded(lambda: _run(root, out, strict, check, fmt), fmt)
 
 
 @main.command()
 @click.option("--role", "role_id", required=True, help="The route (role id) to cover.")
-@click.option(
-    "--root",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The repository (default: the one containing the current folder).",
-)
+@ROOT_OPTION
 @click.option(
     "--format",
     "fmt",
@@ -123,16 +128,7 @@ def coverage(
     role_id: str, root: Path | None, fmt: str, out: Path | None, evidence: tuple[Path, ...]
 ) -> None:
     """Milestone coverage of one route from EVIDENCE_DIR folders (projects' evidence/)."""
-    try:
-        code, text = _coverage(role_id, root, fmt, out, list(evidence))
-    except click.ClickException:
-        raise
-    except Exception as error:  # The one boundary (see the module docstring).
-        if os.environ.get("CATALOG_COMPILE_DEBUG"):
-            raise
-        code, text = EXIT_INTERNAL, _internal_error(error, "text")
-    click.echo(text, nl=False)
-    sys.exit(code)
+    _guarded(lambda: _coverage(role_id, root, fmt, out, list(evidence)), "text")
 
 
 def _coverage(
@@ -160,7 +156,7 @@ def _coverage(
     text = text_report(result)
     if fmt == "html":
         out = out if out is not None else root / "build" / "coverage"
-        page = coverage_page.write(out, result, folders)
+        page = coverage_page.write(out, result)
         text += f"Wrote `{page}`.\n"
     return (EXIT_ERRORS if result.diagnostics else EXIT_OK), text
 

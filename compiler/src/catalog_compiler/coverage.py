@@ -62,6 +62,7 @@ class Coverage:
     milestones: list[MilestoneCoverage]
     unplaced: list[SkillCoverage]  # skills whose lessons lie in no milestone's phase
     diagnostics: list[Diagnostic]
+    folders: dict[str, Path]  # project id -> the evidence folder read for it
 
     def skills(self) -> list[SkillCoverage]:
         """Every skill once (a skill whose lessons span two milestones shows in both)."""
@@ -73,11 +74,13 @@ class Coverage:
 
 def read_evidence(
     folders: list[Path], projects: dict[str, dict]
-) -> tuple[dict[tuple[str, str], StageState], list[Diagnostic]]:
-    """The state of every stage the folders hold evidence for, and the diagnostics."""
+) -> tuple[dict[tuple[str, str], StageState], list[Diagnostic], dict[str, Path]]:
+    """The state of every stage the folders hold evidence for, the diagnostics, and
+    which folder was read for each project."""
     progress = progress_module()
     states: dict[tuple[str, str], StageState] = {}
     problems: list[Diagnostic] = []
+    read: dict[str, Path] = {}
     for folder in folders:
         shown = str(folder)
         stamps_path = folder / "progress.json"
@@ -107,6 +110,7 @@ def read_evidence(
                 )
             )
             continue
+        read[project_id] = folder
         stages = {s["id"]: s for s in manifest["stages"]}
         code = folder.parent if (folder.parent / "project.toml").is_file() else None
         for stage_id, record in stamps["stages"].items():
@@ -122,7 +126,7 @@ def read_evidence(
                 )
                 continue
             states[(project_id, stage_id)] = _stage_state(progress, folder, code, stage, record)
-    return states, problems
+    return states, problems, read
 
 
 def _stage_state(progress, folder: Path, code: Path | None, stage: dict, record) -> StageState:
@@ -144,7 +148,7 @@ def _stage_state(progress, folder: Path, code: Path | None, stage: dict, record)
 def role_coverage(
     role: dict, lessons: dict[str, dict], projects: dict[str, dict], folders: list[Path]
 ) -> Coverage:
-    states, problems = read_evidence(folders, projects)
+    states, problems, read = read_evidence(folders, projects)
     phase_of = {lesson_id: lesson["phase"] for lesson_id, lesson in lessons.items()}
     milestones = [MilestoneCoverage(m["title"], m["deliverable"], []) for m in role["milestones"]]
     unplaced: list[SkillCoverage] = []
@@ -168,7 +172,7 @@ def role_coverage(
             home.skills.append(skill)
         if not homes:
             unplaced.append(skill)
-    return Coverage(role, milestones, unplaced, problems)
+    return Coverage(role, milestones, unplaced, problems, read)
 
 
 def text_report(coverage: Coverage) -> str:

@@ -33,22 +33,10 @@ def _skill(skill: SkillCoverage, out: Path, folders: dict[str, Path]) -> dict:
     }
 
 
-def _project_folders(folders: list[Path]) -> dict[str, Path]:
-    import json
-
-    found = {}
-    for folder in folders:
-        try:
-            found[json.loads((folder / "progress.json").read_text("utf-8"))["project"]] = folder
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return found
-
-
-def write(out: Path, coverage: Coverage, folders: list[Path]) -> Path:
+def write(out: Path, coverage: Coverage) -> Path:
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    by_project = {k: v.resolve() for k, v in _project_folders(folders).items()}
+    by_project = {k: v.resolve() for k, v in coverage.folders.items()}
     groups = []
     for title, required, anchor in (
         ("Required route practice", True, "required"),

@@ -20,8 +20,10 @@ its file, function and changed line before and after (`mutant_key`). A
 stage with more mutants than `SAMPLE` is scored on a random sample of
 `SAMPLE`, drawn with a seed made from the project and stage ids.
 
-`stage_hash` is the identity of what a report scored: the bytes of the
-target files, the stage's test files, the project's `tests/conftest.py` and
+`stage_hash` is the identity of what a report scored: the code of the
+target files, the stage's test files and the project's `tests/conftest.py`
+(their syntax trees without docstrings, so a comment or a docstring edit does
+not change it, while any change to what runs does), and the bytes of
 `mutation.toml`. A report whose hash differs from the code on disk is stale.
 """
 
@@ -301,6 +303,26 @@ def equivalents(project: Path, stage: str) -> dict[str, str]:
     return found
 
 
+def code_identity(text: str) -> bytes:
+    """What a Python file runs: its syntax tree without comments or docstrings.
+    Text that does not parse is taken as it is."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text.encode()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
+
+
 def stage_hash(project: Path, stage: str, tests: list[str], targets: list[Target]) -> str:
     """sha256 over what the stage's score depends on (module docstring)."""
     paths = sorted({t.path for t in targets} | set(tests) | {"tests/conftest.py", CONFIG})
@@ -308,5 +330,10 @@ def stage_hash(project: Path, stage: str, tests: list[str], targets: list[Target
     for rel in paths:
         path = project / rel
         digest.update(f"{rel}\n".encode())
-        digest.update(path.read_bytes() if path.is_file() else b"<absent>")
+        if not path.is_file():
+            digest.update(b"<absent>")
+        elif rel.endswith(".py"):
+            digest.update(code_identity(path.read_text(encoding="utf-8")))
+        else:
+            digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -145,7 +145,9 @@ def baseline(
     return dict(d.result for d in run_jobs([job(s) for s in stages], jobs, cache))
 
 
-def stage_report(project: Path, found: StageMutants, results: list[Result], seconds: float) -> dict:
+def stage_report(
+    project: Path, found: StageMutants, code_hash: str, results: list[Result], seconds: float
+) -> dict:
     declared = equivalents(project, found.stage)
     rows, counts = [], {KILLED: 0, SURVIVED: 0, TIMEOUT: 0, EQUIVALENT: 0}
     for r in sorted(results, key=lambda r: (r.mutant.path, r.mutant.line, r.mutant.key)):
@@ -166,7 +168,7 @@ def stage_report(project: Path, found: StageMutants, results: list[Result], seco
     score = (counts[KILLED] + counts[TIMEOUT]) / judged if judged else 1.0
     tests = stage_tests(project, found.stage)
     return {
-        "code_hash": stage_hash(project, found.stage, tests, found.targets),
+        "code_hash": code_hash,
         "tests": tests,
         "targets": [f"{t.path}::{t.name}" for t in found.targets],
         "mutants_total": found.total,
@@ -181,6 +183,10 @@ def stage_report(project: Path, found: StageMutants, results: list[Result], seco
         "seconds": round(seconds, 1),
         "mutants": rows,
     }
+
+
+def current_hash(project: Path, found: StageMutants) -> str:
+    return stage_hash(project, found.stage, stage_tests(project, found.stage), found.targets)
 
 
 def write_report(project: Path, stages: dict[str, dict]) -> Path:
@@ -204,6 +210,8 @@ def write_report(project: Path, stages: dict[str, dict]) -> Path:
 
 def run_stages(project: Path, stages: list[str], jobs: int, survivors_only: bool) -> int:
     found = {s: stage_mutants(project, s) for s in stages}
+    # The identity of what the copies hold: taken before the first copy is made.
+    hashes = {s: current_hash(project, found[s]) for s in stages}
     if survivors_only:
         old = json.loads((project / REPORT).read_text(encoding="utf-8"))["stages"]
         keep = {
@@ -248,8 +256,17 @@ def run_stages(project: Path, stages: list[str], jobs: int, survivors_only: bool
     for d in done:
         by_stage[d.result.mutant.stage].append(d.result)
         seconds[d.result.mutant.stage] += d.seconds
-    reports = {s: stage_report(project, found[s], by_stage[s], seconds[s]) for s in stages}
+    reports = {
+        s: stage_report(project, found[s], hashes[s], by_stage[s], seconds[s]) for s in stages
+    }
     status = print_scores(project, reports)
+    moved = [s for s in stages if current_hash(project, found[s]) != hashes[s]]
+    if moved and not survivors_only:
+        print(
+            f"the code of stage {', '.join(moved)} changed while its mutants ran: "
+            "the report is not written; run again"
+        )
+        return 1
     if survivors_only:
         print("(survivors only: the report is not rewritten; run without --survivors)")
     else:

@@ -122,7 +122,11 @@ def test_a_report_goes_stale_when_a_covered_file_changes_and_only_then(toy: Path
         }
 
     first = hashes()
-    edit(toy / "tests/test_stage_2_mean.py", "== 3.0", "== 3.0  # checked")
+    test_file = toy / "tests/test_stage_2_mean.py"
+    edit(test_file, "== 3.0", "== 3.0  # checked")
+    test_file.write_text('"""The mean, checked."""\n' + test_file.read_text(encoding="utf-8"))
+    assert hashes() == first, "a comment or a docstring changes nothing that runs"
+    edit(test_file, "== 3.0", "== 3.0 + 0.0")
     second = hashes()
     assert second["2"] != first["2"] and second["1"] == first["1"]
     (toy / "mutation.toml").write_text("# nothing declared\n", encoding="utf-8")

@@ -83,5 +83,10 @@ def test_the_stage_hash_sees_regions_and_tests_and_nothing_else(tmp_path: Path):
     (src / "core.py").write_text(body.replace("2 * x", "x + x"), encoding="utf-8")
     changed = hashes()
     assert changed[0] != first[0] and changed[1] == first[1]
+    (tmp_path / "tests" / "test_1.py").write_text(
+        'def test():\n    """Proves nothing yet."""  # a docstring and a comment\n    pass\n',
+        encoding="utf-8",
+    )
+    assert hashes() == changed, "a docstring or a comment changes nothing a test runs"
     (tmp_path / "tests" / "test_1.py").write_text("def test(): assert 1\n", encoding="utf-8")
     assert hashes()[0] != changed[0] and hashes()[1] == first[1]

@@ -23,6 +23,7 @@ neither its code nor its evidence changed since.
 
 from __future__ import annotations
 
+import ast
 import datetime
 import hashlib
 import json
@@ -62,7 +63,8 @@ def unwritten_regions(folder: Path = HERE) -> dict[str, list[tuple[str, int, str
 def stage_code_hash(folder: Path, stage: str, tests: list[str]) -> str:
     """sha256 over, in order: every source file's regions of ``stage`` (the file's
     path, then the lines between the markers) and the stage's test files (path,
-    then bytes). Editing one of the stage's regions or tests changes it."""
+    then the code they run, :func:`code_identity`). Editing one of the stage's
+    regions or what one of its tests runs changes it."""
     digest = hashlib.sha256()
     for source in sorted((folder / "src").rglob("*.py"), key=lambda p: p.as_posix()):
         rel = source.relative_to(folder).as_posix()
@@ -81,8 +83,29 @@ def stage_code_hash(folder: Path, stage: str, tests: list[str]) -> str:
     for test in tests:
         path = folder / test
         digest.update(f"test {test}\n".encode())
-        digest.update(path.read_bytes() if path.is_file() else b"<absent>")
+        digest.update(code_identity(path.read_text(encoding="utf-8")) if path.is_file() else b"<absent>")
     return digest.hexdigest()
+
+
+def code_identity(text: str) -> bytes:
+    """What a test file runs: its syntax tree without comments or docstrings (so
+    rewording a check's docstring keeps its stamp). Text that does not parse is
+    taken as it is."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text.encode()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
 
 
 def file_sha256(path: Path) -> str | None:

@@ -91,11 +91,16 @@ def stage_rows(project: Path) -> dict[str, str]:
     return rows
 
 
+# Repository test markers that run as matrix jobs of their own, not in `contract`.
+OWN_JOBS = ("browser", "portfolio", "learner_loop")
+
+
 def suites() -> list[Suite]:
     found = [
         Suite("compiler", ROOT, ["compiler/tests"]),
-        Suite("contract", ROOT, ["tests", "-m", "not browser and not portfolio"]),
+        Suite("contract", ROOT, ["tests", "-m", f"not ({' or '.join(OWN_JOBS)})"]),
         Suite("portfolio", ROOT, ["tests", "-m", "portfolio"]),
+        Suite("learner-loop", ROOT, ["tests", "-m", "learner_loop"]),
     ]
     for project in ready_projects():
         found.append(Suite(project.name, project, [], stage_rows(project)))

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from catalog_compiler.exercises import project_regions, strip_source  # noqa: E402
+from catalog_compiler.starters import starter_files  # noqa: E402
 from project_constraints import project_constraints, root_pins  # noqa: E402
 from ready_projects import ready_projects  # noqa: E402
 from seeded_bugs import load_bugs, readme_with_table  # noqa: E402
@@ -109,3 +110,46 @@ def test_the_checked_list_names_only_ready_projects():
     listed = [x.strip() for x in lines if x.strip() and not x.startswith("#")]
     assert len(listed) == len(set(listed)), listed
     assert set(listed) <= {p.name for p in READY}, set(listed) - {p.name for p in READY}
+
+
+INSTALL = "python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e '.[test]'"
+ACTIVATE = ". .venv/bin/activate"
+
+
+@pytest.mark.parametrize("project", READY, ids=lambda p: p.name)
+def test_every_readme_installs_and_activates_one_way(project: Path):
+    """One environment convention in every project (and so every starter): the README's
+    first code block that makes `.venv` creates and fills it, then activates it, so
+    `python progress.py` and `pytest` run in the project's environment."""
+    readme = (project / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```\w*\n(.*?)^```", readme, re.M | re.S)
+    block = next((b for b in blocks if "python3 -m venv" in b), None)
+    assert block, f"{project.name}/README.md: no code block makes the environment"
+    lines = [ln.split("  #")[0].strip() for ln in block.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert lines[:2] == [INSTALL, ACTIVATE], (project.name, lines[:2])
+
+
+@pytest.mark.parametrize("project", READY, ids=lambda p: p.name)
+def test_the_starter_gives_no_region_away_outside_the_hint_ladder(project: Path):
+    """No line a region holds (of 20 characters or more, and found nowhere outside the
+    regions) is a line of any starter file but hints.json, which holds it compressed.
+    Test files are left out: an independent reference in a test may share a line with
+    the solution, and the tests are the learner's to read."""
+    inside: set[str] = set()
+    outside: set[str] = set()
+    regions = project_regions(project)
+    for source in project.glob("src/**/*.py"):
+        rel = source.relative_to(project).as_posix()
+        spans = [(r.start, r.end) for r in regions if r.path == rel]
+        for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+            inside_region = any(start < number < end for start, end in spans)
+            (inside if inside_region else outside).add(line.strip())
+    telling = {t for t in inside - outside if len(t) >= 20}
+    assert telling, f"{project.name}: no region line to look for"
+    for name, content in starter_files(project).items():
+        if name == "hints.json" or name.startswith("tests/"):
+            continue
+        lines = {ln.strip() for ln in content.decode("utf-8", errors="replace").splitlines()}
+        leaked = sorted(lines & telling)
+        assert not leaked, f"{project.name} starter {name} holds region lines: {leaked[:3]}"

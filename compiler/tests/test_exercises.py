@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import ast
+import base64
 import io
+import json
+import tomllib
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -121,6 +125,8 @@ def test_starter_strips_sources_adds_progress_and_leaves_outputs_behind(tmp_path
     assert files == [
         "README.md",
         "dossier.py",
+        "hints.json",
+        "hints.py",
         "progress.py",
         "src/demo/__init__.py",
         "src/demo/shapes.py",
@@ -152,3 +158,45 @@ def test_a_bad_marker_stops_the_starter_before_anything_is_written(tmp_path):
     with pytest.raises(RegionError, match="never closed"):
         write_starter(project, dest)
     assert not dest.exists()
+
+
+BUGS = """\
+[[bugs]]
+id = "no-pi"
+stage = "1"
+file = "src/demo/shapes.py"
+find = '    value = math.pi * r * r'
+replace = '    value = r * r'
+why = "Drops pi: the \\"area\\" is off by 3.14."
+tests = ["tests/test_a.py::test_area"]
+"""
+
+
+def test_the_starter_holds_no_solution_but_the_hint_ladder_s_last_level(tmp_path):
+    """Only hints.json carries the reference (compressed), one entry per region, and
+    the seeded bugs keep their reasons but lose their code."""
+    project = _project(tmp_path)
+    (project / "seeded_bugs.toml").write_text(BUGS)
+    files = starter_files(project)
+    solution = ["value = math.pi * r * r", "return value", "return Shape()", "r * r"]
+    for name, content in files.items():
+        text = content.decode("utf-8")
+        leaked = [line for line in solution if line in text]
+        assert not leaked, (name, leaked)
+    bugs = tomllib.loads(files["seeded_bugs.toml"].decode())["bugs"]
+    assert bugs == [
+        {
+            "id": "no-pi",
+            "stage": "1",
+            "file": "src/demo/shapes.py",
+            "why": 'Drops pi: the "area" is off by 3.14.',
+            "tests": ["tests/test_a.py::test_area"],
+        }
+    ]
+    regions = json.loads(files["hints.json"])["regions"]
+    assert [(r["path"], r["index"], r["stage"], r["hint"]) for r in regions] == [
+        ("src/demo/shapes.py", 0, "1", "Multiply pi by the radius squared."),
+        ("src/demo/shapes.py", 1, "2", "Return a copy scaled by k."),
+    ]
+    bodies = [zlib.decompress(base64.b64decode(r["reference"])).decode() for r in regions]
+    assert bodies == ["    value = math.pi * r * r\n    return value\n", "        return Shape()\n"]

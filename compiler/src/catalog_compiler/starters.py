@@ -4,10 +4,14 @@ Contract:
 - :func:`write_starter` copies a project folder (sources, tests, configs;
   never environments, outputs or caches) to ``dest`` with every exercise
   region whose stage is not in ``keep`` stripped (:mod:`exercises`), adds
-  ``progress.py`` (the learner's one command: stage table, next hints),
-  ``dossier.py`` (``progress.py dossier``), the ``roles.json`` it is given and
-  puts a short note at the top of the README. It raises ``RegionError`` on a
-  malformed marker before writing anything.
+  ``progress.py`` (the learner's one command: the current stage, its failing
+  check), ``hints.py`` (``progress.py hint`` and ``watch``) with
+  ``hints.json`` (each region's hint and its reference, compressed, for the
+  ladder's last level), ``dossier.py`` (``progress.py dossier``) and the
+  ``roles.json`` it is given, and puts a short note at the top of the README.
+  ``seeded_bugs.toml`` keeps each mistake's stage, file, reason and tests but
+  not its code (``find``/``replace`` quote the reference). It raises
+  ``RegionError`` on a malformed marker before writing anything.
 - :func:`starter_archive` returns the bytes of a zip of the full starter
   (nothing kept): the same files give the same bytes (sorted entries, fixed
   dates and modes), so a site build is reproducible.
@@ -15,13 +19,17 @@ Contract:
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import shutil
+import tomllib
 import zipfile
+import zlib
 from importlib import resources
 from pathlib import Path
 
-from catalog_compiler.exercises import source_files, strip_source
+from catalog_compiler.exercises import find_regions, source_files, strip_source
 
 # What a starter leaves behind: environments, outputs and caches, never sources.
 IGNORED = shutil.ignore_patterns(
@@ -46,8 +54,12 @@ NOTE = """\
 > **Starter.** This is the learner's copy of `{id}`: the code of each stage
 > is yours to write. Every exercise region (`# --- exercise stage N: hint ---`)
 > raises `NotImplementedError` naming its stage and hint until you write it.
-> Install as below, then run `python progress.py` to see which stage is next
-> and its hints; `pytest -m stage1` runs one stage's tests;
+> Install with the README's first command below (`python3 -m venv .venv && ...`)
+> and activate the environment with its second (`. .venv/bin/activate`, in each
+> new shell); then, from this folder:
+> `python progress.py` runs the current stage and shows its first failing
+> check; `python progress.py hint` gives the next hint (ask again for more);
+> `python progress.py watch` reruns the stage on every save;
 > `python progress.py dossier` writes what your runs demonstrated.
 
 """
@@ -105,8 +117,11 @@ def starter_files(
             files[rel] = text.encode("utf-8")
         else:
             files[rel] = path.read_bytes()
-    for name in ("progress.py", "dossier.py"):
+    for name in ("progress.py", "hints.py", "dossier.py"):
         files[name] = resources.files("catalog_compiler").joinpath("templates", name).read_bytes()
+    files["hints.json"] = hints_json(project)
+    if "seeded_bugs.toml" in files:
+        files["seeded_bugs.toml"] = mistakes_only(files["seeded_bugs.toml"])
     if roles is not None:
         files["roles.json"] = roles
     if "README.md" in files:
@@ -114,6 +129,48 @@ def starter_files(
         note = NOTE.format(id=project.name)
         files["README.md"] = f"{title}\n\n{note}{rest.lstrip()}".encode()
     return dict(sorted(files.items()))
+
+
+def hints_json(project: Path) -> bytes:
+    """Every region of ``project``: file, index among the file's markers, stage,
+    hint and its reference lines (zlib, then base64: not readable by accident)."""
+    regions = []
+    for source in source_files(project):
+        rel = source.relative_to(project).as_posix()
+        lines = source.read_text(encoding="utf-8").splitlines()
+        for index, region in enumerate(find_regions("\n".join(lines), rel)):
+            body = "\n".join(lines[region.start : region.end - 1]) + "\n"
+            packed = base64.b64encode(zlib.compress(body.encode("utf-8"), 9)).decode("ascii")
+            regions.append(
+                {
+                    "path": rel,
+                    "index": index,
+                    "stage": region.stage,
+                    "hint": region.hint,
+                    "reference": packed,
+                }
+            )
+    return (json.dumps({"regions": regions}, indent=1) + "\n").encode("utf-8")
+
+
+def mistakes_only(text: bytes) -> bytes:
+    """``seeded_bugs.toml`` without the code of each mistake (its ``find`` and
+    ``replace`` quote the reference): id, stage, file, why and tests stay."""
+    bugs = tomllib.loads(text.decode("utf-8")).get("bugs", [])
+    out = [
+        "# Plausible mistakes: write each into your code, one at a time; the tests",
+        "# listed must then fail. (The reference's seeded bugs, without their code.)",
+        "",
+    ]
+    for bug in bugs:
+        out.append("[[bugs]]")
+        for key in ("id", "stage", "file", "why"):
+            if key in bug:
+                out.append(f"{key} = {json.dumps(str(bug[key]), ensure_ascii=False)}")
+        if "tests" in bug:
+            out.append(f"tests = {json.dumps(list(bug['tests']), ensure_ascii=False)}")
+        out.append("")
+    return "\n".join(out).encode("utf-8")
 
 
 def write_starter(

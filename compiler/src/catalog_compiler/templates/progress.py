@@ -1,24 +1,30 @@
-"""Where you are in this project: each stage's tests, in order, and the next hints.
+"""Where you are in this project: the current stage's tests, its failing check, the hints.
 
-Run from the project folder, with the project installed (see README.md):
+Run from the project folder, with the project's environment active (README.md):
 
-    python progress.py          # stages in order, stopping at the first that fails
-    python progress.py --all    # run every stage's tests, passed ones included
-    python progress.py dossier  # your evidence, as dossier/index.html and dossier.md
+    python progress.py               # the current stage (the first not yet passed)
+    python progress.py --all         # every stage's tests, passed ones included
+    python progress.py hint [STAGE]  # the next hint for the stage's first region to write
+    python progress.py watch         # rerun the current stage whenever a file is saved
+    python progress.py dossier       # your evidence, as dossier/index.html and dossier.md
 
-It runs each stage's test files (as `project.toml` declares them) with
-pytest, prints a table (stage, title, exercises left, tests), and for the
-first stage that does not pass, the file, line and hint of every exercise
-region of that stage still to write. Exit status 0 when every stage passes.
+A run starts at the first stage that is not passed and stops at the first
+that fails; the stages after it are not run. When a stage fails, it shows
+the first failing test's name, its first failing assertion in one line, the
+sentence saying what that check proves (the test's docstring) and the file
+and line of the stage's first region still to write.
 
 After each stage's run it stamps `evidence/progress.json` with the result,
 the code identity of the stage (a sha256 over the text of the stage's
-exercise regions and its test files), the sha256 of the evidence file the
-tests wrote (`evidence/stage_<id>.json`), the command and the environment.
-A stage whose stamp says passed, with the same code and the same evidence,
-is not run again (``--all`` runs it). The dossier (`dossier.py`) reads
-those stamps: a stage is shown as demonstrated only when it passed and
+exercise regions and the code of its test files), the sha256 of the evidence
+file the tests wrote (`evidence/stage_<id>.json`), the command and the
+environment. A stage whose stamp says passed, with the same code and the same
+evidence, is not run again (``--all`` runs it). The dossier (`dossier.py`)
+reads those stamps: a stage is shown as demonstrated only when it passed and
 neither its code nor its evidence changed since.
+
+Exit status: 0 when every stage passes, 1 when one fails, 2 when this Python
+cannot run the project (it is not the project's environment).
 """
 
 from __future__ import annotations
@@ -26,13 +32,17 @@ from __future__ import annotations
 import ast
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import platform
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -40,6 +50,23 @@ OPEN = re.compile(r"^\s*# --- exercise stage (?P<stage>[A-Za-z0-9_-]+): (?P<hint
 CLOSE = re.compile(r"^\s*# --- end exercise ---\s*$")
 UNWRITTEN = re.compile(r"^\s*raise NotImplementedError\(['\"]Stage [A-Za-z0-9_-]+ exercise: ")
 STATE = Path("evidence") / "progress.json"
+
+
+@dataclass
+class Failure:
+    """The first failing test of a run: pytest's node id, its first assertion line
+    (one line) and the first sentence of its docstring (what the check proves)."""
+
+    test: str
+    assertion: str
+    proves: str
+
+
+@dataclass
+class StageRun:
+    status: str  # "passed" or "failed"
+    summary: str  # pytest's last line, e.g. "1 failed, 3 passed in 4.61s"
+    failure: Failure | None = None
 
 
 def manifest(folder: Path = HERE) -> dict:
@@ -58,6 +85,27 @@ def unwritten_regions(folder: Path = HERE) -> dict[str, list[tuple[str, int, str
                 rel = source.relative_to(folder).as_posix()
                 found.setdefault(opening["stage"], []).append((rel, number, opening["hint"]))
     return found
+
+
+def code_identity(text: str) -> bytes:
+    """What a test file runs: its syntax tree without comments or docstrings (so
+    rewording a check's docstring keeps its stamp). Text that does not parse is
+    taken as it is."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text.encode()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
 
 
 def stage_code_hash(folder: Path, stage: str, tests: list[str]) -> str:
@@ -83,29 +131,9 @@ def stage_code_hash(folder: Path, stage: str, tests: list[str]) -> str:
     for test in tests:
         path = folder / test
         digest.update(f"test {test}\n".encode())
-        digest.update(code_identity(path.read_text(encoding="utf-8")) if path.is_file() else b"<absent>")
+        text = path.read_text(encoding="utf-8") if path.is_file() else None
+        digest.update(b"<absent>" if text is None else code_identity(text))
     return digest.hexdigest()
-
-
-def code_identity(text: str) -> bytes:
-    """What a test file runs: its syntax tree without comments or docstrings (so
-    rewording a check's docstring keeps its stamp). Text that does not parse is
-    taken as it is."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return text.encode()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree).encode()
 
 
 def file_sha256(path: Path) -> str | None:
@@ -173,67 +201,180 @@ def is_current(folder: Path, stage: dict, record: dict | None) -> bool:
     ) and record.get("evidence_sha256") == file_sha256(evidence)
 
 
-def run_stage(tests: list[str]) -> tuple[str, str]:
-    """Run one stage's tests; return its status and pytest's summary line."""
-    done = subprocess.run(
-        [sys.executable, *test_command(tests)[1:]], cwd=HERE, capture_output=True, text=True
+def environment_problem(folder: Path = HERE) -> str | None:
+    """Why this Python cannot run the project's tests (one line), or None: pytest
+    and the project's package must import, the package from this folder's src/."""
+    packages = sorted(p.parent.name for p in (folder / "src").glob("*/__init__.py"))
+    fix = (
+        "activate the project's environment (`. .venv/bin/activate`, after installing "
+        "as README.md says) and run `python progress.py` again"
     )
+    for name in ["pytest", *packages]:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            return f"progress.py: {sys.executable} cannot import `{name}`: {fix}."
+        if name in packages and spec.origin:
+            source = Path(spec.origin).resolve().parent.parent
+            if source != (folder / "src").resolve():
+                return (
+                    f"progress.py: this Python imports `{name}` from {source}, not from "
+                    f"{folder / 'src'}: install this folder (`pip install -e '.[test]'`)."
+                )
+    return None
+
+
+def first_failure(report: Path, tests: list[str], folder: Path = HERE) -> Failure | None:
+    """The first failed or erroring test case of a JUnit XML report."""
+    try:
+        root = ET.parse(report).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    for case in root.iter("testcase"):
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is None:
+            continue
+        classname, name = case.get("classname", ""), case.get("name", "")
+        path, owner = test_file_of(classname, tests)
+        message = problem.get("message") or (problem.text or "").strip()
+        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+        assertion = " | ".join(lines[:2])
+        where = f"{path}::{owner + '::' if owner else ''}{name}" if path else f"{classname}::{name}"
+        proves = docstring_sentence(folder / path, owner, name) if path else ""
+        return Failure(where, assertion[:300], proves)
+    return None
+
+
+def test_file_of(classname: str, tests: list[str]) -> tuple[str, str]:
+    """(test file, class name or "") of a JUnit classname such as `tests.test_x.TestY`."""
+    for test in tests:
+        dotted = test.removesuffix(".py").replace("/", ".")
+        if classname == dotted or classname.startswith(dotted + "."):
+            return test, classname[len(dotted) + 1 :]
+    return "", ""
+
+
+def docstring_sentence(path: Path, owner: str, name: str) -> str:
+    """The first sentence of test ``name``'s docstring (in class ``owner``), or ""."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return ""
+    function = name.split("[", 1)[0]
+    scope: list[ast.stmt] = tree.body
+    if owner:
+        scope = next(
+            (n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner), []
+        )
+    for node in scope:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
+            text = " ".join((ast.get_docstring(node) or "").split())
+            return re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+    return ""
+
+
+def run_stage(tests: list[str], folder: Path = HERE) -> StageRun:
+    """Run one stage's tests (:func:`test_command`, with a JUnit report to read the
+    first failure from); return its status, pytest's summary line and that failure."""
+    with tempfile.TemporaryDirectory(prefix="progress-") as tmp:
+        report = Path(tmp) / "junit.xml"
+        done = subprocess.run(
+            [sys.executable, *test_command(tests)[1:], f"--junitxml={report}"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+        )
+        failure = first_failure(report, tests, folder) if done.returncode else None
     lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
     summary = lines[-1].strip("= ") if lines else done.stderr.strip()[-200:]
-    return ("passed" if done.returncode == 0 else "failed"), summary
+    return StageRun("passed" if done.returncode == 0 else "failed", summary, failure)
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["dossier"]:
-        sys.path.insert(0, str(HERE))
-        import dossier
-
-        return dossier.main(argv[1:])
-    run_all = "--all" in argv
-    project = manifest()
-    state = load_state()
+def run_stages(run_all: bool = False, folder: Path = HERE) -> int:
+    """The progress run (module docstring); prints the table and what to do next."""
+    project = manifest(folder)
+    state = load_state(folder)
     state["project"] = project["id"]
-    left = unwritten_regions()
-    rows, next_stage = [], None
+    left = unwritten_regions(folder)
+    rows, current, failure = [], None, None
     for stage in project["stages"]:
-        sid = stage["id"]
-        if next_stage is not None and not run_all:
-            rows.append((sid, stage["title"], len(left.get(sid, [])), "not run yet", ""))
+        sid, todo = stage["id"], len(left.get(stage["id"], []))
+        if current is not None and not run_all:
+            rows.append((sid, stage["title"], todo, "not run yet", ""))
             continue
         record = state["stages"].get(sid)
         if not run_all and record and record.get("result") == "passed":
-            if is_current(HERE, stage, record):
-                summary = f"unchanged since {record['ran_at']}"
-                rows.append((sid, stage["title"], len(left.get(sid, [])), "passed", summary))
+            if is_current(folder, stage, record):
+                rows.append(
+                    (sid, stage["title"], todo, "passed", f"unchanged since {record['ran_at']}")
+                )
                 continue
         print(f"running stage {sid} tests ...", flush=True)
-        status, summary = run_stage(stage["tests"])
-        state["stages"][sid] = stamp(HERE, stage, status)
-        save_state(state)
-        rows.append((sid, stage["title"], len(left.get(sid, [])), status, summary))
-        if status != "passed" and next_stage is None:
-            next_stage = stage
+        run = run_stage(stage["tests"], folder)
+        state["stages"][sid] = stamp(folder, stage, run.status)
+        save_state(state, folder)
+        rows.append((sid, stage["title"], todo, run.status, run.summary))
+        if run.status != "passed" and current is None:
+            current, failure = stage, run.failure
     print(f"\n{project['title']}\n")
     print(f"{'stage':<6} {'title':<40} {'to write':>8}  tests")
     for sid, title, todo, status, summary in rows:
         print(f"{sid:<6} {title[:40]:<40} {todo:>8}  {status}  {summary}")
-    if next_stage is None:
+    if current is None:
         print(
             "\nEvery stage passes. `python progress.py dossier` writes your evidence as a "
-            "dossier; then try the seeded bugs in seeded_bugs.toml: each must make its "
-            "stage fail."
+            "dossier; then try the mistakes in seeded_bugs.toml: write each into your code, "
+            "and its stage's tests must fail."
         )
         return 0
-    sid = next_stage["id"]
-    print(f"\nNext: stage {sid}, {next_stage['title']}: {next_stage['deliverable']}.")
-    for rel, number, hint in left.get(sid, []):
-        print(f"  {rel}:{number}: {hint}")
-    if not left.get(sid):
+    report_failure(current, failure, left.get(current["id"], []))
+    return 1
+
+
+def report_failure(stage: dict, failure: Failure | None, todo: list[tuple[str, int, str]]) -> None:
+    sid = stage["id"]
+    print(f"\nNext: stage {sid}, {stage['title']}: {stage['deliverable']}.")
+    if failure is not None:
+        print(f"  failing: {failure.test}")
+        print(f"  {failure.assertion}")
+        if failure.proves:
+            print(f"  it proves: {failure.proves}")
+    if todo:
+        rel, number, hint = todo[0]
+        print(f"  write: {rel}:{number}: {hint}")
+        for rel, number, hint in todo[1:]:
+            print(f"  then:  {rel}:{number}: {hint}")
+        print(f"  more help: `python progress.py hint {sid}` (asked again, it says more)")
+    else:
         print(
             "  Every region of this stage is written; its tests still fail: "
             f"run `pytest -m stage{sid}` and read the first failure."
         )
-    return 1
+
+
+def main(argv: list[str]) -> int:
+    problem = environment_problem()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(HERE))
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
+    if command == "dossier":
+        import dossier
+
+        return dossier.main(argv[1:])
+    if command in ("hint", "watch"):
+        import hints
+
+        return hints.main(argv)
+    if command or any(a not in ("--all",) for a in argv):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    return run_stages(run_all="--all" in argv)
 
 
 if __name__ == "__main__":

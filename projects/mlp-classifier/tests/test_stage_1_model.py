@@ -63,6 +63,7 @@ def load_weights(model: MLP, weights: list[tuple[np.ndarray, np.ndarray]]) -> No
     [((32,), 1), ((32,), 7), ((256, 128), 64), ((16, 16, 16), 5), ((), 3)],
 )
 def test_forward_matches_numpy_float64(evidence, hidden, batch):
+    """Eval-mode float32 logits equal a float64 NumPy MLP (1e-5), for 0 to 3 hidden layers."""
     rng = np.random.default_rng(1000 + batch)
     widths = [IN, *hidden, OUT]
     weights = known_weights(rng, widths)
@@ -84,6 +85,7 @@ def test_forward_matches_numpy_float64(evidence, hidden, batch):
 
 
 def test_eval_mode_is_deterministic(evidence):
+    """Eval mode: two calls give bitwise-equal logits and leave the dropout RNG count unchanged."""
     model = MLP(IN, [64, 32], OUT, 0.5, rngs=nnx.Rngs(params=0, dropout=1))
     model.eval()
     x = jnp.asarray(np.random.default_rng(0).uniform(size=(16, IN)), jnp.float32)
@@ -101,6 +103,7 @@ def test_eval_mode_is_deterministic(evidence):
 
 
 def test_train_mode_dropout_changes_outputs_and_is_reproducible(evidence):
+    """Train-mode dropout differs from eval and between calls; the same key repeats it bitwise."""
     x = jnp.asarray(np.random.default_rng(0).uniform(size=(16, IN)), jnp.float32)
 
     def train_outputs(dropout_seed: int) -> list[jax.Array]:
@@ -130,6 +133,7 @@ def test_train_mode_dropout_changes_outputs_and_is_reproducible(evidence):
 
 
 def test_train_mode_without_dropout_matches_numpy(evidence):
+    """In train mode with dropout rate 0 the logits equal the float64 NumPy MLP (1e-5)."""
     rng = np.random.default_rng(7)
     weights = known_weights(rng, [IN, 48, OUT])
     x = rng.uniform(size=(9, IN)).astype(np.float32)
@@ -153,6 +157,7 @@ def expected_param_count(hidden: list[int]) -> int:
 
 @pytest.mark.parametrize("hidden", [[32], [100, 50, 25]])
 def test_inspect_lists_state_and_param_count(evidence, tmp_path, hidden):
+    """`inspect` lists nnx.state's paths and kinds, and the parameter count the widths give."""
     config = Config.tiny().model_copy(update={"hidden_sizes": tuple(hidden)})
     config_file = tmp_path / "config.json"
     config_file.write_text(config.to_json())
@@ -188,6 +193,7 @@ def test_inspect_lists_state_and_param_count(evidence, tmp_path, hidden):
 
 
 def test_shipped_configs_equal_presets():
+    """configs/tiny.json and configs/default.json load to exactly the two Config presets."""
     assert load_config(PROJECT_ROOT / "configs" / "tiny.json") == Config.tiny()
     assert load_config(PROJECT_ROOT / "configs" / "default.json") == Config.default()
 
@@ -204,6 +210,7 @@ def test_shipped_configs_equal_presets():
     ],
 )
 def test_bad_config_names_the_field(tmp_path, text, field):
+    """Six out-of-range configs raise ConfigError naming the field; inspect and train exit 2."""
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(ConfigError, match=f"`{field}`"):
@@ -221,6 +228,7 @@ def test_bad_config_names_the_field(tmp_path, text, field):
 
 
 def test_unreadable_config_is_a_clear_error(tmp_path):
+    """A missing or non-JSON config file raises ConfigError; the CLI exits 2 naming the file."""
     with pytest.raises(ConfigError, match="Cannot read config file"):
         load_config(tmp_path / "missing.json")
     (tmp_path / "broken.json").write_text("{not json")
@@ -232,7 +240,7 @@ def test_unreadable_config_is_a_clear_error(tmp_path):
 
 
 def test_evidence_round_trip(evidence, tmp_path):
-    """The evidence file itself: records are JSON a person can read afterwards."""
+    """The stage's evidence file reads back as JSON with the stage id and a verdict per record."""
     path = evidence.write(tmp_path)
     payload = json.loads(path.read_text())
     assert payload["stage"] == "1"
@@ -242,8 +250,7 @@ def test_evidence_round_trip(evidence, tmp_path):
 @pytest.mark.parametrize("hidden", [(32,), ()], ids=["one hidden layer", "no hidden layer"])
 @pytest.mark.parametrize("lead", [(), (2, 3)], ids=["one row", "two leading axes"])
 def test_any_leading_axes_match_numpy(hidden, lead):
-    """Only the last axis must be `in_features` wide: a single row and a
-    (2, 3) stack of rows give the NumPy MLP's logits row by row."""
+    """Inputs shaped (64,) and (2, 3, 64) give the NumPy MLP's logits row by row (0 or 1 hidden)."""
     rng = np.random.default_rng(len(lead) + 10 * len(hidden))
     weights = known_weights(rng, [IN, *hidden, OUT])
     x = rng.uniform(size=(*lead, IN)).astype(np.float32)
@@ -259,6 +266,7 @@ def test_any_leading_axes_match_numpy(hidden, lead):
 @pytest.mark.parametrize("hidden", [(32,), ()], ids=["one hidden layer", "no hidden layer"])
 @pytest.mark.parametrize("width", [IN - 1, IN + 1])
 def test_input_one_column_too_narrow_or_too_wide_is_refused(hidden, width):
+    """An input 63 or 65 columns wide raises ValueError naming the expected and the actual shape."""
     model = MLP(IN, hidden, OUT, 0.0, rngs=nnx.Rngs(params=0, dropout=1))
     x = jnp.zeros((3, width), jnp.float32)
     message = rf"shape \(batch, {IN}\), but it has shape \(3, {width}\)"
@@ -268,7 +276,9 @@ def test_input_one_column_too_narrow_or_too_wide_is_refused(hidden, width):
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_input_is_refused(bad):
-    """Eagerly (a concrete array), one non-finite value anywhere is an error;
+    """A NaN or infinite input raises ValueError eagerly; under jit the check is skipped.
+
+    Eagerly (a concrete array), one non-finite value anywhere is an error;
     under `jit` (a traced array) the check is skipped and the same bad row
     reaches the logits."""
     model = MLP(IN, (32,), OUT, 0.0, rngs=nnx.Rngs(params=0, dropout=1))

@@ -54,6 +54,7 @@ def numpy_loss(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> floa
 
 @pytest.mark.parametrize("mask_kind", ["all valid", "last 20 rows padding", "one valid row"])
 def test_loss_matches_numpy(evidence, digits, mask_kind):
+    """The masked loss equals a float64 NumPy cross-entropy, 3 masks; padded rows change no bit."""
     model = create_model(Config.tiny(), jax.random.key(3))
     model.eval()
     batch = real_batches(digits, 1, seed=0)[0]
@@ -82,6 +83,7 @@ def test_loss_matches_numpy(evidence, digits, mask_kind):
 
 @pytest.mark.parametrize("point", [0, 1, 2])
 def test_gradients_match_central_differences_float64(evidence, digits, point):
+    """Float64 autodiff derivatives of the loss equal central finite differences, at 3 points."""
     config = Config.tiny().model_copy(update={"hidden_sizes": (16, 12), "dropout_rate": 0.0})
     batch = real_batches(digits, 1, seed=point)[0]
     with jax.enable_x64(True):
@@ -170,6 +172,7 @@ def adamw_rule(lr, weight_decay, b1=0.9, b2=0.999, eps=1e-8):
     ],
 )
 def test_three_optimizer_steps_match_published_rule(evidence, digits, name, overrides, rule):
+    """Three train_step updates equal NumPy SGD-momentum and AdamW rules, state carried over."""
     config = Config.tiny().model_copy(update={"dropout_rate": 0.0, **overrides})
     tx = make_optimizer(config)
     graphdef, state = create_train_state(config, tx, jax.random.key(11))
@@ -214,7 +217,9 @@ def _rng_count(state: TrainState) -> int:
 
 @pytest.mark.parametrize("hidden_sizes", [(32,), (24, 16)])
 def test_every_step_draws_fresh_dropout_masks(evidence, digits, hidden_sizes):
-    """`train_step` returns the ADVANCED dropout stream: the draw counter grows by
+    """train_step advances dropout a draw per hidden layer per step; the new masks change the loss.
+
+    `train_step` returns the ADVANCED dropout stream: the draw counter grows by
     one draw per hidden layer per step (the forward pass calls dropout once per
     hidden layer), and a step from the advanced stream differs from the same step
     from the old stream (other masks, other loss). A step that returned the old
@@ -269,6 +274,7 @@ def eval_batches(digits):
 
 
 def test_evaluate_does_not_mutate_training_state(evidence, digits, trained):
+    """Two evaluate passes leave the state's sha256 digest unchanged and match eager eval mode."""
     graphdef, state, _ = state_and_batches(trained)
     before = checkpoint.digest(state)
     first = evaluate(graphdef, state, eval_batches(digits))
@@ -342,6 +348,7 @@ def test_digest_catches_a_mutating_evaluation(evidence, digits, trained, bad_eva
 
 @pytest.mark.parametrize("field", TrainState._fields)
 def test_digest_covers_every_part_of_the_state(trained, field):
+    """Adding 1 to one leaf of any TrainState field (params, rng, opt_state, step) changes it."""
     _, state, _ = state_and_batches(trained)
     leaves, treedef = jax.tree.flatten(getattr(state, field))
     # Bump one numeric leaf (not the typed PRNG key, which has no arithmetic) by one.
@@ -354,7 +361,7 @@ def test_digest_covers_every_part_of_the_state(trained, field):
 
 
 def test_loss_of_an_all_padding_batch_is_zero(digits):
-    """No valid row: the loss is 0 (not 0/0) and its gradient is 0."""
+    """A batch with no valid row has loss exactly 0, not the NaN of 0 / 0."""
     model = create_model(Config.tiny(), jax.random.key(3))
     model.eval()
     batch = real_batches(digits, 1, seed=0)[0]
@@ -381,7 +388,9 @@ def _numpy_eval(graphdef, state, digits, ids):
     ids=["200 rows in 4 padded batches", "exactly one row", "3 rows in 2 batches"],
 )
 def test_evaluate_matches_numpy(evidence, digits, trained, ids, batch_size):
-    """Loss and accuracy over the valid rows only, padding left out, with the
+    """evaluate's loss, accuracy, IDs and predictions equal NumPy's on eager logits: 200, 3, 1 rows.
+
+    Loss and accuracy over the valid rows only, padding left out, with the
     per-example IDs, labels and predictions in batch order; including a pass of
     exactly one valid row (a mean over one)."""
     graphdef, state, _ = state_and_batches(trained)

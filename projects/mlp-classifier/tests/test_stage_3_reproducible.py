@@ -51,6 +51,7 @@ def quick_dossier(tmp_path_factory) -> Path:
 def test_split_is_disjoint_covering_and_stratified(
     evidence, digits, split_seed, val_fraction, test_fraction
 ):
+    """Split parts have per-class rounded sizes, are disjoint, cover all IDs, keep class shares."""
     key = jax.random.key(split_seed)
     split = data.split_ids(digits.labels, key, val_fraction, test_fraction)
     again = data.split_ids(digits.labels, jax.random.key(split_seed), val_fraction, test_fraction)
@@ -97,6 +98,7 @@ def test_split_is_disjoint_covering_and_stratified(
 
 
 def test_other_split_seed_gives_other_split(digits):
+    """Split seeds 0 and 1 give different test IDs, so the determinism check can fail."""
     a = data.split_ids(digits.labels, jax.random.key(0), 0.15, 0.2)
     b = data.split_ids(digits.labels, jax.random.key(1), 0.15, 0.2)
     assert not np.array_equal(a["test"], b["test"])
@@ -119,13 +121,13 @@ LABELS = np.array([0, 1, 0, 1, 2, 2, 0, 1, 2, 0], np.int64)
     ],
 )
 def test_split_refuses_bad_labels_and_fractions(labels, val, test, message):
+    """Bad labels, fractions outside (0, 1) and fractions summing to 1 or more raise ValueError."""
     with pytest.raises(ValueError, match=message):
         data.split_ids(labels, jax.random.key(0), val, test)
 
 
 def test_split_just_inside_the_fraction_bounds(digits):
-    """Fractions summing to just below 1, and a small one: accepted, and the parts
-    have the sizes the rounding rule gives per class."""
+    """Fractions summing just below 1, or as small as 0.01, give the per-class rounded sizes."""
     for val, test in ((0.45, 0.5), (0.01, 0.3)):
         split = data.split_ids(digits.labels, jax.random.key(2), val, test)
         sizes = np.bincount(digits.labels)
@@ -154,6 +156,7 @@ def test_split_just_inside_the_fraction_bounds(digits):
     ],
 )
 def test_dataset_refuses_bad_ids_sizes_and_seeds(digits, ids, batch_size, seed, message):
+    """Bad or out-of-range IDs, batch sizes below 1, seeds outside [0, 2**32) raise ValueError."""
     with pytest.raises(ValueError, match=message):
         data.dataset(digits, ids, batch_size, seed=seed)
 
@@ -163,7 +166,9 @@ def test_dataset_refuses_bad_ids_sizes_and_seeds(digits, ids, batch_size, seed, 
     [(7, 3, None), (6, 3, 0), (5, 1, 2**32 - 1), (1, 4, 123)],
 )
 def test_dataset_batches_are_full_padded_and_seeded(digits, n, batch_size, seed):
-    """Every batch has exactly `batch_size` rows; the last pass is padded with
+    """Batches are full, padded at the end with masked zero rows, and carry each ID's own data.
+
+    Every batch has exactly `batch_size` rows; the last pass is padded with
     `-n % batch_size` rows (id -1, mask False, zero image); real rows carry
     their own pixels and labels; no seed keeps the order of `ids`, a seed
     gives a permutation that the same seed repeats. Both ends of the seed range
@@ -191,6 +196,7 @@ def test_dataset_batches_are_full_padded_and_seeded(digits, n, batch_size, seed)
 
 
 def test_shuffle_seed_changes_the_order(digits):
+    """Shuffle seeds 0 and 1 give two orders, neither the input's; shuffle_seed gives uint32s."""
     ids = np.arange(40, dtype=np.int32)
     orders = [
         np.concatenate([b["id"] for b in data.dataset(digits, ids, 8, seed=s)]) for s in (0, 1)
@@ -201,6 +207,7 @@ def test_shuffle_seed_changes_the_order(digits):
 
 
 def test_no_test_id_reaches_the_training_loop(evidence, digits, monkeypatch):
+    """The rows fed to train_step are train IDs only, once per epoch, matching their own pixels."""
     fed = []
     real_step = train.train_step
 
@@ -238,6 +245,7 @@ def test_no_test_id_reaches_the_training_loop(evidence, digits, monkeypatch):
 
 
 def test_same_config_and_seed_give_bitwise_identical_metrics(evidence):
+    """Two runs of one config give bitwise-equal metrics and state; seed 1 gives other metrics."""
     first = train.train_and_evaluate(Config.tiny())
     second = train.train_and_evaluate(Config.tiny())
     other = train.train_and_evaluate(Config.tiny().model_copy(update={"seed": 1}))
@@ -265,6 +273,7 @@ def test_same_config_and_seed_give_bitwise_identical_metrics(evidence):
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_orbax_round_trip_is_bitwise(evidence, digits, tmp_path, optimizer):
+    """An Orbax save and restore returns every state leaf bitwise, for AdamW and for SGD."""
     overrides = {"optimizer": optimizer}
     if optimizer == "sgd":
         overrides["weight_decay"] = 0.0
@@ -310,6 +319,7 @@ def test_orbax_round_trip_is_bitwise(evidence, digits, tmp_path, optimizer):
 
 
 def test_dossier_contents(quick_dossier, digits):
+    """The CLI dossier holds every file, its config and split, and metrics that agree."""
     saved = dossier.load(quick_dossier)  # Verifies every hash in the manifest.
     names = {
         p.relative_to(quick_dossier).as_posix() for p in quick_dossier.rglob("*") if p.is_file()
@@ -343,6 +353,7 @@ def test_dossier_contents(quick_dossier, digits):
 
 
 def test_quick_config_accuracy(evidence, quick_dossier):
+    """A 12-epoch quick config reaches a held-out test accuracy of at least 0.9."""
     accuracy = dossier.load(quick_dossier).metrics["test"]["accuracy"]
     assert evidence.record(
         "held-out test accuracy of a quick config",
@@ -354,7 +365,9 @@ def test_quick_config_accuracy(evidence, quick_dossier):
 
 
 def test_default_config_reaches_the_stated_accuracy(evidence):
-    """The README's claim for `mlp-classifier train` (default config): held-out test
+    """The default config reaches the README's held-out test accuracy of at least 0.96.
+
+    The README's claim for `mlp-classifier train` (default config): held-out test
     accuracy >= 0.96. Run time is recorded, not bounded (it depends on the machine;
     the README names the command that measures it)."""
     result = train.train_and_evaluate(Config.default())
@@ -369,6 +382,7 @@ def test_default_config_reaches_the_stated_accuracy(evidence):
 
 
 def test_train_refuses_to_overwrite(quick_dossier, tmp_path):
+    """train exits 2 on an existing dossier, leaving it untouched; --overwrite replaces it."""
     config_file = tmp_path / "tiny.json"
     config_file.write_text(Config.tiny().to_json())
     before = (quick_dossier / "COMPLETE").read_bytes()
@@ -393,6 +407,8 @@ def test_train_refuses_to_overwrite(quick_dossier, tmp_path):
 
 
 def test_crash_never_leaves_a_complete_looking_dossier(tmp_path, monkeypatch):
+    """A crash mid-write leaves only a manifest-less *.partial folder that load calls incomplete."""
+
     def crash(*args, **kwargs):
         raise OSError("disk full (simulated)")
 
@@ -408,6 +424,7 @@ def test_crash_never_leaves_a_complete_looking_dossier(tmp_path, monkeypatch):
 
 
 def test_reproduce_is_bitwise_and_reports_seed_spread(evidence, quick_dossier):
+    """reproduce re-runs a dossier to bitwise-equal metrics; 3 new seeds stay within 0.05 of it."""
     result = CliRunner().invoke(
         main, ["reproduce", str(quick_dossier), "--seeds", "3", "--tolerance", "0.05"]
     )
@@ -434,7 +451,9 @@ def test_reproduce_is_bitwise_and_reports_seed_spread(evidence, quick_dossier):
 
 
 def test_reproduce_fails_on_a_changed_result(quick_dossier, tmp_path):
-    """A dossier whose metrics differ from what its config produces (manifest
+    """reproduce exits 1 naming val_loss when a re-signed dossier's metric is one ulp off.
+
+    A dossier whose metrics differ from what its config produces (manifest
     re-signed, so only the re-run can notice): reproduce must exit 1."""
     forged = tmp_path / "forged"
     shutil.copytree(quick_dossier, forged)
@@ -456,6 +475,7 @@ def test_reproduce_fails_on_a_changed_result(quick_dossier, tmp_path):
     "damage", ["missing dir", "no manifest", "changed file", "bad config", "corrupt checkpoint"]
 )
 def test_reproduce_rejects_a_bad_dossier_clearly(quick_dossier, tmp_path, damage):
+    """Five kinds of damaged dossier make reproduce exit 2 with a message naming the damage."""
     target = tmp_path / "d"
     if damage != "missing dir":
         shutil.copytree(quick_dossier, target)
@@ -488,6 +508,7 @@ def test_reproduce_rejects_a_bad_dossier_clearly(quick_dossier, tmp_path, damage
 
 @pytest.mark.parametrize("damage", ["missing", "truncated files", "no hash file", "other model"])
 def test_bad_checkpoint_is_a_clear_error(quick_dossier, tmp_path, damage):
+    """A missing, truncated, unhashed or other-model checkpoint raises CheckpointError naming it."""
     config = QUICK
     path = tmp_path / "ckpt"
     if damage != "missing":

@@ -76,6 +76,7 @@ def _spec_table(slip: float, step_reward: float):
 
 
 def test_gridworld_deterministic_moves_match_the_specification(evidence):
+    """With slip 0, every grid move, reward and ending equals a hand-written table, 2 step costs."""
     for step_reward in (-0.01, -0.1):
         env = GridWorld(slip=0.0, step_reward=step_reward)
         S, A = env.num_states, env.num_actions
@@ -108,7 +109,9 @@ def test_gridworld_deterministic_moves_match_the_specification(evidence):
 
 @pytest.mark.parametrize("slip,step_reward", [(0.2, -0.01), (0.5, -0.1)])
 def test_gridworld_transition_table_matches_the_specification(evidence, slip, step_reward):
-    """The enumerated MDP the exact evaluator solves with, against the
+    """transition_table's P, R and terminal equal the specification's table, for 2 slips.
+
+    The enumerated MDP the exact evaluator solves with, against the
     specification's table (two slip probabilities and step costs)."""
     P, R, terminal = GridWorld(slip=slip, step_reward=step_reward).transition_table()
     P_ref, R_ref, terminal_ref = _spec_table(slip, step_reward)
@@ -120,7 +123,9 @@ def test_gridworld_transition_table_matches_the_specification(evidence, slip, st
 
 @pytest.mark.parametrize("slip", [0.2, 0.5])
 def test_gridworld_slip_frequencies_match_the_specification(evidence, slip):
-    """Each (s, a) stepped n times; each next-state frequency f must satisfy
+    """Slippery next-state frequencies match the specified probabilities within 5 sigma per cell.
+
+    Each (s, a) stepped n times; each next-state frequency f must satisfy
     |f - p| <= 5 sqrt(p (1 - p) / n) + 1e-9, p from the specification (a
     5-sigma normal bound per cell; with 256 (s, a, s') cells with p > 0 the
     family-wise false-alarm rate is below 2e-4, and the test is deterministic
@@ -155,7 +160,9 @@ def test_gridworld_slip_frequencies_match_the_specification(evidence, slip):
     "env", [GridWorld(slip=0.0, max_steps=7), CartPole(max_steps=7)], ids=["gridworld", "cartpole"]
 )
 def test_time_limit_truncates_exactly_at_max_steps(evidence, env):
-    """Steps taken t -> t + 1: truncated exactly when t + 1 reaches max_steps
+    """Both envs truncate exactly when t + 1 reaches max_steps, never on a terminating step.
+
+    Steps taken t -> t + 1: truncated exactly when t + 1 reaches max_steps
     and the step did not terminate (a terminating last step is terminated only)."""
     if isinstance(env, GridWorld):
         # From cell 0 moving right (no termination) and from cell 14 moving right (goal).
@@ -199,6 +206,7 @@ def _gym_rollout(start: np.ndarray, actions: list[int]):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cartpole_matches_gymnasium_step_for_step(evidence, seed):
+    """CartPole states, rewards and termination equal gymnasium's CartPole-v1, 3 starts."""
     rng = np.random.default_rng(seed)
     start = rng.uniform(-0.05, 0.05, 4).astype(np.float32)
     # Random actions, or a constant push (which ends by the angle limit quickly).
@@ -266,6 +274,7 @@ def _random_trajectories(env, key, n: int, steps: int):
 
 @pytest.mark.parametrize("env", [GridWorld(), CartPole()], ids=["gridworld", "cartpole"])
 def test_env_trajectory_does_not_depend_on_env_count(evidence, env):
+    """Env i's random trajectory is bit-identical with 3 or 11 envs beside it, both envs."""
     key = jax.random.key(11)
     trajs = {
         n: jax.jit(_random_trajectories, static_argnums=(0, 2, 3))(
@@ -295,7 +304,7 @@ def test_env_trajectory_does_not_depend_on_env_count(evidence, env):
 
 
 def test_key_reuse_is_detected():
-    """The suite's `jax_debug_key_reuse` is live: reusing a key raises."""
+    """The suite's jax_debug_key_reuse is live: drawing twice from one key raises."""
     key = jax.random.key(0)
     jax.random.uniform(key)
     with pytest.raises(jax.errors.KeyReuseError):
@@ -335,7 +344,9 @@ def _boards(draw):
 @settings(max_examples=40, derandomize=True, deadline=None, database=None)
 @given(_boards())
 def test_gridworld_on_any_board_matches_a_python_reading_of_the_specification(board):
-    """Boards of 2 to 6 cells a side with the goal, pit and start anywhere
+    """On drawn boards step, reset and transition_table equal a plain-Python reading of the spec.
+
+    Boards of 2 to 6 cells a side with the goal, pit and start anywhere
     (not only in the default corners), against plain Python: the deterministic
     step from every cell by every action, one step before and at the time
     limit; the reset; and the enumerated table at the drawn slip."""
@@ -383,7 +394,9 @@ def test_gridworld_on_any_board_matches_a_python_reading_of_the_specification(bo
 
 
 def test_cartpole_resets_are_uniform_on_the_specified_interval(evidence):
-    """gymnasium's CartPole-v1 starts each of the 4 variables uniformly on
+    """4000 CartPole resets are uniform on [-0.05, 0.05] per variable, and the obs is the state.
+
+    gymnasium's CartPole-v1 starts each of the 4 variables uniformly on
     [-0.05, 0.05]: 4000 resets from 4000 keys stay inside, reach within 0.002
     of both ends, have a mean within 5 standard errors of 0, and the
     observation is the state."""

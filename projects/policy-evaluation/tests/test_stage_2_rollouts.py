@@ -74,6 +74,7 @@ def _python_returns(rewards, dones, masks, last_value, gamma):
     "T,N,gamma,lam", [(5, 1, 0.9, 0.95), (32, 4, 0.99, 0.95), (64, 7, 0.5, 0.0), (17, 3, 0.97, 1.0)]
 )
 def test_gae_and_returns_match_python_loop(evidence, T, N, gamma, lam):
+    """gae, value targets and discounted_returns equal a Python loop, 4 (T, N, gamma, lambda)."""
     rng = np.random.default_rng(T * 100 + N)
     rewards, values, dones, masks, last_value = _random_batch(rng, T, N)
     assert dones[: T - 1].any() and (masks == 0).any() or T < 10  # terminations and padding
@@ -95,7 +96,7 @@ def test_gae_and_returns_match_python_loop(evidence, T, N, gamma, lam):
 
 
 def test_gae_with_lambda_one_equals_returns_minus_values(evidence):
-    """Another route: with lambda = 1, GAE telescopes to G_t - V_t."""
+    """With lambda = 1, GAE equals discounted returns minus values on valid steps."""
     rng = np.random.default_rng(5)
     rewards, values, dones, masks, last_value = _random_batch(rng, 40, 5)
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
@@ -200,6 +201,7 @@ def _check_against_stepwise_reference(env, params, n, T, auto_reset, k_reset, k_
     "env,n", [(GridWorld(max_steps=12), 6), (CartPole(), 4)], ids=["gridworld", "cartpole"]
 )
 def test_rollout_masks_and_episode_bookkeeping(evidence, env, n):
+    """Every rollout field and final carry equal a step-by-step reference, reset on and off."""
     params = init_params(jax.random.key(3), env.obs_size, env.num_actions, 16)
     T = 80
     for auto_reset in (False, True):

@@ -51,6 +51,7 @@ def _j(env, theta):
 
 @pytest.mark.parametrize("slip", [0.2, 0.0])
 def test_exact_gradient_matches_finite_differences(evidence, slip):
+    """The exact policy gradient equals central differences of the exact J (1e-5), 2 slips."""
     env = GridWorld(slip=slip)
     P, R, terminal = env.transition_table()
     theta = _theta(1, env)
@@ -92,6 +93,7 @@ def _sampled_gradients(env, theta, num_episodes, key):
 
 
 def test_sampled_policy_gradient_agrees_with_exact(evidence):
+    """The sampled REINFORCE mean is within 4.5 se of the exact gradient; se falls as 1/sqrt n."""
     env = GridWorld(max_steps=HORIZON)
     P, R, terminal = env.transition_table()
     theta = _theta(2, env)
@@ -157,6 +159,7 @@ CASES = {
 
 @pytest.mark.parametrize("clip_eps", [0.2, 0.3])
 def test_ppo_clipped_objective_signed_cases(evidence, clip_eps):
+    """The clipped objective and its gradients equal a hand table of signed cases, 2 clips."""
     table = np.array(CASES[clip_eps], np.float32)
     ratio, adv = jnp.asarray(table[:, 0]), jnp.asarray(table[:, 1])
     value = clipped_surrogate(ratio, adv, clip_eps)
@@ -242,6 +245,7 @@ def _ppo_batch(seed: int, n: int = 96):
     "clip_eps,vf_coef,ent_coef", [(0.2, 0.5, 0.5), (0.1, 1.0, 0.05)], ids=["eps0.2", "eps0.1"]
 )
 def test_ppo_loss_matches_numpy_formula(evidence, clip_eps, vf_coef, ent_coef):
+    """ppo_loss and its 3 parts equal a float64 NumPy formula, at 2 clip and coefficient sets."""
     params, batch = _ppo_batch(seed=3 if clip_eps == 0.2 else 4)
     config = Config.tiny("cartpole").replace(
         clip_eps=clip_eps, vf_coef=vf_coef, ent_coef=ent_coef, hidden_size=16
@@ -322,6 +326,7 @@ def _softmax_rows(theta):
 @settings(max_examples=25, derandomize=True, deadline=None, database=None)
 @given(_mdps())
 def test_exact_evaluation_and_gradient_on_drawn_mdps(mdp):
+    """On drawn MDPs V equals Bellman sweeps (1e-9) and the gradient central differences."""
     P, R, terminal, theta, gamma, start = mdp
     pi = _softmax_rows(theta)
     V = exact.evaluate_policy(P, R, terminal, pi, gamma)
@@ -343,7 +348,9 @@ def test_exact_evaluation_and_gradient_on_drawn_mdps(mdp):
 @pytest.mark.parametrize("shape", [(3, 3), (5, 2), (2, 4)])
 @pytest.mark.parametrize("scale", [1.0, 700.0])
 def test_softmax_matches_scipy(shape, scale):
-    """Rows of logits, square and not, and logits up to 700 (exp overflows
+    """exact.softmax equals SciPy's softmax to 1e-12, for logits up to 700 and equal rows.
+
+    Rows of logits, square and not, and logits up to 700 (exp overflows
     float64 past 709, so an unshifted softmax would give NaN)."""
     theta = scale * np.random.default_rng(shape[0] * 10 + shape[1]).normal(size=shape)
     theta[0] = scale  # a row of equal logits
@@ -354,6 +361,7 @@ def test_softmax_matches_scipy(shape, scale):
 
 @pytest.mark.parametrize("start,ok", [(-1, False), (0, True), (15, True), (16, False)])
 def test_exact_gradient_start_bounds(start, ok):
+    """exact_policy_gradient accepts start 0 and 15 and refuses -1 and 16, naming the range."""
     env = GridWorld()
     P, R, terminal = env.transition_table()
     theta = _theta(3, env)
@@ -368,6 +376,7 @@ def test_exact_gradient_start_bounds(start, ok):
     "theta", [np.zeros((16, 3)), np.zeros((15, 4)), np.full((16, 4), np.nan)], ids=str
 )
 def test_exact_gradient_rejects_bad_logits(theta):
+    """Logits of the wrong shape or with NaN raise ValueError naming `theta`."""
     P, R, terminal = GridWorld().transition_table()
     with pytest.raises(ValueError, match="`theta` must be finite logits of shape"):
         exact.exact_policy_gradient(P, R, terminal, theta, GAMMA, 0)
@@ -379,7 +388,9 @@ def _numpy_apply(params, obs):
 
 @pytest.mark.parametrize("lead", [(), (5,), (2, 3)], ids=["one", "batch", "two_axes"])
 def test_apply_matches_numpy_forward_pass(lead):
-    """Random weights and biases (not the initializer's near-zero policy head),
+    """apply's logits and values equal a float64 NumPy forward pass, any leading axes.
+
+    Random weights and biases (not the initializer's near-zero policy head),
     leading axes kept: logits and values against NumPy in float64."""
     rng = np.random.default_rng(len(lead))
     sizes = [(4, 8), (8, 8), (8, 3), (4, 8), (8, 8), (8, 1)]

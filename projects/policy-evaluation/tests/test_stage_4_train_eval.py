@@ -61,7 +61,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("env", ["gridworld", "cartpole"])
 def test_per_seed_summary_reads_the_held_out_namespace(evidence, env):
-    """The summary the report prints, from a result whose `train/` and `eval/`
+    """summarize_seeds reads eval/, not train/: per-seed means, CI and worst seed equal NumPy.
+
+    The summary the report prints, from a result whose `train/` and `eval/`
     figures differ: each seed's mean over its held-out episodes (discounted
     for the grid world), recomputed here with NumPy."""
     config = Config.tiny(env)
@@ -91,7 +93,7 @@ def test_per_seed_summary_reads_the_held_out_namespace(evidence, env):
     "values,z", [([3.5], 1.96), ([1.0, 4.0], 1.96), ([2.0, -1.0, 0.5, 7.0, 3.0], 2.5)]
 )
 def test_mean_ci_at_one_two_and_many_values(values, z):
-    """Mean and z times the standard error (ddof 1); one value has no interval."""
+    """mean_ci gives the mean and z times the ddof-1 standard error; one value gives NaN."""
     mean, half = mean_ci(np.asarray(values), z) if z != 1.96 else mean_ci(np.asarray(values))
     assert mean == pytest.approx(sum(values) / len(values), abs=1e-12)
     if len(values) == 1:
@@ -103,7 +105,9 @@ def test_mean_ci_at_one_two_and_many_values(values, z):
 
 
 def test_value_iteration_gives_the_optimal_values(evidence):
-    """Optimality checked another way: the greedy policy's values by a linear
+    """value_iteration's V equals its greedy policy's exact V and beats 301 other policies.
+
+    Optimality checked another way: the greedy policy's values by a linear
     solve equal value iteration's, and no deterministic policy of 300 drawn
     at random (nor the uniform one) does better in any state."""
     env = GridWorld()
@@ -135,6 +139,7 @@ def test_value_iteration_gives_the_optimal_values(evidence):
 
 @pytest.mark.parametrize("obs_size,num_actions,hidden", [(4, 2, 64), (4, 2, 3)])
 def test_init_matches_library_orthogonal(evidence, obs_size, num_actions, hidden):
+    """Each initial layer equals jax.nn.initializers.orthogonal on its key (1e-5), 2 widths."""
     key = jax.random.key(7)
     # The same key twice, on purpose: the library's draws must be the model's.
     params = init_params(jax.random.clone(key), obs_size, num_actions, hidden)
@@ -165,7 +170,9 @@ def test_init_matches_library_orthogonal(evidence, obs_size, num_actions, hidden
 
 
 def test_train_metrics_of_the_first_update_match_its_rollout(evidence):
-    """`train/episodes` and `train/episode_return` (the mean return of the
+    """Update 0's train/ episode count and mean return equal its rollout rebuilt outside.
+
+    `train/episodes` and `train/episode_return` (the mean return of the
     episodes that finished during the update's rollout) of update 0, against
     that rollout rebuilt outside `make_train`: key -> (init, env, loop) keys,
     loop -> (next, rollout, permutation) keys, the initial network sampling.
@@ -214,7 +221,9 @@ def test_train_metrics_of_the_first_update_match_its_rollout(evidence):
 
 
 def test_evaluation_episodes_stop_at_their_end(evidence):
-    """Held-out episodes do not auto-reset: an episode of length L < horizon
+    """Held-out episodes stop at their end: each return is -0.01 L, +-1 if it ended early.
+
+    Held-out episodes do not auto-reset: an episode of length L < horizon
     ended by the goal or the pit, so its return is -0.01 L +- 1; one that ran
     the whole horizon has return -0.01 L. Untrained (near-uniform) policy."""
     config = Config.tiny("gridworld").replace(eval_episodes=64)
@@ -241,6 +250,7 @@ def grid_result():
 
 
 def test_gridworld_trained_between_baselines_and_matches_exact(evidence, grid_result):
+    """Trained grid policies lie between uniform and optimal; held-out means match exact V."""
     config = Config.tiny("gridworld")
     ex = grid_result["exact"]
     trained = np.asarray(ex["trained_per_seed"])
@@ -283,7 +293,7 @@ def test_gridworld_trained_between_baselines_and_matches_exact(evidence, grid_re
 
 
 def test_gridworld_greedy_policy_matches_exact(evidence, grid_result):
-    """Changed condition: the argmax policy, evaluated by sampling and exactly."""
+    """The greedy policy's held-out mean return matches its exact V within 4.5 se per seed."""
     config = Config.tiny("gridworld").replace(eval_greedy=True)
     _, eval_keys = seed_keys(config)
     ev = jax.jit(jax.vmap(make_evaluate(config)))(grid_result["params"], eval_keys)
@@ -307,6 +317,7 @@ def test_gridworld_greedy_policy_matches_exact(evidence, grid_result):
 
 
 def test_eval_keys_disjoint_and_training_deterministic(evidence, grid_result):
+    """Eval keys are disjoint from train keys; one key trains the same bits, eval settings aside."""
     config = Config.tiny("gridworld")
     train_keys, eval_keys = seed_keys(config)
     t = {tuple(k) for k in np.asarray(jax.random.key_data(train_keys)).tolist()}
@@ -356,7 +367,7 @@ def test_eval_keys_disjoint_and_training_deterministic(evidence, grid_result):
 
 
 def test_cartpole_learns_above_random_on_held_out_keys(evidence):
-    """What the test budget can show, and what it cannot.
+    """Each CartPole seed's held-out return is at least twice a random policy's on those keys.
 
     The specification's CartPole target, a held-out return >= 475 (of 500),
     belongs to the default run (8 seeds x 500,000 steps each, about 4 M
@@ -395,6 +406,7 @@ def test_cartpole_learns_above_random_on_held_out_keys(evidence):
 
 
 def test_cli_train_writes_separate_namespaces(tmp_path, evidence):
+    """The train CLI writes a report whose metrics keep train/ and eval/ keys apart."""
     # The shipped tiny config: the same programs as `grid_result`, so the
     # session's compilation cache serves them.
     cfg = PROJECT_ROOT / "configs" / "gridworld_tiny.json"
@@ -422,6 +434,7 @@ def test_cli_train_writes_separate_namespaces(tmp_path, evidence):
 
 
 def test_bad_configs_give_clear_errors(tmp_path):
+    """Inconsistent or unknown config values raise ConfigError naming them; the CLI too."""
     with pytest.raises(ConfigError, match=r"`num_minibatches` = 3 must divide .* = 512"):
         Config.from_dict({"num_envs": 4, "num_steps": 128, "num_minibatches": 3})
     with pytest.raises(ConfigError, match=r"unknown key `num_env` \(value 4\)"):
@@ -459,6 +472,7 @@ def sharded_one_update():
 
 
 def test_sharded_training_has_no_lapack_call_and_finishes(evidence, sharded_one_update):
+    """The seed-sharded program holds no LAPACK call, and 300 sharded inits finish."""
     config, sharded = sharded_one_update
     hlo = sharded.lower(seed_keys(config)[0]).compile().as_text()
     lapack_calls = hlo.count('custom_call_target="lapack_')
@@ -498,6 +512,7 @@ def test_sharded_training_has_no_lapack_call_and_finishes(evidence, sharded_one_
 
 
 def test_sharded_seeds_match_one_device(evidence, sharded_one_update):
+    """Seeds over 2 devices repeat bitwise and match all seeds on one device to 1e-4."""
     one, sharded = sharded_one_update
     a = sharded(seed_keys(one)[0])
     again = sharded(seed_keys(one)[0])
@@ -523,5 +538,6 @@ def test_sharded_seeds_match_one_device(evidence, sharded_one_update):
 @pytest.mark.parametrize("env", ["cartpole", "gridworld"])
 @pytest.mark.parametrize("preset", ["default", "tiny"])
 def test_shipped_config_files_are_the_presets(env, preset):
+    """Each shipped configs/<env>_<preset>.json loads to exactly its Config preset."""
     shipped = Config.from_json(PROJECT_ROOT / "configs" / f"{env}_{preset}.json")
     assert shipped == getattr(Config, preset)(env)

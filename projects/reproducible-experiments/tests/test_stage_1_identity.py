@@ -62,7 +62,9 @@ def _scratch_repo(tmp_path: Path) -> tuple[Path, Path, str]:
 
 
 def test_code_identity_sees_the_uncommitted_diff(evidence, tmp_path):
-    """A scratch repository holding a copy of this package: the identity of the
+    """git_identity's dirty flag and diff hash follow edits and untracked files, like git here.
+
+    A scratch repository holding a copy of this package: the identity of the
     clean tree, after an edit, after a new untracked file, after that file's
     bytes change (its name does not), and with the edit reverted. Independent
     check: `git diff HEAD --binary` and `git rev-parse` run here, the diff
@@ -107,7 +109,9 @@ def test_code_identity_sees_the_uncommitted_diff(evidence, tmp_path):
 
 
 def test_compiled_files_and_caches_never_count(tmp_path):
-    """Untracked `.pyc` files (in `__pycache__` or beside the source) are not code:
+    """Untracked .pyc files leave the code identity clean; an untracked .py makes it dirty.
+
+    Untracked `.pyc` files (in `__pycache__` or beside the source) are not code:
     the identity stays that of the clean tree. An untracked `.py` does count."""
     project, package, _ = _scratch_repo(tmp_path)
     clean = identity.git_identity(project, package)
@@ -126,7 +130,9 @@ _GIT_CODES = (0, 1, -1, 128, -9)  # ok, error, killed by signal 1, git's fatal, 
 @pytest.mark.parametrize("head_rc", _GIT_CODES)
 @pytest.mark.parametrize("top_rc", _GIT_CODES)
 def test_a_failed_git_never_names_a_commit(monkeypatch, head_rc, top_rc):
-    """`git rev-parse HEAD` and `--show-toplevel` must both exit 0 (any other code,
+    """Unless both git rev-parse calls exit 0, the git tags are `unavailable` (25 code pairs).
+
+    `git rev-parse HEAD` and `--show-toplevel` must both exit 0 (any other code,
     negative ones from a signal included) before the tree is called a commit."""
 
     def fake_git(*args, cwd=identity.PROJECT_DIR):
@@ -149,6 +155,8 @@ def test_a_failed_git_never_names_a_commit(monkeypatch, head_rc, top_rc):
 
 @pytest.mark.parametrize("error", [OSError("no git here"), subprocess.TimeoutExpired("git", 30)])
 def test_git_missing_or_hung_leaves_code_identity_unavailable(monkeypatch, error):
+    """A missing or hung git leaves only the source hash; the git tags are `unavailable`."""
+
     def broken_git(*args, cwd=identity.PROJECT_DIR):
         raise error
 
@@ -164,7 +172,9 @@ def test_git_missing_or_hung_leaves_code_identity_unavailable(monkeypatch, error
 
 @pytest.mark.parametrize("where", ["no repository", "no commit yet", "inside .git"])
 def test_real_git_without_a_commit_or_work_tree(tmp_path, where):
-    """Real git: outside any repository both calls fail; a repository with no
+    """Real git without a repository, a commit or a work tree names no commit.
+
+    Real git: outside any repository both calls fail; a repository with no
     commit has a top level but no HEAD; inside `.git` HEAD resolves but there is
     no work tree. None of them is a commit."""
     project = tmp_path / "p"
@@ -193,6 +203,7 @@ def _source_reference(package_dir: Path) -> str:
 
 
 def test_source_hash_covers_python_files_by_path_and_bytes(tmp_path):
+    """source_sha256 equals a path-and-bytes reference over .py files; a rename changes it."""
     package = tmp_path / "pkg"
     (package / "sub").mkdir(parents=True)
     (package / "a.py").write_text("A = 1\n")
@@ -227,12 +238,14 @@ def _runtime_reference() -> dict[str, str]:
 
 
 def test_runtime_identity_names_every_version_and_device(monkeypatch):
+    """runtime_identity equals versions and devices read here, and follows XLA_FLAGS."""
     assert identity.runtime_identity() == _runtime_reference()
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     assert identity.runtime_identity()["runtime.xla_flags"] == "--xla_cpu_enable_fast_math=false"
 
 
 def test_data_is_the_scaled_digits_and_hashes_the_raw_bytes():
+    """data.load gives the digits scaled to [0, 1] and the sha256 of sklearn's raw bytes."""
     bunch = load_digits()
     digits = data.load()
     assert digits.images.dtype == np.float32 and digits.labels.dtype == np.int32
@@ -253,7 +266,9 @@ def test_data_is_the_scaled_digits_and_hashes_the_raw_bytes():
     dtype=st.sampled_from(["int32", "int64", "uint16"]),
 )
 def test_each_split_is_hashed_and_counted_on_its_own(n, seed, dtype):
-    """Any three-way partition of `range(n)` (a split may hold one ID), IDs in any
+    """data_identity hashes each split's own IDs as <i4 in order and counts them, any partition.
+
+    Any three-way partition of `range(n)` (a split may hold one ID), IDs in any
     integer dtype: each split's tag is the sha256 of ITS OWN IDs as little-endian
     int32, in the order given, and its count is its length."""
     rng = np.random.default_rng(seed)
@@ -276,7 +291,9 @@ def test_each_split_is_hashed_and_counted_on_its_own(n, seed, dtype):
 
 @pytest.mark.parametrize("config", [Config.tiny(), Config.default(), CHANGED])
 def test_config_hash_is_of_its_canonical_json(config):
-    """sha256 of the config's JSON with sorted keys and no spaces (the form any
+    """Config.sha256 is the sha256 of its sorted, spaceless JSON, whatever the field order.
+
+    sha256 of the config's JSON with sorted keys and no spaces (the form any
     tool can recompute), not of the field order the class happens to declare."""
     fields = config.model_dump(mode="json")
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
@@ -290,6 +307,7 @@ def test_config_hash_is_of_its_canonical_json(config):
 
 
 def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
+    """A fresh `show` recovers config, seeds, identities and bitwise metrics of 2 runs."""
     client = store.client()
     _, exp_id = store.new_experiment(client, "identity")
     calls = {"log_batch": 0, "log_metric": 0}
@@ -397,7 +415,10 @@ def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
 
 
 def test_same_seeds_same_bits_and_seeds_stay_separate(evidence):
-    """Determinism (same config -> same bits) and the two seeds' separate roles."""
+    """One config trains bitwise alike twice; train_seed moves params, eval_seed the split.
+
+    Determinism (same config -> same bits) and the two seeds' separate roles.
+    """
     a = train.train_and_evaluate(Config.tiny())
     b = train.train_and_evaluate(Config.tiny())
     other_train = train.train_and_evaluate(Config.tiny().replace(train_seed=1))
@@ -430,7 +451,10 @@ def test_same_seeds_same_bits_and_seeds_stay_separate(evidence):
 
 
 def test_tracking_uri_is_explicit_even_with_mlruns_present(tmp_path, monkeypatch, evidence):
-    """MLflow silently uses `./mlruns` when it exists; the CLI must not."""
+    """The CLI tracks into runs/mlflow.db even when a ./mlruns folder exists.
+
+    MLflow silently uses `./mlruns` when it exists; the CLI must not.
+    """
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     (tmp_path / "mlruns").mkdir()
@@ -455,6 +479,7 @@ def test_tracking_uri_is_explicit_even_with_mlruns_present(tmp_path, monkeypatch
 
 
 def test_bad_config_is_a_clear_error(tmp_path, sqlite_store):
+    """Bad or unknown config fields raise ConfigError naming them; the CLI exits 2."""
     project = Path(__file__).resolve().parents[1]
     assert load_config(project / "configs" / "tiny.json") == Config.tiny()
     assert load_config(project / "configs" / "default.json") == Config.default()

@@ -49,7 +49,10 @@ def _wait_ready(queue, n: int, timeout_s: float = 300.0) -> dict[str, str]:
 
 
 def test_each_way_a_body_ends_earns_its_status(evidence):
-    """`end_state` for each ending, against the table the module promises."""
+    """end_state gives the promised status and error type for 7 endings, exits and signals.
+
+    `end_state` for each ending, against the table the module promises.
+    """
     cases = {
         "normal end": (None, None, "FINISHED", None),
         "sys.exit(0)": (SystemExit, SystemExit(0), "FINISHED", None),
@@ -73,7 +76,9 @@ def test_each_way_a_body_ends_earns_its_status(evidence):
 
 
 def test_a_reused_pid_does_not_keep_a_dead_run_alive(evidence):
-    """The lease names the pid AND its start time: a live process that holds the
+    """A lease whose pid lives with another start time is dead; remote leases go by expiry.
+
+    The lease names the pid AND its start time: a live process that holds the
     pid now (here, this test's own) is not the run's holder."""
     import os
 
@@ -134,7 +139,9 @@ def _own_lease(**extra: str) -> dict[str, str]:
 
 
 def test_liveness_on_both_sides_of_every_boundary():
-    """Host equality (other hosts sorting before and after this one), the start
+    """liveness judges host, start time and expiry right one unit either side of each bound.
+
+    Host equality (other hosts sorting before and after this one), the start
     time (one tick either side), expiry (a millisecond either side, and exactly
     at it), a clock given far from the wall clock, and the clock read when none
     is given."""
@@ -197,7 +204,9 @@ class _NoProc(type(Path())):
 
 
 def test_liveness_without_proc_asks_the_process_table(monkeypatch):
-    """Where `/proc` is missing, `kill(pid, 0)` (signal 0: ask, never send)
+    """Without /proc, kill(pid, 0) decides: gone is dead; alive or foreign checks the start.
+
+    Where `/proc` is missing, `kill(pid, 0)` (signal 0: ask, never send)
     decides: gone is dead; alive, or owned by someone else, falls back to the
     recorded start time."""
     sent = []
@@ -222,7 +231,9 @@ def test_liveness_without_proc_asks_the_process_table(monkeypatch):
 
 
 def test_a_missing_proc_entry_means_the_holder_is_gone(monkeypatch):
-    """With `/proc` present, a pid it does not list is gone, whatever the pid
+    """With /proc present, a pid it does not list is judged dead, whatever kill() says.
+
+    With `/proc` present, a pid it does not list is gone, whatever the pid
     table might say (the start time cannot be confirmed)."""
     monkeypatch.setattr(tracking, "process_start", lambda pid: "")
     monkeypatch.setattr(tracking.os, "kill", lambda pid, sig: None)  # "Still there."
@@ -230,7 +241,9 @@ def test_a_missing_proc_entry_means_the_holder_is_gone(monkeypatch):
 
 
 def test_process_start_reads_field_22_even_with_a_parenthesis_in_the_name(tmp_path):
-    """`/proc/<pid>/stat` puts the command name in parentheses, and a name may
+    """process_start reads field 22 of /proc/<pid>/stat after the last `)`, odd names too.
+
+    `/proc/<pid>/stat` puts the command name in parentheses, and a name may
     itself hold `) `: the fields are counted after the LAST `)`."""
     exe = tmp_path / "odd) name 1"
     exe.symlink_to(Path("/bin/sleep"))
@@ -249,7 +262,9 @@ def test_process_start_reads_field_22_even_with_a_parenthesis_in_the_name(tmp_pa
 
 @pytest.mark.parametrize("length", [4999, 5000, 5001, 12_000])
 def test_error_message_is_cut_at_5000_characters(length):
-    """The message tag holds at most 5,000 characters (MLflow's tag limit): the
+    """error.message keeps the first 5,000 characters, and the repr when str is empty.
+
+    The message tag holds at most 5,000 characters (MLflow's tag limit): the
     first 5,000 exactly; an exception whose `str` is empty gives its `repr`."""
 
     class Quiet(Exception):
@@ -271,7 +286,9 @@ def test_error_message_is_cut_at_5000_characters(length):
 
 @pytest.mark.parametrize("page_size", [1, 2, 3, 5])
 def test_iter_runs_reads_every_page(sqlite_store, page_size):
-    """Five runs (two deleted) read back in pages of 1, 2, 3 and 5: every run
+    """iter_runs returns every run once, in start order, at page sizes 1, 2, 3 and 5.
+
+    Five runs (two deleted) read back in pages of 1, 2, 3 and 5: every run
     exactly once, in start order. (First of the store tests: a reader that stops
     early, or never stops, fails here in seconds.)"""
     client = sqlite_store.client()
@@ -290,7 +307,9 @@ def _running(client, exp_id: str, name: str, tags: dict[str, str]) -> str:
 
 
 def test_reconcile_kills_only_dead_running_runs(sqlite_store):
-    """One experiment, every kind of run; reconcile ends exactly the RUNNING runs
+    """reconcile ends only dead RUNNING runs, KILLED at their last heartbeat, tagged why.
+
+    One experiment, every kind of run; reconcile ends exactly the RUNNING runs
     whose holder is dead, as KILLED at their last heartbeat, saying why and by whom."""
     client = sqlite_store.client()
     _, exp_id = sqlite_store.new_experiment(client, "reconcile")
@@ -322,7 +341,9 @@ def test_reconcile_kills_only_dead_running_runs(sqlite_store):
 
 
 def test_a_stale_search_skips_each_ended_run_and_reconciles_the_rest(sqlite_store, monkeypatch):
-    """The search saw RUNNING; meanwhile the holders ended their runs in every
+    """Runs ended after a stale search keep their status; a dead one after them is reconciled.
+
+    The search saw RUNNING; meanwhile the holders ended their runs in every
     way (SCHEDULED included, which sorts after RUNNING). Those are left as they
     are, and the dead run after them in the same search is still reconciled."""
     client = sqlite_store.client()
@@ -344,6 +365,7 @@ def test_a_stale_search_skips_each_ended_run_and_reconciles_the_rest(sqlite_stor
 
 
 def test_every_end_state_is_kept_and_counted(evidence, store):
+    """Real endings get their true status; the inventory's counts equal a SQL count."""
     client = store.client()
     name, exp_id = store.new_experiment(client, "failures")
     with workers.processes(
@@ -435,7 +457,9 @@ def test_every_end_state_is_kept_and_counted(evidence, store):
 
 
 def test_a_live_run_is_never_reconciled(evidence, store):
-    """Changed condition: the holder is alive (same host), or elsewhere with a
+    """Reconcile leaves live holders and valid remote leases RUNNING and kills expired ones.
+
+    Changed condition: the holder is alive (same host), or elsewhere with a
     lease that has or has not expired."""
     client = store.client()
     name, exp_id = store.new_experiment(client, "leases")
@@ -493,7 +517,9 @@ def test_a_live_run_is_never_reconciled(evidence, store):
 
 
 def test_a_stale_search_never_overwrites_a_normal_end(evidence, sqlite_store, monkeypatch):
-    """The race a reconciler must not lose: it searched while a run was RUNNING,
+    """A reconciler acting on a stale RUNNING result leaves a FINISHED run FINISHED.
+
+    The race a reconciler must not lose: it searched while a run was RUNNING,
     the holder then ended it FINISHED and exited; the run must stay FINISHED."""
     client = sqlite_store.client()
     _, exp_id = sqlite_store.new_experiment(client, "stale-search")
@@ -521,6 +547,7 @@ def test_a_stale_search_never_overwrites_a_normal_end(evidence, sqlite_store, mo
 
 
 def test_heartbeat_renews_the_lease(evidence, store):
+    """A live run's heartbeat moves its heartbeat and expiry tags forward; it stays alive."""
     client = store.client()
     _, exp_id = store.new_experiment(client, "heartbeat")
     with tracking.TrackedRun(client, exp_id, "short lease", lease_s=0.6) as run:
@@ -543,7 +570,10 @@ def test_heartbeat_renews_the_lease(evidence, store):
 
 
 def test_mlflow_defaults_lose_end_states(evidence, sqlite_store):
-    """The reference behaviour this stage fixes, measured on MLflow's fluent API."""
+    """MLflow's fluent defaults record failures as FINISHED and leave signalled runs RUNNING.
+
+    The reference behaviour this stage fixes, measured on MLflow's fluent API.
+    """
     uri = sqlite_store.uri
     client = sqlite_store.client()
     _, exp_id = sqlite_store.new_experiment(client, "defaults")
@@ -582,7 +612,9 @@ def test_mlflow_defaults_lose_end_states(evidence, sqlite_store):
 
 
 def test_eight_concurrent_writers_lose_nothing(evidence, store):
-    """The module's store was created (schema and all) once, before the workers
+    """8 processes x 200 metric values in one store: all kept by SQL count, with 0 errors.
+
+    The module's store was created (schema and all) once, before the workers
     start: eight processes migrating a fresh SQLite file at once break it."""
     target = store
     client = target.client()
@@ -615,7 +647,9 @@ def test_eight_concurrent_writers_lose_nothing(evidence, store):
 
 
 def test_a_run_killed_at_its_first_row_is_reconciled(evidence, store):
-    """SIGKILL right after the run row is written, before params, metrics or a
+    """A run SIGKILLed right after its row is written is judged dead at once, then KILLED.
+
+    SIGKILL right after the run row is written, before params, metrics or a
     heartbeat: the run must be judgeable at once, and the next start ends it."""
     client = store.client()
     name, exp_id = store.new_experiment(client, "first-row")
@@ -664,7 +698,9 @@ def _break_artifact_folder(store, name: str) -> Path:
 
 
 def test_a_broken_artifact_folder_still_ends_the_run(evidence, sqlite_store):
-    """The end state is written before the traceback artifact; when the artifact
+    """An unwritable artifact folder still leaves the run FAILED, and the message says so.
+
+    The end state is written before the traceback artifact; when the artifact
     cannot be written, the message says so, and the run is not left RUNNING."""
     client = sqlite_store.client()
     observed = {}
@@ -727,7 +763,9 @@ def test_a_broken_artifact_folder_still_ends_the_run(evidence, sqlite_store):
 
 
 def test_eight_processes_share_a_fresh_sqlite_store(evidence, tmp_path):
-    """Eight processes start together on a store file that does not exist yet
+    """8 processes starting on a missing SQLite store create it in turn and all finish.
+
+    Eight processes start together on a store file that does not exist yet
     (nobody created the schema before them): they take turns creating it, and
     every one of them ends its run FINISHED. Repeated on a second fresh file
     whose folder does not exist either."""

@@ -119,7 +119,9 @@ def _hand_record(client, exp_id: str, spec, children: list[dict]) -> str:
 
 
 def test_analysis_of_a_hand_written_record(sqlite_store):
-    """Every way a pair can be incomplete, foreign children on both sides of the
+    """analyze reports each incomplete pair, foreign runs and the verdict as written by hand.
+
+    Every way a pair can be incomplete, foreign children on both sides of the
     spec's hash, and the verdict under each rule, against values written here."""
     client = sqlite_store.client()
     _, exp_id = sqlite_store.new_experiment(client, "hand")
@@ -219,7 +221,9 @@ def test_analysis_of_a_hand_written_record(sqlite_store):
 
 
 def test_only_a_parent_registers_a_hash(sqlite_store):
-    """`check_frozen` compares with the hashes on PARENT runs of the name: a child
+    """check_frozen reads hashes from parent runs only; another parent hash freezes the name.
+
+    `check_frozen` compares with the hashes on PARENT runs of the name: a child
     (or any other run) carrying the name and another hash does not freeze it;
     a parent with another hash does, and the error names that hash."""
     client = sqlite_store.client()
@@ -246,7 +250,9 @@ def test_only_a_parent_registers_a_hash(sqlite_store):
 
 
 def test_spec_hash_is_of_its_canonical_json():
-    """sha256 of the spec's JSON with sorted keys and no spaces; the order of the
+    """Spec.sha256 is of its sorted, spaceless JSON: YAML order aside, any change moves it.
+
+    sha256 of the spec's JSON with sorted keys and no spaces; the order of the
     YAML keys does not matter; any changed field changes it."""
     spec = _hand_spec([0, 1], True, "canon")
     fields = spec.model_dump(mode="json")
@@ -263,7 +269,9 @@ def test_spec_hash_is_of_its_canonical_json():
 
 @pytest.mark.parametrize("confidence", [0.9, 0.8])
 def test_bootstrap_interval_against_enumeration_and_scipy(evidence, confidence):
-    """Six distinct paired differences: the interval must sit on the exact
+    """bootstrap_ci sits on the exact alpha/2 bootstrap quantiles and SciPy's (1e-3).
+
+    Six distinct paired differences: the interval must sit on the exact
     alpha/2 and 1 - alpha/2 quantiles of the enumerated bootstrap (6^6 resamples),
     within Monte Carlo error, and agree with `scipy.stats.bootstrap`'s percentile
     interval; the alpha and 1 - alpha quantiles (a one-sided mistake) are far
@@ -307,7 +315,9 @@ def test_bootstrap_interval_against_enumeration_and_scipy(evidence, confidence):
 
 
 def test_decision_rule_both_directions_and_a_minimum_difference(evidence):
-    """The verdict table, written out by hand: for higher-is-better the whole
+    """decide matches a hand-written verdict table, boundaries and mirrored cases included.
+
+    The verdict table, written out by hand: for higher-is-better the whole
     interval must lie above +min_difference; for lower-is-better below
     -min_difference. Each case is mirrored (interval negated, direction flipped),
     which must give the same verdict."""
@@ -354,6 +364,7 @@ def test_decision_rule_both_directions_and_a_minimum_difference(evidence):
 
 @pytest.mark.parametrize("require_complete", [True, False])
 def test_paired_comparison_from_the_store(evidence, store, tmp_path, require_complete):
+    """Paired differences equal SQL's, a failed arm's pair is incomplete, the CI is exact."""
     client = store.client()
     name, exp_id = store.new_experiment(client, "compare")
     spec = _spec(f"{store.kind}-{int(require_complete)}-{time.time_ns()}", require_complete)
@@ -455,6 +466,7 @@ def test_paired_comparison_from_the_store(evidence, store, tmp_path, require_com
 
 
 def test_a_registered_question_is_frozen(store):
+    """Rerunning a registered comparison name with an edited spec raises FrozenSpecError."""
     client = store.client()
     _, exp_id = store.new_experiment(client, "frozen")
     spec = _spec(f"frozen-{store.kind}-{time.time_ns()}", True)
@@ -466,6 +478,7 @@ def test_a_registered_question_is_frozen(store):
 
 
 def test_bad_specs_are_clear_errors(tmp_path):
+    """Four bad specs raise SpecError naming the fault; bad YAML makes compare exit 2."""
     with pytest.raises(comparison.SpecError, match=r"`baseline` must not set `train_seed`"):
         comparison.parse_spec(
             SPEC_YAML.format(suffix="x", require_complete="true").replace(

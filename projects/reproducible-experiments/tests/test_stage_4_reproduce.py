@@ -58,7 +58,10 @@ def _history_bits(client, run_id: str) -> dict[str, list[tuple[int, int]]]:
 
 
 def test_the_verdict_names_what_differs(evidence):
-    """The verdict for each way a re-run can differ, written out by hand."""
+    """verdict_of names each differing identity and says reproduced only when all match.
+
+    The verdict for each way a re-run can differ, written out by hand.
+    """
     same = {"code": {}, "data": {}, "runtime": {}}
     one = ("a", "b")
     cases = {
@@ -100,6 +103,7 @@ def test_the_verdict_names_what_differs(evidence):
 
 
 def test_bitwise_comparison_catches_one_ulp(evidence):
+    """compare_metrics flags a one-ulp change and a missing series, and nothing in a copy."""
     recorded = {"test_loss": [(5, 0.25)], "val_loss": [(1, 0.5), (2, 0.4)]}
     nudged = {"test_loss": [(5, float(np.nextafter(0.25, 1.0)))], "val_loss": [(1, 0.5), (2, 0.4)]}
     mismatches, compared = reproduce.compare_metrics(recorded, nudged)
@@ -116,7 +120,9 @@ def test_bitwise_comparison_catches_one_ulp(evidence):
 
 @pytest.mark.parametrize("direction", [1.0, -1.0])
 def test_the_first_differing_step_is_named(direction):
-    """One ulp up or down at the second of three steps: the mismatch names that
+    """A one-ulp change at step 2 of 3 is named with both values; 3 values are compared.
+
+    One ulp up or down at the second of three steps: the mismatch names that
     step and both values; every value on both sides is counted as compared."""
     old = [(1, 0.5), (2, 0.4), (3, 0.3)]
     moved = float(np.nextafter(0.4, direction * np.inf))
@@ -127,7 +133,9 @@ def test_the_first_differing_step_is_named(direction):
 
 
 def test_every_series_and_step_is_compared_both_ways():
-    """Series missing on either side, steps that differ (sorting before and after),
+    """compare_metrics names missing series and differing steps both ways, counting values.
+
+    Series missing on either side, steps that differ (sorting before and after),
     and a clean match, with the count of values compared written out here."""
     recorded = {
         "a": [(1, 1.0), (2, 2.0)],
@@ -157,6 +165,7 @@ def test_every_series_and_step_is_compared_both_ways():
 
 
 def test_whole_verdicts_word_for_word():
+    """verdict_of's sentences equal the documented wording for each combination of parts."""
     same = {"code": {}, "data": {}, "runtime": {}}
     one = {"k": ("a", "b")}
     assert reproduce.verdict_of({**same, "code": one}, {}, True, True) == (
@@ -183,6 +192,7 @@ def test_whole_verdicts_word_for_word():
 @settings(max_examples=60, derandomize=True, deadline=None, database=None)
 @given(verdict=st.one_of(st.text(max_size=30), st.sampled_from(["reproduced", "reproduced!", "z"])))
 def test_only_the_verdict_reproduced_is_a_reproduction(verdict):
+    """Reproduction.reproduced is True for the verdict `reproduced` exactly, no other."""
     made = reproduce.Reproduction("r", verdict, {}, {}, 0, None, None, None)
     assert made.reproduced is (verdict == "reproduced")
 
@@ -194,7 +204,9 @@ _VALUE = st.sampled_from(["", "0", "1", "x", "y"])
 @settings(max_examples=80, derandomize=True, deadline=None, database=None)
 @given(recorded=st.dictionaries(_TAG, _VALUE), current=st.dictionaries(_TAG, _VALUE))
 def test_identity_differences_against_a_key_by_key_reference(recorded, current):
-    """Every key on either side whose value differs or is missing on one side,
+    """identity.differences equals a key-by-key reference, `<missing>` for absent keys.
+
+    Every key on either side whose value differs or is missing on one side,
     with both values (`<missing>` for the absent one); equal keys never appear."""
     expected = {}
     for key in "abcde":
@@ -207,7 +219,9 @@ def test_identity_differences_against_a_key_by_key_reference(recorded, current):
 
 
 def test_params_digest_against_a_reference():
-    """sha256 over `path|dtype|shape|` and the bytes of each leaf, leaves sorted by
+    """checkpoint.digest equals a sha256 over leaves sorted by path; any change moves it.
+
+    sha256 over `path|dtype|shape|` and the bytes of each leaf, leaves sorted by
     their path string: with eleven list entries that order ([0], [10], [1], ...)
     is not the tree's own. Any changed value, dtype, shape or path changes it."""
     params = {"w": [np.full((2,), i, np.float32) for i in range(11)], "b": np.arange(3)}
@@ -226,6 +240,7 @@ def test_params_digest_against_a_reference():
 
 
 def test_reproduce_in_a_fresh_process_is_bitwise(evidence, store):
+    """A fresh process reproduces a run bitwise from its record; a runtime change is named."""
     client = store.client()
     _, exp_id = store.new_experiment(client, "reproduce")
     config = Config.tiny().replace(train_seed=5, eval_seed=2, dropout_rate=0.2)
@@ -287,6 +302,7 @@ def test_reproduce_in_a_fresh_process_is_bitwise(evidence, store):
     [("code.git_commit", "code"), ("data.sha256", "data"), ("runtime.jax", "runtime")],
 )
 def test_a_differing_identity_is_named(evidence, store, tag, kind):
+    """An altered code, data or runtime tag is named alone, and the re-run is no reproduction."""
     client = store.client()
     _, exp_id = store.new_experiment(client, f"identity-{kind}")
     run_id, _, _ = record.run_tracked(client, exp_id, Config.tiny())
@@ -309,7 +325,7 @@ def test_a_differing_identity_is_named(evidence, store, tag, kind):
 
 
 def test_checkpoint_restores_the_same_bits(evidence, sqlite_store):
-    """The run's Orbax checkpoint, restored, equals the re-run's parameters."""
+    """The run's Orbax checkpoint restores bitwise to the re-run's parameters."""
     client = sqlite_store.client()
     _, exp_id = sqlite_store.new_experiment(client, "checkpoint")
     run_id, result, _ = record.run_tracked(client, exp_id, Config.tiny(), save_checkpoint=True)
@@ -336,6 +352,7 @@ def test_checkpoint_restores_the_same_bits(evidence, sqlite_store):
 
 
 def test_only_finished_runs_reproduce(store):
+    """reproduce refuses a FAILED run with TrackingError: only a FINISHED run is complete."""
     client = store.client()
     _, exp_id = store.new_experiment(client, "unfinished")
 

@@ -76,7 +76,9 @@ def _np_tdep(theta, load):
     load=st.sampled_from([0.0, 0.7]),
 )
 def test_rk4_step_equals_a_numpy_rk4_on_a_time_dependent_system(t, dt, y, theta, load):
-    """One step from a non-zero time of a system whose rhs depends on t (the
+    """One rk4_step equals a NumPy RK4 step to 1e-13 on a time-dependent rhs, over 30 drawn inputs.
+
+    One step from a non-zero time of a system whose rhs depends on t (the
     package's two systems do not, so their tests cannot see the stage times)."""
     with jax.enable_x64(True):
         got = rk4_step(TIMED, jnp.float64(t), jnp.array(y), jnp.array(theta), jnp.float64(dt), load)
@@ -101,7 +103,9 @@ def test_simulate_threads_time_through_the_scan():
 
 @pytest.mark.parametrize("load", [0.0, 1.5])
 def test_exact_oscillator_against_scipy(load):
-    """`oscillator_exact` on NumPy inputs, with and without a load, against SciPy's
+    """oscillator_exact equals SciPy's DOP853 solution to 1e-9, with and without a constant load.
+
+    `oscillator_exact` on NumPy inputs, with and without a load, against SciPy's
     DOP853 on m x'' + c x' + k x = F0 (rtol 1e-12)."""
     m, c, k = 1.3, 0.4, 5.0
     y0 = np.array([0.7, -0.3])
@@ -123,7 +127,10 @@ def test_exact_oscillator_against_scipy(load):
 
 @pytest.mark.parametrize(("t_end", "dt", "steps"), [(0.3, 0.1, 3), (1.0, 0.1, 10), (2.0, 2.0, 1)])
 def test_steps_for_near_integer_ratios(t_end, dt, steps):
-    """0.3 / 0.1 is 2.9999999999999996 in floating point: still 3 whole steps."""
+    """steps_for returns the whole step count for ratios at or near an integer: 3, 10 and 1.
+
+    0.3 / 0.1 is 2.9999999999999996 in floating point: still 3 whole steps.
+    """
     assert steps_for(t_end, dt) == steps
 
 
@@ -140,12 +147,15 @@ def test_steps_for_near_integer_ratios(t_end, dt, steps):
     ],
 )
 def test_steps_for_refuses_with_a_suggestion(t_end, dt, match):
+    """Bad t_end or dt raise ParameterError; a dt that misses t_end gets a suggested dt."""
     with pytest.raises(ParameterError, match=match):
         steps_for(t_end, dt)
 
 
 def test_the_state_budget_boundary(monkeypatch):
-    """`MAX_STATES` stored states are allowed, one more is refused, before any
+    """simulate accepts exactly MAX_STATES stored states and refuses one more before computing.
+
+    `MAX_STATES` stored states are allowed, one more is refused, before any
     computation; the message names the batch and the step count."""
     monkeypatch.setattr(solver, "MAX_STATES", 12)
     theta, y0 = np.array([[1.0, 0.3, 4.0]] * 2), np.array([[1.0, 0.0]] * 2)
@@ -162,6 +172,7 @@ def test_the_state_budget_boundary(monkeypatch):
 
 @pytest.mark.parametrize("batch", [1, 3, 7])
 def test_axis_contract_batch_time_state(batch, evidence):
+    """Runs are (batch, steps + 1, 2) from y0, equal to one-by-one and reversed runs."""
     theta, y0 = oscillator_batch(batch, seed=batch)
     run = simulate(OSCILLATOR, theta, y0, t_end=2.0, dt=0.05)
     n_steps = steps_for(2.0, 0.05)
@@ -190,6 +201,7 @@ def test_axis_contract_batch_time_state(batch, evidence):
 
 @pytest.mark.parametrize(("batch", "t_end", "seed"), [(3, 10.0, 0), (5, 4.0, 1)])
 def test_rk4_matches_exact_solution_at_order_four(batch, t_end, seed, evidence):
+    """RK4's error against the exact oscillator falls at fitted order 4 +- 0.3, 2 batches."""
     theta, y0 = oscillator_batch(batch, seed)
     dts = (0.1, 0.05, 0.025, 0.0125)
     study = rk4_error_study(dts, theta, y0, t_end)
@@ -222,6 +234,7 @@ def _pendulum_reference(theta: np.ndarray, y0: np.ndarray, ts: np.ndarray) -> np
 
 @pytest.mark.parametrize("amplitude", [0.1, 2.5])
 def test_pendulum_matches_scipy_at_order_four(amplitude, evidence):
+    """RK4's pendulum error against SciPy has order 4 +- 0.3 and energy drift < 1e-7."""
     theta = np.array([[1.0, 0.1], [0.5, 0.0], [2.0, 0.3]])
     y0 = np.array([[amplitude, 0.0], [amplitude / 2, 1.0], [-amplitude, 0.5]])
     # Steps in the asymptotic range of the large-amplitude swing (error ratio ~16 per halving).
@@ -253,6 +266,7 @@ def test_pendulum_matches_scipy_at_order_four(amplitude, evidence):
 
 
 def test_same_inputs_give_the_same_bits(evidence):
+    """Two simulate runs of the same batch give bitwise-equal trajectories."""
     theta, y0 = oscillator_batch(4, seed=7)
     first = simulate(OSCILLATOR, theta, y0, 3.0, 0.01).ys
     second = simulate(OSCILLATOR, theta, y0, 3.0, 0.01).ys
@@ -280,11 +294,13 @@ def test_same_inputs_give_the_same_bits(evidence):
     ],
 )
 def test_bad_input_is_refused_with_a_clear_error(theta, y0, t_end, dt, match):
+    """Non-physical, non-finite, unreachable or misshapen input raises ParameterError."""
     with pytest.raises(ParameterError, match=match):
         simulate(OSCILLATOR, np.array(theta), np.array(y0), t_end, dt)
 
 
 def test_cli_simulate_and_its_errors(evidence, tmp_path):
+    """The simulate CLI prints the (2, 101, 2) axes and a PNG; a bad mass or dt exits 2."""
     runner = CliRunner()
     plot = tmp_path / "trajectories.png"
     ok = runner.invoke(
@@ -316,7 +332,7 @@ def test_cli_simulate_and_its_errors(evidence, tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_trajectories_match_cpu(evidence):
-    """On a GPU: the same float64 batch integrated on the GPU and on the CPU."""
+    """GPU float64 trajectories of a 64-member batch equal the CPU's to 1e-12."""
     import jax
 
     theta, y0 = oscillator_batch(64, seed=3)

@@ -52,7 +52,9 @@ def _fits(seed: int, s: int = 3, n: int = 9) -> train.FitBatch:
 @settings(max_examples=15, derandomize=True, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31), confidence=st.sampled_from([0.5, 0.8, 0.95, 0.99]))
 def test_laplace_against_a_row_by_row_reference(seed, confidence):
-    """cov = RSS / (n - 2) (J^T J)^-1 and theta -+ t_{n-2}((1 + confidence) / 2) se,
+    """laplace's cov, se, intervals and sigma equal a row-by-row NumPy/SciPy reference (1e-12).
+
+    cov = RSS / (n - 2) (J^T J)^-1 and theta -+ t_{n-2}((1 + confidence) / 2) se,
     row by row with `numpy.linalg.inv` and `scipy.stats.t`."""
     fits = _fits(seed)
     lap = train.laplace(fits, confidence)
@@ -69,7 +71,10 @@ def test_laplace_against_a_row_by_row_reference(seed, confidence):
 
 
 def test_coverage_summary_counts_each_parameter_over_seeds():
-    """Five seeds, two parameters, truth inside, outside and ON an interval end."""
+    """coverage_summary's counts and statistics equal hand counts; an interval end covers.
+
+    Five seeds, two parameters, truth inside, outside and ON an interval end.
+    """
     theta = np.array([[1.0, 2.0], [1.2, 2.5], [0.7, 1.0], [1.1, 2.2], [0.9, 1.9]])
     se = np.array([[0.1, 0.2], [0.1, 0.2], [0.1, 0.4], [0.05, 0.1], [0.1, 0.1]])
     lower = np.array([[0.8, 1.6], [1.1, 1.9], [0.5, 1.5], [1.0, 2.0], [0.7, 1.5]])
@@ -90,12 +95,14 @@ def test_coverage_summary_counts_each_parameter_over_seeds():
 
 
 def test_slope_of_an_exact_power_law():
+    """slope recovers the exponents 4 and 2 of exact power laws to 1e-10."""
     steps = np.array([0.1, 0.05, 0.025, 0.0125])
     assert train.slope(steps, 3.0 * steps**4) == pytest.approx(4.0, abs=1e-10)
     assert train.slope(steps, 0.5 * steps**2) == pytest.approx(2.0, abs=1e-10)
 
 
 def test_crossings_interpolate_each_side_of_the_minimum():
+    """crossings gives hand-interpolated level crossings each side, or +-inf where none."""
     values = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
     dev = np.array([9.0, 4.0, 1.0, 0.0, 2.0, 8.0])
     # Left: between 1 (4.0) and 2 (1.0) at level 3 -> 1 + (3 - 4) / (1 - 4) = 4/3.
@@ -113,6 +120,7 @@ def test_crossings_interpolate_each_side_of_the_minimum():
 
 
 def test_profile_from_rss_against_the_deviance_formula():
+    """profile_from_rss gives n log(rss / rss_min) and the chi2(1) threshold, 2 minima."""
     values = np.linspace(0.0, 1.0, 5)
     rss = np.array([4.0, 2.5, 2.0, 2.2, 5.0])
     got = identifiability.profile_from_rss(values, rss, 2.0, 30.0, 0.95)
@@ -126,6 +134,7 @@ def test_profile_from_rss_against_the_deviance_formula():
 
 
 def test_condition_number_on_three_by_three_and_singular():
+    """condition_number is the eigenvalue ratio, inf below a 1e-12 relative floor."""
     info = np.diag([2.0, 5.0, 40.0])
     assert identifiability.condition_number(info) == pytest.approx(20.0, rel=1e-12)
     assert identifiability.condition_number(np.diag([1.0, 3.0])) == pytest.approx(3.0)
@@ -157,6 +166,7 @@ def _fd_fisher(theta, ts, y0, noise, free, load=0.0, h=1e-6):
     ("free", "load"), [(("c", "k"), 0.0), (("m", "c", "k"), 1.0), (("k",), 0.5)]
 )
 def test_fisher_against_finite_differences(free, load):
+    """fisher equals J^T J / sigma^2 from central differences in log parameters (1e-6)."""
     theta, y0, ts = np.array([1.0, 0.3, 4.0]), np.array([1.0, 0.0]), 0.1 * np.arange(1, 41)
     kwargs = {"load": load} if load else {}
     got = identifiability.fisher(theta, ts, y0, 0.2, free=free, **kwargs)
@@ -179,6 +189,7 @@ def test_fisher_against_finite_differences(free, load):
     ],
 )
 def test_fisher_refuses_unusable_inputs(change, match):
+    """fisher raises ParameterError naming a bad noise_std, free, theta, y0 or ts."""
     args = {
         "theta": np.array([1.0, 0.3, 4.0]),
         "ts": 0.1 * np.arange(1, 11),
@@ -193,6 +204,7 @@ def test_fisher_refuses_unusable_inputs(change, match):
 
 
 def test_fisher_takes_free_by_keyword_only():
+    """fisher refuses `free` passed by position with a TypeError."""
     with pytest.raises(TypeError):
         identifiability.fisher(
             np.array([1.0, 0.3, 4.0]), 0.1 * np.arange(1, 11), np.array([1.0, 0.0]), 0.1, ("c",)
@@ -210,6 +222,7 @@ def study(tmp_path_factory):
 
 
 def test_parameters_recovered_within_their_standard_errors(study, evidence):
+    """The estimate is within 4 se of the truth; mean se is 0.6-1.6x the seeds' spread."""
     result, _ = study
     ref = result["fit"]["refined"]
     z = np.abs(np.array(result["parameter_error"]["in_se"]))
@@ -234,6 +247,7 @@ def test_parameters_recovered_within_their_standard_errors(study, evidence):
 
 
 def test_laplace_se_matches_expected_fisher_information(study, evidence):
+    """Laplace se from data and RK4 equal the exact model's expected-Fisher se within 25%."""
     result, _ = study
     obs = synthesize(CONFIG, jax.random.split(jax.random.key(CONFIG.seed), 3)[0])
     ts = observation_times(CONFIG.t_end, CONFIG.obs_dt)[~obs.heldout]
@@ -258,6 +272,7 @@ def test_laplace_se_matches_expected_fisher_information(study, evidence):
 
 
 def test_error_budget_is_kept_apart(study, evidence):
+    """Solver bias is in (0, 0.1) se; held-out RMSE is < noise/2 vs truth, ~noise vs data."""
     result, _ = study
     bias = np.abs(result["solver_bias"]["in_se"])
     pred = result["prediction_error"]["refined"]
@@ -287,6 +302,7 @@ def test_error_budget_is_kept_apart(study, evidence):
 
 
 def test_estimate_converges_under_grid_refinement(study, evidence):
+    """The RK4 estimate's gap to the exact-model one falls at order 4 +- 0.4, below 1e-6."""
     conv = study[0]["convergence"]
     gaps = np.array(conv["abs_gap"])
     orders = conv["observed_order"]
@@ -305,6 +321,7 @@ def test_estimate_converges_under_grid_refinement(study, evidence):
 
 
 def test_profiles_agree_with_laplace_in_the_long_window(study, evidence):
+    """Profile interval ends of c and k lie within 10% of the Laplace width of its ends."""
     profiles = study[0]["profiles"]["long"]
     for name in ("c", "k"):
         p = profiles[name]
@@ -321,6 +338,7 @@ def test_profiles_agree_with_laplace_in_the_long_window(study, evidence):
 
 
 def test_short_window_is_weakly_identifiable(study, evidence):
+    """A short window gives > 3x the se and > 5x the condition number; velocity helps."""
     result, _ = study
     long_se = np.array(result["fit"]["refined"]["se"])
     short_se = np.array(result["short_window"]["se"])
@@ -354,6 +372,7 @@ def test_short_window_is_weakly_identifiable(study, evidence):
 
 
 def test_mass_scaling_is_unidentifiable_without_a_known_force(study, evidence):
+    """With m, c, k free the Fisher is singular along (1, 1, 1); a known load fixes it."""
     fisher = study[0]["fisher"]
     free = fisher["long window, m c k all free"]
     loaded = fisher["long window, m c k, known step load F0 = 1"]
@@ -375,6 +394,7 @@ def test_mass_scaling_is_unidentifiable_without_a_known_force(study, evidence):
 
 
 def test_interval_coverage_near_nominal(study, evidence):
+    """Laplace interval coverage over seeds is at least nominal - 3 binomial se."""
     cover = study[0]["coverage"]
     floor = cover["nominal"] - 3 * cover["binomial_se"]
     rate = np.array(cover["rate"])
@@ -389,7 +409,9 @@ def test_interval_coverage_near_nominal(study, evidence):
 
 @pytest.mark.parametrize("confidence", [0.8, 0.95])
 def test_laplace_interval_holds_its_nominal_probability(evidence, confidence):
-    """The interval `theta +- q se` on a linear model, where it is exact: its
+    """On a linear model laplace's interval has t content equal to its level and covers at it.
+
+    The interval `theta +- q se` on a linear model, where it is exact: its
     probability content under Student's t (cdf, not the ppf the code uses) equals
     the level, and over 4000 simulated data sets it covers the truth at the level
     (within three binomial standard errors). A one-sided quantile fails both."""
@@ -430,7 +452,9 @@ def test_laplace_interval_holds_its_nominal_probability(evidence, confidence):
 
 
 def test_report_verdicts_follow_their_figures(study):
-    """Each verdict of the report is computed from its figures: on the study's own
+    """Each report verdict matches report.md on the study's figures and flips with them.
+
+    Each verdict of the report is computed from its figures: on the study's own
     figures it reads as the report says, and it flips when the figures do."""
     out, workdir = study
     conv, se, cov = out["convergence"], out["fit"]["refined"]["se"], out["coverage"]
@@ -452,6 +476,7 @@ def test_report_verdicts_follow_their_figures(study):
 
 
 def test_missing_observations_are_masked_not_propagated(study, evidence):
+    """NaN positions fit exactly like held-out ones (1e-12); all-NaN data is refused."""
     key = jax.random.key(11)
     obs = synthesize(CONFIG, key)
     gappy = obs._replace(x=obs.x.copy())
@@ -483,6 +508,7 @@ def test_missing_observations_are_masked_not_propagated(study, evidence):
 
 
 def test_same_config_same_bits_other_seed_other_result(study, evidence):
+    """The same config refits bitwise equal, its saved result restores, seed 1 differs."""
     first, workdir = study
     again = train.fit_and_evaluate(CONFIG)
     other = train.fit_and_evaluate(CONFIG.model_copy(update={"seed": 1}))
@@ -507,6 +533,7 @@ def test_same_config_same_bits_other_seed_other_result(study, evidence):
 
 
 def test_report_answers_the_review_questions(study):
+    """report.md has the four review questions as headings, and its 3 plots are PNGs."""
     _, workdir = study
     text = (workdir / "report.md").read_text()
     for heading in (
@@ -521,6 +548,7 @@ def test_report_answers_the_review_questions(study):
 
 
 def test_cli_fit_and_config_errors(tmp_path, study):
+    """fit writes a report, refuses to overwrite, and bad configs exit 2 naming fields."""
     runner = CliRunner()
     config_path = tmp_path / "tiny.json"
     config_path.write_text(CONFIG.to_json())

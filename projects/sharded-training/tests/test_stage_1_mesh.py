@@ -123,7 +123,9 @@ def divides(batch_size: int, d: int) -> bool:
     [(0, 1), (1, 1), (-1, 1), (2, 1), (0, 8), (8, 8), (12, 8), (16, 8), (1, 2), (2, 2)],
 )
 def test_check_batch_boundaries(data_meshes, batch_size, d):
-    """Both sides of both conditions: 0 and 1 rows (the lower bound), one multiple of
+    """check_batch accepts only positive multiples of the data axis, tested at the boundaries.
+
+    Both sides of both conditions: 0 and 1 rows (the lower bound), one multiple of
     the data axis and a non-multiple, on data sizes 1, 2 and 8."""
     if divides(batch_size, d):
         sharding.check_batch(batch_size, data_meshes[d])
@@ -135,6 +137,7 @@ def test_check_batch_boundaries(data_meshes, batch_size, d):
 @FAST
 @given(batch_size=st.integers(-4, 40), d=st.sampled_from(DATA_SIZES))
 def test_check_batch_accepts_exactly_the_positive_multiples(data_meshes, batch_size, d):
+    """check_batch accepts exactly the positive multiples of the data size, like a Python rule."""
     try:
         sharding.check_batch(batch_size, data_meshes[d])
         accepted = True
@@ -150,7 +153,7 @@ def test_check_batch_accepts_exactly_the_positive_multiples(data_meshes, batch_s
     seed=st.integers(0, 2**31 - 1),
 )
 def test_per_shard_counts_against_python(d, per_shard, seed):
-    """Counts per contiguous block of rows, against a plain-Python count."""
+    """per_shard_counts equals a plain-Python count of valid rows per contiguous block."""
     mask = np.random.default_rng(seed).integers(0, 2, d * per_shard).astype(np.float32)
     expected = [int(sum(mask[i * per_shard : (i + 1) * per_shard])) for i in range(d)]
     assert sharding.per_shard_counts(mask, d) == expected
@@ -177,7 +180,9 @@ MESHES = [(1, (1, 1)), (2, (2, 1)), (4, (4, 1)), (8, (8, 1)), (4, (2, 2)), (8, (
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1), (4, 2)])
 def test_the_batch_is_split_over_the_data_axis(evidence, mesh_shape):
-    """Each device holds exactly its block of rows: the device at data coordinate
+    """global_batch puts rows [i*B/d, (i+1)*B/d) of every field but ids on data index i.
+
+    Each device holds exactly its block of rows: the device at data coordinate
     i (read from the mesh's device grid) holds rows [i*B/d, (i+1)*B/d) of the
     batch, and devices that differ only in the model coordinate hold the same
     rows. Checked for features, labels and mask on two meshes."""
@@ -216,6 +221,7 @@ def test_the_batch_is_split_over_the_data_axis(evidence, mesh_shape):
 
 @pytest.mark.parametrize("pattern", ["pipeline", "scattered", "no padding"])
 def test_naive_mean_of_means_differs_under_unequal_counts(evidence, pattern):
+    """The count-weighted loss equals NumPy's; a mean of shard means fails under unequal counts."""
     config = CONFIG
     mesh = sharding.make_mesh((8, 1))
     if pattern == "no padding":
@@ -260,6 +266,7 @@ def test_naive_mean_of_means_differs_under_unequal_counts(evidence, pattern):
 @pytest.mark.parametrize("pattern", ["pipeline", "scattered"])
 @pytest.mark.parametrize(("n_devices", "mesh_shape"), MESHES)
 def test_global_update_equals_single_device_update(evidence, n_devices, mesh_shape, pattern):
+    """Sharded loss, grads and Adam step equal 1 device on the unpadded rows, on 1-8 devices."""
     config = CONFIG.model_copy(update={"mesh_shape": mesh_shape})
     mesh = sharding.make_mesh(mesh_shape, jax.devices()[:n_devices])
     batch = padded_batch(config, pattern)
@@ -300,7 +307,9 @@ def test_global_update_equals_single_device_update(evidence, n_devices, mesh_sha
 
 
 def test_dropout_masks_do_not_depend_on_the_sharding(evidence):
-    """With dropout on, the (4, 2)-mesh step equals the 1-device step on the same padded
+    """With dropout on, the (4, 2)-mesh step equals the 1-device step on the same batch.
+
+    With dropout on, the (4, 2)-mesh step equals the 1-device step on the same padded
     batch: the masks come from the state's key, not from the device layout."""
     config = Config.tiny().model_copy(update={"mesh_shape": (4, 2)})
     batch = padded_batch(config, "pipeline")
@@ -325,6 +334,7 @@ def test_dropout_masks_do_not_depend_on_the_sharding(evidence):
 
 
 def test_same_seed_same_bits_other_seed_other_bits(evidence):
+    """Two 12-step runs of one seed give bitwise-equal losses and state; seed 1 differs."""
     runs = {
         "seed 0, first": train.run(Config.tiny(), None),
         "seed 0, second": train.run(Config.tiny(), None),
@@ -347,6 +357,7 @@ def test_same_seed_same_bits_other_seed_other_bits(evidence):
 
 
 def test_bad_mesh_and_batch_are_clear_errors(tmp_path):
+    """A mesh without its devices or a batch off the data axis is refused naming both sizes."""
     with pytest.raises(sharding.MeshError, match=r"mesh shape `\(3, 2\)` needs 6 devices.*`8`"):
         sharding.make_mesh((3, 2))
     with pytest.raises(ValueError, match=r"`batch_size` = `12` does not divide .* size `8`"):
@@ -366,6 +377,7 @@ def test_bad_mesh_and_batch_are_clear_errors(tmp_path):
 
 
 def test_cli_train_runs_and_checkpoints(tmp_path):
+    """The train CLI runs the tiny config, prints the final loss, plots and checkpoints step 12."""
     cfg = tmp_path / "tiny.json"
     cfg.write_text(Config.tiny().to_json())
     result = CliRunner().invoke(

@@ -44,6 +44,7 @@ def expected_shard_elements(config: Config, mesh_shape) -> list[int]:
 
 @pytest.mark.parametrize("mesh_shape", MESHES)
 def test_parameter_shard_sizes_from_the_layout(mesh_shape):
+    """param_shard_elements equals per-device sizes from the stated layout, on 2 meshes."""
     config = Config.tiny().model_copy(update={"mesh_shape": mesh_shape})
     mesh = sharding.make_mesh(mesh_shape)
     assert sharding.param_shard_elements(config, mesh) == expected_shard_elements(
@@ -66,7 +67,9 @@ def row_block_reference(batch_size: int, index: int, count: int) -> list[int] | 
     index=st.integers(-2, 9),
 )
 def test_process_rows_against_a_reference(count, batch_size, index):
-    """Over process counts 1-8 (and 0, -1), batch sizes on and off the multiples
+    """process_rows gives the rows a plain-Python block reference gives, and refuses as it does.
+
+    Over process counts 1-8 (and 0, -1), batch sizes on and off the multiples
     (0 and negative included), indices inside and just outside [0, count)."""
     expected = row_block_reference(batch_size, index, count)
     if expected is None:
@@ -89,13 +92,16 @@ def test_process_rows_against_a_reference(count, batch_size, index):
     ],
 )
 def test_process_rows_refusals_name_the_value(batch_size, index, count, message):
+    """A bad process count, index or batch size raises ValueError naming the value."""
     with pytest.raises(ValueError, match=message):
         data.process_rows(batch_size, index, count)
 
 
 @pytest.mark.parametrize("process_count", [1, 2, 4])
 def test_local_shard_keeps_its_rows_and_masks_the_padding(process_count):
-    """`LocalShard.map` on a short global batch (the end of an epoch): each process
+    """LocalShard.map gives each process its block of padded IDs; padding is masked, example 0.
+
+    `LocalShard.map` on a short global batch (the end of an epoch): each process
     gets its block of the padded IDs; valid rows look up their own example, padding
     rows hold ID -1, mask 0 and example 0's features and label (a real example, so
     every value stays finite)."""
@@ -134,7 +140,9 @@ HLO = "\n".join(
 
 
 def test_collectives_parsed_from_hlo_text():
-    """Op, arrays, elements, bytes (each dtype's own width) and replica groups of
+    """collectives reads op, arrays, elements, bytes and groups of 3 collectives from HLO text.
+
+    Op, arrays, elements, bytes (each dtype's own width) and replica groups of
     three collectives; the parameter and the dot are not collectives."""
     found = sharding.collectives(HLO)
     assert [c["op"] for c in found] == ["all-reduce", "all-reduce", "all-gather"]
@@ -176,6 +184,7 @@ def launched(request, tmp_path_factory):
 
 
 def test_parity_with_single_process_8_devices(evidence, launched):
+    """A 2-process x 4-device run matches 1 process x 8 devices: losses and params to 1e-4."""
     config, workdir, finals = launched
     reference = train.run(config, None)
     steps = sorted(reference["losses"])
@@ -210,6 +219,7 @@ def test_parity_with_single_process_8_devices(evidence, launched):
 
 
 def test_each_process_feeds_only_its_own_rows(evidence, launched):
+    """Each process fed only its slice of every global batch; each example once per epoch."""
     config, _, finals = launched
     features, labels = data.make_dataset(config)
     per_epoch = -(-config.num_examples // config.batch_size)
@@ -248,6 +258,7 @@ def test_each_process_feeds_only_its_own_rows(evidence, launched):
 
 
 def test_gradient_all_reduce_matches_parameter_shards(evidence, launched):
+    """The compiled gradient all-reduce carries exactly the per-device parameter shards."""
     config, workdir, _ = launched
     report = json.loads((workdir / "collectives.json").read_text())
     expected = expected_shard_elements(config, config.mesh_shape)
@@ -275,6 +286,7 @@ def test_gradient_all_reduce_matches_parameter_shards(evidence, launched):
 
 
 def test_port_in_use_and_missing_coordinator_are_clear_errors(tmp_path):
+    """A busy port, an absent coordinator and too few devices each stop with a clear error."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -151,7 +151,9 @@ LOCAL_DAMAGES = [
 
 @pytest.mark.parametrize("how", LOCAL_DAMAGES)
 def test_a_damaged_step_is_rejected_with_its_reason(evidence, local_checkpoints, tmp_path, how):
-    """`check_step` on a real checkpoint, before and after one item is damaged;
+    """check_step rejects a removed or truncated item, naming it; restore falls back one step.
+
+    `check_step` on a real checkpoint, before and after one item is damaged;
     `find_restorable` then falls back to the previous step and moves the damaged one
     aside. The multi-process sweep below repeats this through relaunches."""
     ckpt = tmp_path / "checkpoints"
@@ -185,7 +187,9 @@ def test_a_damaged_step_is_rejected_with_its_reason(evidence, local_checkpoints,
 
 
 def test_two_damaged_steps_fall_back_to_the_third(local_checkpoints, tmp_path):
-    """Both newer steps damaged (an item missing, an item unreadable): both are moved
+    """Two newer steps damaged: the third is restored; only the primary moves them aside.
+
+    Both newer steps damaged (an item missing, an item unreadable): both are moved
     aside under `rejected/`, and the oldest step is the one to restore."""
     ckpt = tmp_path / "checkpoints"
     shutil.copytree(local_checkpoints, ckpt)
@@ -214,7 +218,7 @@ def test_two_damaged_steps_fall_back_to_the_third(local_checkpoints, tmp_path):
 
 
 def test_find_restorable_takes_primary_by_name_only(local_checkpoints):
-    """Whether to move steps on disk is never passed by position."""
+    """find_restorable refuses `primary` passed by position with a TypeError."""
     with pytest.raises(TypeError):
         checkpoint.find_restorable(local_checkpoints, CONFIG, 1, True)
 
@@ -232,6 +236,7 @@ def _digest_order(sign: int) -> Config:
 
 @pytest.mark.parametrize("sign", [1, -1], ids=["digest-after", "digest-before"])
 def test_a_step_of_another_config_names_both_digests_and_the_field(local_checkpoints, sign):
+    """A step of another config or process count raises naming both values and the field."""
     other = _digest_order(sign)
     step = checkpoint.committed_steps(local_checkpoints)[0]
     with pytest.raises(checkpoint.CheckpointError) as err:
@@ -248,7 +253,9 @@ def test_a_step_of_another_config_names_both_digests_and_the_field(local_checkpo
 
 
 def test_saves_are_written_in_the_background(evidence, tmp_path):
-    """`checkpoint.manager` saves asynchronously: `save` returns while the step is
+    """checkpoint.manager's save returns before Orbax finalizes the step on another thread.
+
+    `checkpoint.manager` saves asynchronously: `save` returns while the step is
     still being written, and Orbax finalizes it on a thread of its own. Orbax's
     `_finalize` (orbax-checkpoint pinned) is held until `save` has returned, so what
     is observed is an order, not a race; a synchronous save finalizes on the caller's
@@ -293,7 +300,9 @@ def test_saves_are_written_in_the_background(evidence, tmp_path):
 
 
 def test_the_configured_heartbeat_reaches_jax_distributed(evidence):
-    """The worker's options for `jax.distributed.initialize` carry the configured
+    """The worker passes the configured heartbeat timeout to jax.distributed.initialize.
+
+    The worker's options for `jax.distributed.initialize` carry the configured
     heartbeat timeout, under a name the installed JAX's `initialize` takes."""
     config = CONFIG.model_copy(update={"heartbeat_timeout_s": 7})
     argv = ["--config", "c.json", "--workdir", "w", "--process-id", "1", "--num-processes", "2"]
@@ -312,6 +321,7 @@ def test_the_configured_heartbeat_reaches_jax_distributed(evidence):
 
 
 def test_every_resumed_loss_and_the_final_state_are_bitwise_equal(evidence, sweep):
+    """After 10 random SIGKILLs and resumes, every loss and the final state match bitwise."""
     ref_dir, job, attempts = sweep
     ref = {p: {r["step"]: r for r in read_log(ref_dir, 0, p) if "step" in r} for p in range(2)}
     ref_final = json.loads((ref_dir / "final_p0.json").read_text())
@@ -376,7 +386,9 @@ def test_every_resumed_loss_and_the_final_state_are_bitwise_equal(evidence, swee
 
 
 def test_kills_during_checkpoint_writes_leave_no_committed_step(evidence, sweep):
-    """A kill right after the save of step s was started, while Orbax still writes
+    """A kill while Orbax writes step s leaves s a temporary folder, never a committed step.
+
+    A kill right after the save of step s was started, while Orbax still writes
     in the background, must leave step s unfinished: Orbax's temporary directory
     for s, and no committed `s`. A synchronous save (finished before `save`
     returns) would leave `s` committed, and fails this test."""
@@ -407,6 +419,7 @@ def test_kills_during_checkpoint_writes_leave_no_committed_step(evidence, sweep)
 
 
 def test_damaged_checkpoints_are_rejected_and_fall_back(evidence, sweep):
+    """A damaged latest checkpoint is rejected at relaunch, saying so; an older one restores."""
     _, _, attempts = sweep
     rows = []
     for a in [a for a in attempts if a["damaged_before"]]:
@@ -443,6 +456,7 @@ def test_damaged_checkpoints_are_rejected_and_fall_back(evidence, sweep):
 
 
 def test_checkpoint_from_another_config_is_a_clear_error(sweep):
+    """Resuming with another learning rate raises CheckpointError naming the field."""
     ref_dir, _, _ = sweep
     other = CONFIG.model_copy(update={"learning_rate": 0.5})
     copy = ref_dir.parent / "other-config"
@@ -455,7 +469,9 @@ def test_checkpoint_from_another_config_is_a_clear_error(sweep):
 
 
 def test_the_survivor_of_a_killed_peer_stops_with_a_message(evidence, tmp_path):
-    """Each of the two processes SIGKILLed while the other sits idle outside any
+    """The survivor of a SIGKILLed peer exits 1 with one message within heartbeat + 15 s.
+
+    Each of the two processes SIGKILLed while the other sits idle outside any
     collective (`idle` kill point, `train.IDLE_S` = 120 s): only the heartbeat, or
     the coordinator's loss, can tell the survivor. It must end with exit code 1
     and one clear message (no native stack trace) within heartbeat_timeout_s + 15 s.

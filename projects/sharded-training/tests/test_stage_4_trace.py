@@ -44,7 +44,9 @@ def constructed_trace(durations_ns: list[int], gap_ns: int = 10_000) -> dict:
 
 @pytest.mark.parametrize("steps_per_call", [1, 8])
 def test_breakdown_of_a_constructed_trace(evidence, steps_per_call):
-    """`breakdown` against a trace whose answer is known: the first two iterations are
+    """breakdown recovers a constructed trace's known per-step figures, 1 and 8 steps per call.
+
+    `breakdown` against a trace whose answer is known: the first two iterations are
     warm-up (far slower) and must be left out of the median; each category counts
     only its events inside the step (not the prefetch between steps); overlapping
     device intervals count once; a call of K steps is divided by K."""
@@ -82,6 +84,7 @@ def covered(intervals, lo: int, hi: int) -> int:
 @FAST
 @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 25)), max_size=8))
 def test_interval_union_against_a_coverage_count(pairs):
+    """_intervals_union equals a count of covered instants: empty, nested, touching intervals."""
     intervals = [(s, s + d) for s, d in pairs]  # empty (d = 0), nested, touching, apart
     assert profile._intervals_union(intervals) == covered(intervals, -10, 200)
 
@@ -178,6 +181,7 @@ def breakdown_reference(trace, window, k, skip):
 @FAST
 @given(traces())
 def test_breakdown_against_its_definition(drawn):
+    """breakdown equals a NumPy reference of its definition on drawn boundary-case traces."""
     trace, window, k, skip = drawn
     got = (
         profile.breakdown(trace, window, k)
@@ -205,6 +209,7 @@ def report(tmp_path_factory):
 
 
 def test_outputs_and_bench_shape(report):
+    """bench writes identity, measurements and ratios of 3 variants, a plot and the report."""
     full, bench, out = report
     assert set(bench) >= {"identity", "measurements", "ratios"}
     assert {"jax", "jaxlib", "backend", "devices", "commit", "config_sha256"} <= set(
@@ -221,6 +226,7 @@ def test_outputs_and_bench_shape(report):
 
 @pytest.mark.parametrize("variant", ["before", "after"])
 def test_trace_agrees_with_host_timers(evidence, report, variant):
+    """Traced step times lie within their host timers and agree at the median (1 ms + 5%)."""
     full, _, _ = report
     trace = full["trace"]
     from_trace = np.array(trace["iteration_s_all"][variant])
@@ -282,6 +288,7 @@ def test_trace_agrees_with_host_timers(evidence, report, variant):
 
 
 def test_losses_unchanged_by_the_optimization(evidence, report):
+    """The losses of 8 steps per call (lax.scan) equal one step per call bitwise."""
     full, _, _ = report
     losses = full["losses"]
     assert evidence.record(
@@ -304,6 +311,7 @@ def test_losses_unchanged_by_the_optimization(evidence, report):
 
 @pytest.mark.parametrize("mesh_shape", [(4, 2), (8, 1)])
 def test_cost_analysis_flops_against_a_matmul_count(evidence, mesh_shape):
+    """cost_analysis FLOPs per device are 1-2x an analytic matmul count, on 2 meshes."""
     # Batch 96: matmuls dominate; at the profile's batch 16 the Adam update (about 10
     # FLOPs per parameter) weighs as much as the matmuls and the bound would be loose.
     config = profile.profile_config().model_copy(
@@ -331,6 +339,7 @@ def test_cost_analysis_flops_against_a_matmul_count(evidence, mesh_shape):
 
 
 def test_profile_refuses_a_bad_config(tmp_path):
+    """profile exits 2 on a hidden size that does not divide over the model axis."""
     bad = tmp_path / "bad.json"
     bad.write_text(
         json.dumps({**json.loads(Config.tiny().to_json()), "hidden_size": 33, "mesh_shape": [4, 2]})

@@ -58,6 +58,15 @@ def split_ids(
 
     Raises `ValueError` for labels that are not a non-empty 1-D integer array, or
     fractions that are not finite, in (0, 1), and together below 1.
+
+    Cases:
+      class `classes[i]` (ascending, as `np.unique` gives them) -> permuted with
+        `jax.random.permutation(class_keys[i], size)`, its own key.
+      a class of c examples -> its first `round(test_fraction * c)` permuted IDs are
+        test, the next `round(val_fraction * c)` validation, the rest train.
+      a half (0.5 * 177 = 88.5) -> Python's `round` goes to the even integer (88);
+        the tests count part sizes that way, so `int(x + 0.5)` fails them.
+      same key -> the same split; another key -> other test IDs.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):

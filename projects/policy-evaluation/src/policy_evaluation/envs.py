@@ -126,6 +126,17 @@ class GridWorld:
         return row * self.size + col
 
     def step(self, state: EnvState, action: jax.Array, key: jax.Array) -> StepOut:
+        """One step of one environment from `state` (vmap it over environments).
+
+        Cases:
+          slip -> with probability `slip` the action is replaced by one drawn uniformly
+            from all four (the chosen one included); `slip = 0` never draws another.
+          reward -> +1 if the NEW cell is the goal, -1 if it is the pit, 0 otherwise,
+            plus `step_reward` on every step, the ending one included; float32.
+          terminated -> the new cell is the goal or the pit.
+          `t` -> `state.t + 1`; truncated -> `t + 1 >= max_steps` and not terminated.
+          obs -> the one-hot float32 of the new cell (`self.obs`).
+        """
         # --- exercise stage 1: Slip to a uniform action w.p. slip; +1 goal, -1 pit, step cost. ---
         slip_key, action_key = jax.random.split(key)
         slipped = jax.random.bernoulli(slip_key, self.slip)
@@ -145,7 +156,16 @@ class GridWorld:
 
     def transition_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The enumerated MDP in float64, written without JAX: `P[s, a, s']`,
-        `R[s, a, s']` and the boolean `terminal[s]` (absorbing, no further reward)."""
+        `R[s, a, s']` and the boolean `terminal[s]` (absorbing, no further reward).
+
+        Cases:
+          `P[s, a]` -> `1 - slip` on the cell action a reaches, plus `slip / 4` on the
+            cell each of the four moves reaches (walls keep s; shares add up).
+          `R[s, a, s']` -> `+1` if s' is the goal, `-1` if it is the pit, else 0, plus
+            `step_reward`: the same for every s and a.
+          terminal cells s -> their rows of P and R are filled like any other cell's;
+            only `terminal` marks them (the exact evaluator zeroes them, stage 3).
+        """
         # --- exercise stage 1: Enumerate P[s, a, s'] (slip over all 4 moves) and R[s, a, s']. ---
         n, size = self.num_states, self.size
         P = np.zeros((n, self.num_actions, n))
@@ -203,6 +223,19 @@ class CartPole:
         return EnvState(physics, jnp.asarray(0, jnp.int32)), physics
 
     def step(self, state: EnvState, action: jax.Array, key: jax.Array) -> StepOut:
+        """One step of gymnasium CartPole-v1's dynamics (the key is unused).
+
+        Cases:
+          action 1 -> force `+force_mag`; action 0 -> `-force_mag`.
+          integration -> explicit Euler, gymnasium's "euler": `x` and `theta` advance
+            with the OLD velocities, the velocities with the new accelerations; the
+            states match gymnasium's to rtol 1e-4, in float32.
+          terminated -> on the NEW state, `|x| > x_threshold` or `|theta| >
+            theta_threshold` (strictly greater).
+          reward -> 1.0 (float32) on every step, the terminating one included.
+          `t` -> `state.t + 1`; truncated -> `t + 1 >= max_steps` and not terminated.
+          obs -> the new physics state itself.
+        """
         # --- exercise stage 1: CartPole-v1's Euler step; end at |x| > 2.4 or |theta| > 12 deg. ---
         del key  # the dynamics are deterministic
         x, x_dot, theta, theta_dot = state.physics

@@ -42,6 +42,16 @@ def check_policy(pi, shape: tuple[int, int]) -> None:
 
 
 def policy_matrices(P, R, terminal, pi):
+    """`(P_pi [S, S], r_pi [S])` of the policy `pi [S, A]`, float64.
+
+    Cases:
+      a live state s -> `P_pi[s, t] = sum_a pi[s, a] P[s, a, t]` and
+        `r_pi[s] = sum_a pi[s, a] sum_t P[s, a, t] R[s, a, t]` (expected reward).
+      a terminal state s -> row `P_pi[s]` and `r_pi[s]` are 0 (absorbing, so V = 0
+        there), whatever the table holds for s.
+      any set of terminal states (none included), `gamma` 0 to 0.9 -> `evaluate_policy`
+        equals Bellman sweeps to 1e-9.
+    """
     # --- exercise stage 3: Average P and R over pi(a|s); terminal rows stay zero. ---
     live = (~terminal).astype(np.float64)[:, None]
     P_pi = np.einsum("sa,sat->st", pi, P) * live
@@ -68,7 +78,15 @@ def q_values(P, R, terminal, V, gamma: float) -> np.ndarray:
 
 
 def value_iteration(P, R, terminal, gamma: float, tol: float = 1e-12, max_iter: int = 100_000):
-    """Optimal values and a greedy optimal policy (one-hot table)."""
+    """Optimal values and a greedy optimal policy (one-hot table).
+
+    Cases:
+      terminal states -> V = 0.
+      stop -> once `max |V_new - V| < tol`.
+      the policy -> `np.eye(A)[argmax_a Q(s, a)]` for EVERY state, terminal rows
+        included: each row one-hot, summing to 1 (`evaluate_policy` refuses other
+        rows); its exact values must equal the returned V to 1e-9.
+    """
     check_mdp(P, R, terminal)
     check_gamma(gamma)
     # --- exercise stage 4: Iterate V(s) <- max_a Q(s, a) to tol; return V and greedy pi. ---
@@ -90,7 +108,16 @@ def softmax(theta: np.ndarray) -> np.ndarray:
 
 
 def exact_policy_gradient(P, R, terminal, theta, gamma: float, start: int) -> np.ndarray:
-    """Gradient of J = V^pi(start) with respect to softmax logits `theta[s, a]`."""
+    """Gradient of J = V^pi(start) with respect to softmax logits `theta[s, a]`.
+
+    Cases:
+      occupancy `d` -> the unnormalised discounted visit count from `start`,
+        `d = sum_t gamma^t Pr(s_t = s)`, i.e. `(I - gamma P_pi)^T d = e_start`; not
+        multiplied by `1 - gamma` (the tests compare with differences of J itself).
+      `pi` -> `softmax(theta)` row by row; `Q` and `V` of that `pi` (0 at terminals).
+      result -> `d[s] pi[s, a] (Q[s, a] - V[s])`, equal to central differences of J
+        to 1e-5, on drawn MDPs too.
+    """
     check_mdp(P, R, terminal)
     check_gamma(gamma)
     theta = np.asarray(theta)

@@ -60,7 +60,20 @@ def rollout(
     env, policy_fn: PolicyFn, carry: Carry, key: jax.Array, num_steps: int, auto_reset: bool
 ) -> tuple[Carry, Transition]:
     """Runs `num_steps` steps of every environment; returns the final carry and
-    the stacked `Transition` with leading axes `[num_steps, num_envs]`."""
+    the stacked `Transition` with leading axes `[num_steps, num_envs]`.
+
+    Cases, per step and environment i (`active` = the carry's flag before the step):
+      `obs` -> the observation the action was chosen from (before the step).
+      `mask` -> 1.0 if active, else 0.0; `reward` -> the env's reward if active,
+        else 0; `done`, `terminated` -> the env's flags, and only if active.
+      `finished_return` -> on a done step, the episode's undiscounted return (this
+        reward included); 0 elsewhere. `episode_return` restarts at 0 after a reset.
+      `auto_reset=True` -> a done env takes its fresh state and obs from entry i of
+        `split(reset_key)`; `active` stays True.
+      `auto_reset=False` -> a done env is frozen (state and obs kept) and inactive.
+    Under the tests' rank promotion "raise", a `[N]` flag does not broadcast against
+    `[N, obs]` arrays: select per environment (`jax.vmap(jnp.where)`).
+    """
     num_envs = carry.obs.shape[0]
 
     def one_step(scan_carry, _):
@@ -143,7 +156,11 @@ def discounted_returns(
     rewards: jax.Array, dones: jax.Array, masks: jax.Array, last_value: jax.Array, gamma: float
 ) -> jax.Array:
     """G_t = r_t + gamma (1 - done_t) G_{t+1}, G_T = last_value; 0 on padding.
-    Inputs `[T, N]`, `last_value` `[N]`. Raises `ValueError` naming a bad argument."""
+    Inputs `[T, N]`, `last_value` `[N]`. Raises `ValueError` naming a bad argument.
+
+    `dones` is bool: under the tests' strict dtype promotion `1.0 - dones` raises,
+    so cast it (`dones.astype(jnp.float32)`) before the arithmetic.
+    """
     _check_series(
         last_value, {"rewards": rewards, "dones": dones, "masks": masks}, {"gamma": gamma}
     )
@@ -173,7 +190,13 @@ def gae(
     delta_t = r_t + gamma (1 - done_t) V_{t+1} - V_t;
     A_t = mask_t (delta_t + gamma lam (1 - done_t) A_{t+1}); a done step
     (terminated or truncated) does not bootstrap, padded steps give 0. Raises
-    `ValueError` naming a bad argument."""
+    `ValueError` naming a bad argument.
+
+    Cases:
+      the value target -> `A_t + V_t mask_t`: 0 on padding, like the advantage.
+      `lam = 1` -> `A_t = G_t - V_t` on valid steps; `lam = 0` -> `A_t = delta_t`.
+      `dones` bool -> cast before arithmetic (strict dtype promotion in the tests).
+    """
     _check_series(
         last_value,
         {"rewards": rewards, "values": values, "dones": dones, "masks": masks},

@@ -23,7 +23,13 @@ from policy_evaluation.rollout import Carry, gae, reset_all, rollout
 
 
 def clipped_surrogate(ratio: jax.Array, advantage: jax.Array, clip_eps: float) -> jax.Array:
-    """PPO's per-sample objective min(r A, clip(r, 1 - eps, 1 + eps) A) (to maximize)."""
+    """PPO's per-sample objective min(r A, clip(r, 1 - eps, 1 + eps) A) (to maximize).
+
+    Cases (eps = 0.2; the gradient with respect to r in brackets):
+      r 0.5, A +2 -> 1.0 [2];  r 1.5, A +2 -> 2.4 (clipped) [0].
+      r 0.5, A -2 -> -1.6 (clipped) [0];  r 1.5, A -2 -> -3.0 (unclipped) [-2].
+      Where the clipped term is the minimum, the gradient is exactly 0.
+    """
     # --- exercise stage 3: The pessimistic min of r A and clip(r, 1 - eps, 1 + eps) A. ---
     return jnp.minimum(
         ratio * advantage, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage
@@ -52,6 +58,21 @@ def greedy_policy(params: dict):
 
 
 def ppo_loss(params: dict, batch: dict, config: Config) -> tuple[jax.Array, dict]:
+    """PPO's minibatch loss (to minimize) and its parts.
+
+    `batch`: `obs` `[B, obs]`, `action` int32 `[B]`, and the rollout's `log_prob`,
+    `value`, `advantage`, `target`, each `[B]`.
+
+    Cases:
+      advantages -> normalised over this minibatch, `(A - mean) / (std + 1e-8)`,
+        `std` with ddof 0.
+      the value loss -> `0.5 mean(max((v - target)^2, (v_clip - target)^2))` with
+        `v_clip = old value + clip(v - old value, -clip_eps, clip_eps)`.
+      the entropy -> the mean over rows of `-sum_a p log p`.
+      loss -> `-policy_objective + vf_coef value_loss - ent_coef entropy`.
+      aux -> `{"policy_objective", "value_loss", "entropy"}`; all match a float64
+        NumPy formula to 1e-5.
+    """
     # --- exercise stage 3: Surrogate on normalized A, clipped value loss, minus entropy. ---
     logits, value = apply(params, batch["obs"])
     log_probs = jax.nn.log_softmax(logits)
@@ -88,7 +109,13 @@ def make_optimizer(config: Config) -> optax.GradientTransformation:
 
 
 def make_train(config: Config):
-    """Returns `train(key) -> {"params", "metrics"}`; jit and vmap it freely."""
+    """Returns `train(key) -> {"params", "metrics"}`; jit and vmap it freely.
+
+    The minibatch step: the gradient of `ppo_loss` (which is minimised), `tx.update`
+    and `optax.apply_updates`. Under the tests' strict dtype promotion optax's
+    schedule and Adam mix an int step count with floats and raise: call `tx.update`
+    inside `with jax.numpy_dtype_promotion("standard"):`, and only there.
+    """
     env = make_env(config.env)
     tx = make_optimizer(config)
     n_mb = config.num_minibatches
@@ -171,7 +198,12 @@ def make_train(config: Config):
 
 
 def seed_keys(config: Config) -> tuple[jax.Array, jax.Array]:
-    """(training keys, evaluation keys), one per seed, from disjoint roots."""
+    """(training keys, evaluation keys), one per seed, from disjoint roots.
+
+    Cases: `split(key(config.seed))` -> (training root, evaluation root), in that
+    order; each root split into `num_seeds` keys, seed i taking entry i. No training
+    key equals an evaluation key, and evaluation settings change no training key.
+    """
     # --- exercise stage 4: Split the root into training and evaluation roots, then per seed. ---
     train_root, eval_root = jax.random.split(jax.random.key(config.seed))
     return jax.random.split(train_root, config.num_seeds), jax.random.split(
@@ -182,7 +214,16 @@ def seed_keys(config: Config) -> tuple[jax.Array, jax.Array]:
 
 def make_evaluate(config: Config):
     """Returns `evaluate(params, key)`: `eval_episodes` held-out episodes, no
-    auto-reset, horizon `eval_horizon`; undiscounted and discounted returns."""
+    auto-reset, horizon `eval_horizon`; undiscounted and discounted returns.
+
+    Cases, per episode (arrays `[eval_episodes]`):
+      `eval/episode_return` -> the sum of its rewards (padding adds 0).
+      `eval/discounted_return` -> `sum_t gamma^t r_t`, t from 0.
+      `eval/episode_length` -> its active steps (the sum of its mask).
+      `eval_greedy` -> `greedy_policy`, else `sample_policy`.
+    The `[T]` discounts times `[T, E]` rewards need an explicit `[:, None]`: the
+    tests raise on implicit rank promotion.
+    """
     env = make_env(config.env, max_steps=config.eval_horizon)
 
     def evaluate(params: dict, key: jax.Array) -> dict[str, jax.Array]:
@@ -221,7 +262,12 @@ def mean_ci(values: np.ndarray, z: float = 1.96) -> tuple[float, float]:
 def summarize_seeds(config: Config, result: dict[str, Any]) -> dict[str, Any]:
     """The per-seed held-out figure (`eval/discounted_return` for the grid
     world, `eval/episode_return` for CartPole, averaged over each seed's
-    evaluation episodes), their mean, 95% half-width and the worst seed."""
+    evaluation episodes), their mean, 95% half-width and the worst seed.
+
+    Returns `{"metric": the eval/ key used, "per_seed": list of floats, "mean",
+    "ci95_half_width": from `mean_ci`, "worst_seed": int index of the lowest}`.
+    Only `result["eval"]` is read: `train/` figures never enter the summary.
+    """
     # --- exercise stage 4: Per seed: the mean held-out eval/ return; mean +- 95% CI. ---
     per_seed_key = "eval/discounted_return" if config.env == "gridworld" else "eval/episode_return"
     per_seed = result["eval"][per_seed_key].mean(axis=1)

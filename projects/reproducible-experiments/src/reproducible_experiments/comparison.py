@@ -299,7 +299,15 @@ def bootstrap_ci(
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of `differences` (float64 `(n,)`):
     resample n values with replacement `resamples` times, take the means'
-    `(1 - confidence) / 2` and `(1 + confidence) / 2` quantiles (inverted CDF)."""
+    `(1 - confidence) / 2` and `(1 + confidence) / 2` quantiles (inverted CDF).
+
+    Cases:
+      randomness -> `np.random.default_rng(seed)` only: the same seed, the same bounds.
+      quantiles -> `method="inverted_cdf"`, no interpolation: the bounds are resampled
+        means, so with 2 differences (-0.125, 0.25) and confidence 0.9 they are
+        exactly -0.125 and 0.25.
+      two-sided -> alpha / 2 in each tail; the alpha quantiles are too narrow.
+    """
     # --- exercise stage 3: Resample means with replacement; inverted-CDF alpha/2 quantiles. ---
     rng = np.random.default_rng(seed)
     n = len(differences)
@@ -312,7 +320,13 @@ def bootstrap_ci(
 
 def decide(ci: tuple[float, float], higher_is_better: bool, min_difference: float) -> str:
     """`holds` when the whole interval of `candidate - baseline` lies beyond the
-    minimum difference in the better direction, else `does not hold`."""
+    minimum difference in the better direction, else `does not hold`.
+
+    Cases (strictly beyond: touching the margin does not clear it):
+      higher is better -> "holds" iff `ci[0] > min_difference`: (0.02, 0.05) with
+        0.01 holds; (0.01, 0.05) with 0.01 does not.
+      lower is better -> "holds" iff `ci[1] < -min_difference`.
+    """
     # --- exercise stage 3: The whole interval must clear min_difference the better way. ---
     if higher_is_better:
         return "holds" if ci[0] > min_difference else "does not hold"

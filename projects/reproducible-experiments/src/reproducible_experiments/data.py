@@ -93,7 +93,13 @@ def ids_sha256(ids: np.ndarray) -> str:
 
 def data_identity(digits: Digits, split: dict[str, np.ndarray]) -> dict[str, str]:
     """The identity of what a run trained and was scored on: the source bytes and
-    each split's ID list, as flat `data.*` keys (the form they take as MLflow tags)."""
+    each split's ID list, as flat `data.*` keys (the form they take as MLflow tags).
+
+    Cases, for each name in `SPLITS`:
+      `data.split.<name>.sha256` -> `ids_sha256(split[name])`: that split's own IDs,
+        in the order given, whatever their integer dtype.
+      `data.split.<name>.count` -> its length as a decimal string (tags are strings).
+    """
     identity = {"data.source": "sklearn.datasets.load_digits", "data.sha256": digits.raw_sha256}
     # --- exercise stage 1: Per split, hash its own sample-ID list and record its count. ---
     for name in SPLITS:

@@ -60,7 +60,18 @@ def _code_identity() -> dict[str, str]:
 
 
 def git_identity(project_dir: Path, package_dir: Path) -> dict[str, str]:
-    """The `code.*` tags of the project in `project_dir` (package in `package_dir`)."""
+    """The `code.*` tags of the project in `project_dir` (package in `package_dir`).
+
+    Cases (the scope: `CODE_SCOPE` under `project_dir`):
+      clean tree -> `code.git_dirty` "false", `code.git_diff_sha256` = sha256 of b"".
+      tracked edits only -> "true", and the hash is sha256 of exactly the bytes of
+        `git diff HEAD --binary -- <scope>` (nothing added when no file is untracked).
+      untracked files -> "true"; each one's path and bytes enter the hash, so the
+        same name with other bytes gives another hash; `.pyc` files and anything
+        under `__pycache__` are not code and never count.
+      the edits reverted -> the tags of the clean tree again.
+      `code.git_commit` -> `git rev-parse HEAD`'s output, stripped.
+    """
     identity = {
         "code.source_sha256": source_sha256(package_dir),
         "code.git_commit": UNAVAILABLE,

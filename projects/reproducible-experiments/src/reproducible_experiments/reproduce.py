@@ -63,7 +63,18 @@ def compare_metrics(
     recorded: dict[str, list[tuple[int, float]]], now: dict[str, list[tuple[int, float]]]
 ) -> tuple[dict[str, str], int]:
     """Bitwise comparison of two `name -> [(step, value)]` maps; returns
-    `({name: what differs}, number of values compared)`."""
+    `({name: what differs}, number of values compared)`.
+
+    Cases, per series name on either side (pairs sorted by step first, so their
+    order does not matter; the messages are exact):
+      only in `now` -> "missing from the record"; only recorded -> "missing from
+        the re-run"; neither counts values.
+      step lists differ -> "steps differ (<n> recorded, <m> now)".
+      a float64 bit pattern differs -> "step <s>: recorded <old!r>, now <new!r>" at
+        the first differing step (one ulp is a difference).
+      compared -> `min(len(recorded), len(now))` for every series on both sides,
+        those whose steps differ included.
+    """
     # --- exercise stage 4: Every series on both sides, same steps, same float64 bits. ---
     mismatches, compared = {}, 0
     for name in sorted(set(recorded) | set(now)):
@@ -92,7 +103,16 @@ def verdict_of(
     checkpoint_equal: bool | None,
 ) -> str:
     """`reproduced` only when every identity matches and every metric, the params
-    digest and the checkpoint are bitwise equal; otherwise says which part differs."""
+    digest and the checkpoint are bitwise equal; otherwise says which part differs.
+
+    Cases (the sentences are exact; `None` means not recorded, never a difference):
+      identities differ -> "not a reproduction: <kinds> identity differs; the re-run's
+        metrics are bitwise equal" (or "... are different" when `mismatches`), the
+        differing kinds in the order code, data, runtime, joined by " and ".
+      identities match; a mismatch, or params or checkpoint `False` -> "NOT
+        reproduced: identities match but the metrics differ".
+      otherwise -> "reproduced".
+    """
     # --- exercise stage 4: Name each differing identity; reproduced only if all equal. ---
     differing = [kind for kind in ("code", "data", "runtime") if diffs[kind]]
     if differing:

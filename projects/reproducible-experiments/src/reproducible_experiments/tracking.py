@@ -305,6 +305,17 @@ def liveness(tags: dict[str, str], now_ms: int | None = None) -> str:
     On this host the holder's pid and its start time decide; elsewhere, the
     lease's expiry. A run without holder tags (started by other tools) has
     `no lease`: nobody can tell whether it is alive.
+
+    Cases (the strings are exact):
+      same host, `lease.pid` given -> `process_start(pid)` equal to `lease.pid_start`:
+        "alive", even if the lease expired long ago; another or unknown start, or
+        a pid `/proc` does not list: "dead: process gone".
+      same host, no `/proc` at all -> `os.kill(pid, 0)`: ProcessLookupError is
+        "dead: process gone"; PermissionError or success falls back to the recorded
+        start time, i.e. "alive".
+      another host (or no `lease.pid`) -> `lease.expires_ms` alone: `now_ms` after it
+        "dead: lease expired", at or before it "alive"; no expiry tag "no lease".
+      `now_ms` given -> that clock decides, never the wall clock.
     """
     if "lease.pid" not in tags and "lease.expires_ms" not in tags:
         return "no lease"
@@ -555,7 +566,15 @@ class TrackedRun:
 def end_state(exc_type: type[BaseException] | None, exc: BaseException | None) -> tuple[str, list]:
     """The status and `error.*` tags a run earns by how its body ended: normally or
     `sys.exit(0)` FINISHED; SIGTERM (`Terminated`) and Ctrl-C KILLED; any other
-    exception, `sys.exit(n != 0)` included, FAILED with its type and message."""
+    exception, `sys.exit(n != 0)` included, FAILED with its type and message.
+
+    Cases (tags are `RunTag`s):
+      `Terminated` -> KILLED, `error.type` "SIGTERM".
+      `KeyboardInterrupt` -> KILLED, `error.type` "KeyboardInterrupt".
+      any other, `SystemExit(1)` included -> FAILED, `error.type` the class name and
+        `error.message` the first 5,000 characters of `str(exc)`, or of `repr(exc)`
+        when `str` is empty; those two tags exactly.
+    """
     if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (0, None)):
         return "FINISHED", []
     # --- exercise stage 2: SIGTERM, Ctrl-C: KILLED; any other exception: FAILED, tagged. ---

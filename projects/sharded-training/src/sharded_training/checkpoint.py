@@ -76,7 +76,16 @@ def committed_steps(directory: Path) -> list[int]:
 
 def check_step(directory: Path, step: int, config: Config, process_count: int, data: bool):
     """Every item present and the metadata consistent; raises `CheckpointError` for a
-    checkpoint of another config (that is a user error, not damage)."""
+    checkpoint of another config (that is a user error, not damage).
+
+    Cases (`problems` collects one phrase each; the reason joins them with "; "):
+      `_CHECKPOINT_METADATA` (Orbax's step file) missing -> a problem.
+      `state/_METADATA` missing, or not valid JSON (a truncated write) -> a problem
+        whose phrase names the item in backticks, `` `state` ``.
+      with `data`: `data/process_<i>-of-<n>.json` missing or not valid JSON, for any
+        `i < process_count` -> a problem naming `` `data` ``; without `data`, unchecked.
+      an intact step -> `ok`, reason "".
+    """
     root = directory / str(step)
     problems = []
     # --- exercise stage 3: Reject a step whose metadata, state or process data is unreadable. ---

@@ -1,5 +1,6 @@
 """write_site: every page written, every relative link resolves, route pages
-carry exactly the route text, and every catalog string is escaped.
+carry the route text (each practice line naming its project) followed by the
+capability map, and every catalog string is escaped.
 
 Runs on a small synthetic catalog (always) and on the reference catalog with
 the repository's own manifests and catalog lists (when the reference is
@@ -241,6 +242,7 @@ def test_every_page_is_written_and_returned(tmp_path: Path, inputs: dict) -> Non
     expected |= {site / "routes" / f"{r['id']}.html" for r in inputs["catalog"]["roles"]}
     expected |= {site / "projects" / f"{p['id']}.html" for p in inputs["projects"]}
     expected |= {site / "phases" / f"{p['id']}.html" for p in inputs["phases"]}
+    expected |= {site / "lessons" / f"{lesson['id']}.html" for lesson in inputs["lessons"]}
     assert on_disk == expected
 
 
@@ -267,13 +269,37 @@ def test_every_relative_link_resolves(tmp_path: Path, inputs: dict) -> None:
     assert checked
 
 
-def test_route_pages_show_exactly_the_route_text(tmp_path: Path, inputs: dict) -> None:
+def html_route_lines(role: dict, projects: list[dict]) -> list[str]:
+    """The route text's lines as a route page shows them: each practice line
+    names its project (its title; its id when it was not passed in)."""
+    titles = {project["id"]: project["title"] for project in projects}
+    names = iter(titles.get(item["projectId"], item["projectId"]) for item in role["skillEvidence"])
+    prefix = "Practice project: stages "
+    return [
+        f"Practice project: {next(names)}, stages {line[len(prefix) :]}"
+        if line.startswith(prefix)
+        else line
+        for line in route_text(role).split("\n")
+    ]
+
+
+def assert_route_page(page: _Page, role: dict, projects: list[dict]) -> None:
+    """The page shows the route text (practice lines naming their project), then the map."""
+    expected = html_route_lines(role, projects)
+    shown = page.text().split("\n")
+    assert shown[: len(expected)] == expected
+    assert shown[len(expected)] == "Capability map"
+
+
+def test_route_pages_show_the_route_text_then_the_capability_map(
+    tmp_path: Path, inputs: dict
+) -> None:
     site = tmp_path / "site"
     build(site, inputs)
     for role in inputs["catalog"]["roles"]:
         page = read_page(site / "routes" / f"{role['id']}.html")
         assert "p" not in page.tags, "a <p> adds blank lines to the rendered text"
-        assert page.text() == route_text(role)
+        assert_route_page(page, role, inputs["projects"])
 
 
 def test_route_page_links(tmp_path: Path) -> None:
@@ -281,18 +307,23 @@ def test_route_page_links(tmp_path: Path) -> None:
     site = tmp_path / "site"
     build(site, inputs)
     role_a = read_page(site / "routes" / "role-a.html")
-    assert role_a.links.count("../index.html") == 2
-    assert "../style.css" in role_a.links
+    assert role_a.links[:4] == [
+        "../style.css",
+        "../index.html",
+        "../index.html#routes",
+        "../index.html#start-here",
+    ]
     assert "../projects/proj-one.html" in role_a.links
     assert {"../projects/proj-one.html#stage-1", "../projects/proj-one.html#stage-2"} <= set(
         role_a.links
     )
-    assert "../phases/alpha.html#alpha-01" in role_a.links
+    assert "../lessons/alpha-01.html" in role_a.links
     assert "../phases/alpha.html" in role_a.links
     # A project, lesson or phase that was not passed in is shown, not linked.
     role_b = read_page(site / "routes" / "role-b.html")
     assert not [href for href in role_b.links if "ghost" in href or "gone" in href]
-    assert role_b.text() == route_text(inputs["catalog"]["roles"][1])
+    assert_route_page(role_b, inputs["catalog"]["roles"][1], inputs["projects"])
+    assert "Practice project: ghost, stages 1." in role_b.text().split("\n")
 
 
 def test_index_project_and_phase_pages(tmp_path: Path) -> None:
@@ -314,8 +345,8 @@ def test_index_project_and_phase_pages(tmp_path: Path) -> None:
     assert "Project one" in text and "ready" in text
     assert "tests/test_stage_1.py" in text and "cpu" in text and "A result" in text
     assert {"stage-1", "stage-2"} <= project.ids
-    assert "../phases/alpha.html#alpha-01" in project.links
-    assert "../phases/beta.html#beta-01" in project.links
+    assert "../lessons/alpha-01.html" in project.links
+    assert "../lessons/beta-01.html" in project.links
     assert "../routes/role-a.html#skill-1" in project.links
     assert "../routes/role-a.html#skill-2" in project.links
     assert "Role A: Skill one" in text and "Role A: Skill two" in text
@@ -330,6 +361,7 @@ def test_index_project_and_phase_pages(tmp_path: Path) -> None:
     assert "../projects/proj-one.html" in alpha.links
     assert "../routes/role-a.html" in alpha.links
     assert "../projects/proj-two.html" not in alpha.links
+    assert {"../lessons/alpha-01.html", "../lessons/alpha-02.html"} <= set(alpha.links)
 
 
 def _cited_project(inputs: dict) -> tuple[int, dict]:
@@ -374,6 +406,7 @@ def test_catalog_strings_are_escaped(tmp_path: Path, source: str) -> None:
         f"routes/{role['id']}.html",
         f"projects/{project_id}.html",
         f"phases/{inputs['phases'][0]['id']}.html",
+        f"lessons/{_cited_project(inputs)[1]['preparation'][0]}.html",
     ):
         assert SCRIPT_ESCAPED in pages[site / relative], relative
     # ...and no page anywhere carries it raw.
@@ -381,7 +414,7 @@ def test_catalog_strings_are_escaped(tmp_path: Path, source: str) -> None:
         assert SCRIPT not in html, path
         assert "<script" not in html.lower(), path
     # The escaped route page still shows the catalog's text as it is.
-    assert read_page(site / "routes" / f"{role['id']}.html").text() == route_text(role)
+    assert_route_page(read_page(site / "routes" / f"{role['id']}.html"), role, inputs["projects"])
 
 
 def test_attribute_values_are_escaped(tmp_path: Path) -> None:
@@ -398,7 +431,8 @@ def test_attribute_values_are_escaped(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "bad_id"), [("role", "../escape"), ("project", "Has Space"), ("phase", "a/b")]
+    ("kind", "bad_id"),
+    [("role", "../escape"), ("project", "Has Space"), ("phase", "a/b"), ("lesson", "x/../y")],
 )
 def test_ids_that_cannot_name_a_file_are_refused(tmp_path: Path, kind: str, bad_id: str) -> None:
     inputs = synthetic_inputs()
@@ -406,8 +440,10 @@ def test_ids_that_cannot_name_a_file_are_refused(tmp_path: Path, kind: str, bad_
         inputs["catalog"]["roles"][0]["id"] = bad_id
     elif kind == "project":
         inputs["projects"][0]["id"] = bad_id
-    else:
+    elif kind == "phase":
         inputs["phases"][0]["id"] = bad_id
+    else:
+        inputs["lessons"][0]["id"] = bad_id
     with pytest.raises(ValueError, match="kebab-case"):
         build(tmp_path / "site", inputs)
     assert not (tmp_path / "site").exists()

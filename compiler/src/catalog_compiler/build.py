@@ -11,7 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from catalog_compiler.discover import Discovery
-from catalog_compiler.exercises import RegionError, project_regions
+from catalog_compiler.exercises import (
+    Region,
+    RegionError,
+    find_regions,
+    source_files,
+    strip_source,
+)
 from catalog_compiler.models import Defaults, Role, SkillEvidence
 from catalog_compiler.sources import CatalogSources
 
@@ -73,21 +79,40 @@ def published_catalog(sources: CatalogSources, discovery: Discovery) -> dict:
     }
 
 
-def _exercises(folder: Path, status: str) -> dict[str, list[dict]]:
-    """A ready project's exercise regions by stage: ``{"file", "line", "hint"}`` each.
+def _code_lines(text: str, region: Region) -> int:
+    """The lines a learner writes for ``region``: its non-blank, non-comment body lines."""
+    body = text.splitlines()[region.start : region.end - 1]
+    return sum(1 for line in body if line.strip() and not line.lstrip().startswith("#"))
 
-    Empty for a planned project, and for one whose markers do not parse (the
-    repository's contract tests report those, naming file and line).
+
+def _exercises(folder: Path, status: str) -> dict[str, list[dict]]:
+    """A ready project's exercise regions by stage: ``{"file", "line", "hint", "lines"}`` each.
+
+    ``line`` is the opening marker's line in the starter (the learner's file,
+    every region stripped to one line), not in the reference; ``lines`` counts
+    the region's code in the reference (:func:`_code_lines`). Empty for a
+    planned project, and for one whose markers do not parse (the repository's
+    contract tests report those, naming file and line).
     """
     if status != "ready":
         return {}
+    by_stage: dict[str, list[dict]] = {}
     try:
-        regions = project_regions(folder)
+        for source in source_files(folder):
+            rel = source.relative_to(folder).as_posix()
+            text = source.read_text(encoding="utf-8")
+            starter = find_regions(strip_source(text, set(), rel), rel)
+            for region, stub in zip(find_regions(text, rel), starter, strict=True):
+                by_stage.setdefault(region.stage, []).append(
+                    {
+                        "file": rel,
+                        "line": stub.start,
+                        "hint": region.hint,
+                        "lines": _code_lines(text, region),
+                    }
+                )
     except (RegionError, OSError, UnicodeDecodeError):
         return {}
-    by_stage: dict[str, list[dict]] = {}
-    for r in regions:
-        by_stage.setdefault(r.stage, []).append({"file": r.path, "line": r.start, "hint": r.hint})
     return by_stage
 
 

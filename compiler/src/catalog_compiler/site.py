@@ -3,26 +3,34 @@
 :func:`write_site` renders, with the Jinja2 templates shipped in
 ``catalog_compiler/templates``:
 
-- ``index.html``: every route grouped by domain, then the projects and phases;
+- ``index.html``: the "Start here" path of every route (``site_start``), every
+  route grouped by domain, then the projects and phases;
 - ``routes/<role-id>.html``: one page per role whose rendered text (a
-  browser's ``document.body.innerText``) equals :func:`route_text` of that
-  role, line for line; links sit inside that text and extra facts go in
-  ``title`` attributes, never in visible text;
-- ``projects/<project-id>.html``: a project's status, stages, preparation
-  lessons and the routes and skills that cite it;
+  browser's ``document.body.innerText``) is :func:`route_text` of that role,
+  line for line, with two differences: each practice line names its project,
+  ``Practice project: <project title>, stages 1, 2.`` where the text has
+  ``Practice project: stages 1, 2.``, and the capability map
+  (``site_evidence``) follows the scope note that announces it. Links sit
+  inside that text and extra facts go in ``title`` attributes;
+- ``projects/<project-id>.html``: a project's status, size, stages, reference
+  evidence, starter (what you write, at the starter's line numbers),
+  preparation lessons and the routes and skills that cite it;
 - ``phases/<phase-id>.html``: a phase's lessons and the projects and routes
   that build on it;
+- ``lessons/<lesson-id>.html``: the project stages that practise a lesson and
+  its documentation links as the lesson data holds them;
 - ``style.css``: the one stylesheet.
 
-Every link is relative, so the site works from ``file://`` and from any
-server path. Every catalog string is HTML-escaped (autoescaping is on for all
-templates and no template marks data as safe).
+Every page has the same header: three links to the index (its top, its
+routes, its "Start here" path) whose text runs together as the route text's
+first line. Every link is relative, so the site works from ``file://`` and
+from any server path. Every catalog string is HTML-escaped (autoescaping is
+on for all templates and no template marks data as safe). The same inputs
+give the same bytes.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -30,14 +38,14 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from catalog_compiler import route_text as text
 from catalog_compiler.portfolio import dossier_module, project_roles, roles_json
+from catalog_compiler.site_evidence import capability_map, lesson_context
+from catalog_compiler.site_index import REQUIRED_SCOPE, SiteIndex, check_file_id
+from catalog_compiler.site_start import exemplar_id, project_size, size_text, start_paths
 from catalog_compiler.starters import starter_archive
 
 STYLESHEET = "style.css"
-REQUIRED_SCOPE = "Required route practice"
-
-# Ids become file names; anything but kebab-case could escape the site folder
-# or break a relative link, so it is refused before anything is written.
-_FILE_ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+# The words of the scope note that name the capability map; linked to it.
+MAP_WORDS = "capability map"
 
 
 def _environment() -> Environment:
@@ -56,65 +64,16 @@ def _environment() -> Environment:
     return env
 
 
-def _check_file_id(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not _FILE_ID.match(value):
-        raise ValueError(f"{kind} id {value!r} is not kebab-case; it cannot name a site page")
-    return value
+def _scope_note(note: str) -> dict:
+    """The scope note split around its first "capability map", which links to the map."""
+    before, found, after = note.partition(MAP_WORDS)
+    return {"before": before, "link": found, "after": after}
 
 
-@dataclass
-class _Index:
-    """Look-ups shared by all pages, built once from write_site's inputs."""
-
-    catalog: dict
-    projects: dict[str, dict]
-    phases: dict[str, dict]
-    lessons: dict[str, dict]
-    pathways: dict[str, dict]
-    tracks: dict[str, dict]
-    roles: dict[str, dict] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.roles = {role["id"]: role for role in self.catalog["roles"]}
-
-    # Hrefs are relative to a page one folder below the site root.
-    def project_href(self, project_id: str) -> str | None:
-        return f"../projects/{project_id}.html" if project_id in self.projects else None
-
-    def phase_href(self, phase_id: str) -> str | None:
-        return f"../phases/{phase_id}.html" if phase_id in self.phases else None
-
-    def lesson_href(self, lesson_id: str) -> str | None:
-        lesson = self.lessons.get(lesson_id)
-        if lesson is None or lesson["phase"] not in self.phases:
-            return None
-        return f"../phases/{lesson['phase']}.html#{lesson_id}"
-
-    def lesson_label(self, lesson_id: str) -> str:
-        lesson = self.lessons.get(lesson_id)
-        return f"{lesson_id} {lesson['title']}" if lesson else lesson_id
-
-    def phase_title(self, phase_id: str) -> str:
-        phase = self.phases.get(phase_id)
-        return phase["title"] if phase else phase_id
-
-
-def _route_context(role: dict, index: _Index) -> dict:
+def _route_context(role: dict, index: SiteIndex) -> dict:
     skills = []
     for number, item in enumerate(role["skillEvidence"], start=1):
         project = index.projects.get(item["projectId"])
-        stages_by_id = {stage["id"]: stage for stage in (project or {}).get("stages", [])}
-        project_href = index.project_href(item["projectId"])
-        stages = []
-        for stage_id in item["stageIds"]:
-            stage = stages_by_id.get(stage_id)
-            stages.append(
-                {
-                    "id": stage_id,
-                    "href": f"{project_href}#stage-{stage_id}" if project_href and stage else None,
-                    "hint": stage["title"] if stage else "",
-                }
-            )
         lesson_ids = item.get("lessonIds", [])
         skills.append(
             {
@@ -126,11 +85,10 @@ def _route_context(role: dict, index: _Index) -> dict:
                 if lesson_ids
                 else "",
                 "lesson_href": index.lesson_href(lesson_ids[0]) if lesson_ids else None,
-                "project_href": project_href,
-                "project_hint": (
-                    f"{project['title']} ({project['status']})" if project else item["projectId"]
-                ),
-                "stages": stages,
+                "project_title": index.project_title(item["projectId"]),
+                "project_href": index.project_href(item["projectId"]),
+                "project_hint": f"{project['status']} project" if project else "",
+                "stages": index.stage_links(item["projectId"], item["stageIds"]),
             }
         )
     milestones = []
@@ -162,10 +120,12 @@ def _route_context(role: dict, index: _Index) -> dict:
         "skills": skills,
         "milestones": milestones,
         "route_hint": ". ".join(hints),
+        "scope_note": _scope_note(role["scopeNote"]),
+        "capability_map": capability_map(role, index),
     }
 
 
-def _project_context(project: dict, index: _Index) -> dict:
+def _project_context(project: dict, index: SiteIndex) -> dict:
     preparation = [
         {
             "id": lesson_id,
@@ -187,11 +147,13 @@ def _project_context(project: dict, index: _Index) -> dict:
                         "skill": item["skill"],
                         "scope": item["scope"],
                         "stage_ids": item["stageIds"],
-                        "href": f"../routes/{role['id']}.html#skill-{number}",
+                        "href": index.route_href(role["id"], f"skill-{number}"),
                     }
                 )
     return {
         "project": project,
+        "exemplar": project["id"] == exemplar_id(index),
+        "size_text": size_text(project_size(project)),
         "preparation": preparation,
         "used_by": used_by,
         "starter": _starter_context(project),
@@ -209,11 +171,15 @@ def _evidence_context(project: dict, catalog: dict) -> dict | None:
     # The newest stamp, not the clock: the same evidence gives the same pages.
     newest = max((r.get("ran_at", "") for r in stamps), default="") or "never"
     data = dossier_module().collect(folder, project_roles(catalog, project["id"]), newest)
-    return {"data": data, "dossier": f"../dossiers/{project['id']}/index.html"}
+    return {"data": data, "dossier": f"dossiers/{project['id']}/index.html"}
 
 
 def _starter_context(project: dict) -> dict | None:
-    """The "Start this project" section: only for a ready project with exercise regions."""
+    """The "Start this project" section: only for a ready project with exercise regions.
+
+    Each exercise's ``line`` is that of its opening marker in the starter (the
+    learner's file, every region stripped), as ``build.site_inputs`` counts it.
+    """
     exercises = project.get("exercises") or {}
     if project.get("status") != "ready" or not exercises or not project.get("folder"):
         return None
@@ -226,7 +192,7 @@ def _starter_context(project: dict) -> dict | None:
     }
 
 
-def _phase_context(phase: dict, index: _Index, lessons_by_phase: dict[str, list[dict]]) -> dict:
+def _phase_context(phase: dict, index: SiteIndex, lessons_by_phase: dict[str, list[dict]]) -> dict:
     lessons = lessons_by_phase.get(phase["id"], [])
     lesson_ids = {lesson["id"] for lesson in lessons}
     projects = []
@@ -234,21 +200,22 @@ def _phase_context(phase: dict, index: _Index, lessons_by_phase: dict[str, list[
         prepared = [lid for lid in project.get("preparation", []) if lid in lesson_ids]
         if prepared:
             projects.append(
-                {
-                    "project": project,
-                    "lessons": prepared,
-                    "href": f"../projects/{project['id']}.html",
-                }
+                {"project": project, "lessons": prepared, "href": index.project_href(project["id"])}
             )
     routes = [
-        {"role": role, "href": f"../routes/{role['id']}.html"}
+        {"role": role, "href": index.route_href(role["id"])}
         for role in index.catalog["roles"]
-        if any(phase["id"] in m.get("phaseIds", []) for m in role["milestones"])
+        if phase["id"] in index.route_phases(role)
     ]
-    return {"phase": phase, "lessons": lessons, "projects": projects, "routes": routes}
+    return {
+        "phase": phase,
+        "lessons": [{**lesson, "href": index.lesson_href(lesson["id"])} for lesson in lessons],
+        "projects": projects,
+        "routes": routes,
+    }
 
 
-def _index_context(index: _Index, lessons_by_phase: dict[str, list[dict]]) -> dict:
+def _index_context(index: SiteIndex, lessons_by_phase: dict[str, list[dict]]) -> dict:
     placed: set[str] = set()
     domains = []
     for domain in index.catalog.get("domains", []):
@@ -262,6 +229,7 @@ def _index_context(index: _Index, lessons_by_phase: dict[str, list[dict]]) -> di
         for phase in index.phases.values()
     ]
     return {
+        "start": start_paths(index),
         "domains": domains,
         "unplaced": unplaced,
         "projects": list(index.projects.values()),
@@ -283,27 +251,35 @@ def write_site(
     ``catalog`` is the published catalog (``roles``, ``domains``) as plain
     JSON data. ``projects`` are ``{"id", "title", "status", "preparation":
     [lesson ids], "stages": [{"id", "title", "deliverable", "tests",
-    "hardware"}]}``; every project gets a page, referenced or not.
-    ``phases`` are ``{"id", "title"}``, ``lessons`` ``{"id", "phase",
-    "title"}``, ``pathways`` ``{"id", "title", "summary"}``, ``tracks``
+    "hardware"}]}``, optionally with ``"folder"`` (the project on disk: its
+    starter archive and reference evidence are published) and
+    ``"exercises"``: stage id -> ``[{"file", "line", "hint", "lines"}]``,
+    ``line`` the opening marker's line in the starter and ``lines`` the code
+    lines of the region in the reference. Every project gets a page,
+    referenced or not. ``phases`` are ``{"id", "title"}``, ``lessons``
+    ``{"id", "phase", "title"}`` (optionally ``"docs"``: ``[{"title",
+    "url"}]``), ``pathways`` ``{"id", "title", "summary"}``, ``tracks``
     ``{"id", "title"}``; pages list them in the order given.
 
     A reference to something not in these inputs (a project, phase or lesson
     the caller did not pass) is rendered as plain text, never as a broken
-    link. Role, project and phase ids must be kebab-case (they name files);
-    otherwise ``ValueError`` is raised before anything is written. Existing
-    files other than the ones written are left alone. Returns the written
-    paths: the stylesheet, the index, then route, project and phase pages.
+    link. Role, project, phase and lesson ids must be kebab-case (they name
+    files); otherwise ``ValueError`` is raised before anything is written.
+    Existing files other than the ones written are left alone. Returns the
+    written paths: the stylesheet, the index, then route, project (with their
+    dossiers and starter archives), phase and lesson pages.
     """
     site_dir = Path(site_dir)
     for role in catalog["roles"]:
-        _check_file_id("role", role["id"])
+        check_file_id("role", role["id"])
     for project in projects:
-        _check_file_id("project", project["id"])
+        check_file_id("project", project["id"])
     for phase in phases:
-        _check_file_id("phase", phase["id"])
+        check_file_id("phase", phase["id"])
+    for lesson in lessons:
+        check_file_id("lesson", lesson["id"])
 
-    index = _Index(
+    index = SiteIndex(
         catalog=catalog,
         projects={p["id"]: p for p in projects},
         phases={p["id"]: p for p in phases},
@@ -356,4 +332,8 @@ def write_site(
     for phase in phases:
         context = _phase_context(phase, index, lessons_by_phase)
         emit(f"phases/{phase['id']}.html", phase_template.render(root="../", **context))
+    lesson_template = env.get_template("lesson.html")
+    for lesson in lessons:
+        context = lesson_context(lesson, index)
+        emit(f"lessons/{lesson['id']}.html", lesson_template.render(root="../", **context))
     return written

@@ -40,6 +40,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class StageRun:
     status: str  # "passed" or "failed"
     summary: str  # pytest's last line, e.g. "1 failed, 3 passed in 4.61s"
     failure: Failure | None = None
+    seconds: float = 0.0  # the pytest process's wall time
 
 
 def manifest(folder: Path = HERE) -> dict:
@@ -282,25 +284,45 @@ def run_stage(tests: list[str], folder: Path = HERE) -> StageRun:
     first failure from); return its status, pytest's summary line and that failure."""
     with tempfile.TemporaryDirectory(prefix="progress-") as tmp:
         report = Path(tmp) / "junit.xml"
+        started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, *test_command(tests)[1:], f"--junitxml={report}"],
             cwd=folder,
             capture_output=True,
             text=True,
         )
+        seconds = time.perf_counter() - started
         failure = first_failure(report, tests, folder) if done.returncode else None
     lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
     summary = lines[-1].strip("= ") if lines else done.stderr.strip()[-200:]
-    return StageRun("passed" if done.returncode == 0 else "failed", summary, failure)
+    status = "passed" if done.returncode == 0 else "failed"
+    return StageRun(status, summary, failure, seconds)
 
 
 def run_stages(run_all: bool = False, folder: Path = HERE) -> int:
-    """The progress run (module docstring); prints the table and what to do next."""
+    """The progress run (module docstring); prints the table and what to do next,
+    then its own time apart from the tests' (pytest's start-up counts as the tests')."""
+    started, in_tests = time.perf_counter(), 0.0
+    status = _run_stages(run_all, folder)
+    for run in status.runs:
+        in_tests += run.seconds
+    own = time.perf_counter() - started - in_tests
+    print(f"\n(tests {in_tests:.1f} s; progress.py itself {own:.2f} s)")
+    return status.code
+
+
+@dataclass
+class Outcome:
+    code: int
+    runs: list[StageRun]
+
+
+def _run_stages(run_all: bool, folder: Path) -> Outcome:
     project = manifest(folder)
     state = load_state(folder)
     state["project"] = project["id"]
     left = unwritten_regions(folder)
-    rows, current, failure = [], None, None
+    rows, current, failure, runs = [], None, None, []
     for stage in project["stages"]:
         sid, todo = stage["id"], len(left.get(stage["id"], []))
         if current is not None and not run_all:
@@ -315,6 +337,7 @@ def run_stages(run_all: bool = False, folder: Path = HERE) -> int:
                 continue
         print(f"running stage {sid} tests ...", flush=True)
         run = run_stage(stage["tests"], folder)
+        runs.append(run)
         state["stages"][sid] = stamp(folder, stage, run.status)
         save_state(state, folder)
         rows.append((sid, stage["title"], todo, run.status, run.summary))
@@ -330,9 +353,9 @@ def run_stages(run_all: bool = False, folder: Path = HERE) -> int:
             "dossier; then try the mistakes in seeded_bugs.toml: write each into your code, "
             "and its stage's tests must fail."
         )
-        return 0
+        return Outcome(0, runs)
     report_failure(current, failure, left.get(current["id"], []))
-    return 1
+    return Outcome(1, runs)
 
 
 def report_failure(stage: dict, failure: Failure | None, todo: list[tuple[str, int, str]]) -> None:

@@ -84,7 +84,9 @@ CASES = [  # (seed, n, d, rho): the changed conditions
     seed=st.integers(0, 2**16),
 )
 def test_log_evidence_is_the_multivariate_t_density(n, d, scale, a0, b0, nonzero_mean, seed):
-    """Integrating w and sigma^2 out: y ~ t_{2 a0}(X m0, (b0/a0)(I + s^2 X X^T)),
+    """log_marginal_likelihood equals SciPy's multivariate-t log density of y, for priors and n < d.
+
+    Integrating w and sigma^2 out: y ~ t_{2 a0}(X m0, (b0/a0)(I + s^2 X X^T)),
     SciPy's multivariate t in float64, over prior scales other than 1, a prior
     mean zero and not, and fewer observations than weights."""
     rng = np.random.default_rng(seed)
@@ -110,7 +112,9 @@ MOMENT_CASES = [  # (seed, n, d, a0): a_n = a0 + n/2 below, at and above 2
 
 @pytest.mark.parametrize("seed,n,d,a0", MOMENT_CASES)
 def test_moments_and_log_posterior_match_scipy(seed, n, d, a0, evidence):
-    """Every field of `moments` (the whole (d+1) x (d+1) covariance, zeros
+    """moments and log_posterior match a float64 sequential posterior and SciPy, a_n around 2.
+
+    Every field of `moments` (the whole (d+1) x (d+1) covariance, zeros
     included) against the sequential float64 posterior and SciPy's inverse gamma
     (mean, variance, infinite for a_n <= 2); `log_posterior` against SciPy's
     normal and inverse-gamma log densities plus the Jacobian log sigma^2."""
@@ -170,6 +174,8 @@ def test_moments_and_log_posterior_match_scipy(seed, n, d, a0, evidence):
 
 @pytest.mark.parametrize("seed,n,d,rho", CASES)
 def test_closed_form_equals_sequential_updates(seed, n, d, rho, evidence):
+    """The float32 closed-form m_n, Lambda_n, a_n and b_n match a float64 one-observation-at-a-time
+    loop, 2 designs."""
     ds = data.make_dataset(jax.random.key(seed), n, d, rho, 0.7)
     prior = model.make_prior(d, 1.5, 2.0, 1.0)
     post = model.exact_posterior(ds.x, ds.y, prior)
@@ -188,7 +194,9 @@ def test_closed_form_equals_sequential_updates(seed, n, d, rho, evidence):
 
 @pytest.mark.parametrize("seed,a0,b0", [(2, 3.0, 2.0), (3, 1.5, 0.5)])
 def test_two_parameter_grid_integration(seed, a0, b0, evidence):
-    """d = 1: integrate the float64 density over a 1500 x 1500 grid of (w, log sigma^2)."""
+    """The log evidence and posterior moments match a 1500 x 1500 grid integration, for d = 1.
+
+    d = 1: integrate the float64 density over a 1500 x 1500 grid of (w, log sigma^2)."""
     n, scale = 15, 2.0
     ds = data.make_dataset(jax.random.key(seed), n, 1, 0.0, 0.8)
     x, y = np.asarray(ds.x, np.float64), np.asarray(ds.y, np.float64)
@@ -227,7 +235,9 @@ def test_two_parameter_grid_integration(seed, a0, b0, evidence):
 
 @pytest.mark.parametrize("seed,d", [(4, 3), (5, 6)])
 def test_log_joint_minus_log_posterior_is_the_log_evidence(seed, d, evidence):
-    """Bayes' rule at 16 random points: `log p(y, theta) - log p(theta | y) = log p(y)`,
+    """log_joint - log_posterior equals the log evidence at 16 points; log_joint matches NumPy.
+
+    Bayes' rule at 16 random points: `log p(y, theta) - log p(theta | y) = log p(y)`,
     and `log_joint` agrees with a float64 NumPy transcription of the model."""
     ds = data.make_dataset(jax.random.key(seed), 40, d, 0.5, 1.2)
     prior = model.make_prior(d, 1.0, 2.5, 1.5)
@@ -264,7 +274,9 @@ def test_log_joint_minus_log_posterior_is_the_log_evidence(seed, d, evidence):
 
 @pytest.mark.parametrize("seed", [6, 7])
 def test_predictive_variance(seed, evidence):
-    """Student-t variance `scale^2 df/(df-2)` equals `E[sigma^2] + x^T Cov[w] x`
+    """The predictive Student-t's variance, centre and df match a float64 sequential posterior.
+
+    Student-t variance `scale^2 df/(df-2)` equals `E[sigma^2] + x^T Cov[w] x`
     computed from the float64 sequential posterior; the centre is `x m_n`."""
     ds = data.make_dataset(jax.random.key(seed), 30, 4, 0.6, 1.0)
     prior = model.make_prior(4, 1.0, 3.0, 2.0)
@@ -296,7 +308,9 @@ def _normal_equations_f32(x, y, scale):
 
 @pytest.mark.parametrize("rho", [1.0 - 1e-4, 1.0 - 1e-6])
 def test_nearly_collinear_design_is_solved_stably(rho, evidence):
-    """Features correlated at `rho`: the float32 QR mean stays within
+    """On nearly collinear designs the float32 QR mean is within 20 cond(R) eps32 of float64.
+
+    Features correlated at `rho`: the float32 QR mean stays within
     `20 * cond(R) * eps32` (relative) of the float64 answer; the float32 normal
     equations, whose error grows with `cond(R)^2`, are recorded beside it."""
     d, scale = 3, 100.0
@@ -329,6 +343,8 @@ def test_nearly_collinear_design_is_solved_stably(rho, evidence):
 
 
 def test_bad_inputs_are_clear_errors():
+    """Bad prior values, non-finite or mis-shaped data and bad config fields are refused, naming the
+    value."""
     with pytest.raises(model.ModelError, match=r"prior scale must be a positive.*`-1.0`"):
         model.make_prior(2, -1.0, 2.0, 1.0)
     with pytest.raises(model.ModelError, match=r"prior rate b0.*`0.0`"):

@@ -49,6 +49,8 @@ def _oscillator(a_diag):
 
 @pytest.mark.parametrize("inv_mass", [(1.0, 1.0, 1.0), (0.5, 2.0, 1.5)])
 def test_leapfrog_is_reversible_and_second_order(inv_mass, evidence):
+    """Leapfrog's error against an oscillator's exact flow falls with slope 2 in the step, and it
+    reverses to 1e-5."""
     a_diag = jnp.array([1.0, 4.0, 0.25])
     inv_m = jnp.array(inv_mass)
     target = _oscillator(a_diag)
@@ -85,7 +87,9 @@ def test_leapfrog_is_reversible_and_second_order(inv_mass, evidence):
 
 @pytest.mark.parametrize("target", [0.8, 0.6])
 def test_dual_averaging_finds_the_step_for_the_target(target, evidence):
-    """With acceptance `exp(-eps)`, the step giving `target` is `-log(target)`."""
+    """Dual averaging settles within 2% of the closed-form step for acceptance exp(-eps).
+
+    With acceptance `exp(-eps)`, the step giving `target` is `-log(target)`."""
     da = hmc.dual_averaging_init(jnp.float32(1.0))
 
     def body(da, _):
@@ -105,6 +109,8 @@ def test_dual_averaging_finds_the_step_for_the_target(target, evidence):
 
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_hmc_moments_match_the_exact_posterior(name, problems, hmc_runs, evidence):
+    """HMC means and covariances are within 4 Monte-Carlo standard errors of the exact NIG moments,
+    no divergences."""
     samples = hmc_runs[name]
     z = train.moment_zscores(samples.positions, problems[name].moments)
     cond = f"{name} design, {CORRELATED.num_chains} x {CORRELATED.num_samples} draws, 4 batches"
@@ -127,7 +133,7 @@ def test_hmc_moments_match_the_exact_posterior(name, problems, hmc_runs, evidenc
 
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_adapted_mass_matrix_is_the_posterior_variance(name, problems, hmc_runs, evidence):
-    """The windowed estimate (75 draws) of every chain within a factor 3 of the exact variance."""
+    """Every chain's adapted inverse mass (a 75-draw window) is within 3x of the exact variance."""
     ratio = (
         np.asarray(hmc_runs[name].inv_mass)
         / np.diag(np.asarray(problems[name].moments.theta_cov))[None, :]
@@ -142,7 +148,9 @@ def test_adapted_mass_matrix_is_the_posterior_variance(name, problems, hmc_runs,
 
 
 def test_too_large_step_size_diverges(problems, hmc_runs, evidence):
-    """Three times the adapted step leaves the leapfrog stability region of the
+    """At 3x the adapted step at least 10% of transitions diverge and are counted; none at 1x.
+
+    Three times the adapted step leaves the leapfrog stability region of the
     stiffest direction: transitions diverge and are counted."""
     key = jax.random.key(CORRELATED.seed)
     big = train.sample_hmc(CORRELATED, problems["correlated"], key, step_size_factor=3.0)
@@ -166,6 +174,7 @@ def test_too_large_step_size_diverges(problems, hmc_runs, evidence):
 
 
 def test_same_key_same_bits(problems, hmc_runs):
+    """HMC with the same key gives bit-equal draws; another key gives other draws."""
     key = jax.random.key(CORRELATED.seed)
     again = train.sample_hmc(CORRELATED, problems["correlated"], key)
     other = train.sample_hmc(
@@ -192,7 +201,9 @@ def _gaussian_kl(m_q, c_q, m_p, c_p):
 
 @pytest.mark.parametrize("family", ["meanfield", "fullrank"])
 def test_elbo_estimator_matches_closed_form_on_a_gaussian(family, evidence):
-    """Target: normalized `N(mu, Sigma)`, so `ELBO = -KL(q || p)` exactly."""
+    """The Monte-Carlo ELBO is within 4 standard errors of the exact -KL on a Gaussian target.
+
+    Target: normalized `N(mu, Sigma)`, so `ELBO = -KL(q || p)` exactly."""
     mu = np.array([0.5, -1.0, 2.0])
     sigma = np.array([[1.0, 0.6, 0.2], [0.6, 2.0, -0.3], [0.2, -0.3, 0.5]])
     log_norm = -0.5 * (3 * np.log(2 * np.pi) + np.linalg.slogdet(sigma)[1])
@@ -244,6 +255,8 @@ def vi_fits(problems):
 
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_fullrank_vi_recovers_the_exact_posterior(name, vi_fits, problems, evidence):
+    """Full-rank VI's mean is within 0.1 sd and variances within 15% of the exact posterior, KL
+    under 0.05."""
     s = vi_fits[name, "fullrank"]
     observed = {
         "mean_error_in_sd": s["mean_error_in_sd"],
@@ -268,7 +281,9 @@ def test_fullrank_vi_recovers_the_exact_posterior(name, vi_fits, problems, evide
 
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_meanfield_vi_loses_the_predicted_variance(name, vi_fits, problems, evidence):
-    """Mean-field variances are the conditional ones, `1 / (Sigma^-1)_ii`; the KL it
+    """Mean-field VI's variance ratios and KL gap match their Gaussian predictions, 2 designs.
+
+    Mean-field variances are the conditional ones, `1 / (Sigma^-1)_ii`; the KL it
     pays is `(sum log Lambda_ii - log det Lambda) / 2` for a Gaussian target."""
     s = vi_fits[name, "meanfield"]
     moments = problems[name].moments

@@ -63,6 +63,8 @@ def _cases(hmc_draws):
 
 
 def test_rhat_and_ess_match_arviz(hmc_draws, evidence):
+    """R-hat, bulk-ESS and tail-ESS equal ArviZ's to 1e-9 on HMC, AR(1), shifted and heavy-tailed
+    chains."""
     ok = []
     for name, x in _cases(hmc_draws).items():
         mine = [diagnostics.rhat(x), diagnostics.ess_bulk(x), diagnostics.ess_tail(x)]
@@ -81,6 +83,8 @@ def test_rhat_and_ess_match_arviz(hmc_draws, evidence):
 
 @pytest.mark.parametrize("phi", [0.5, 0.9])
 def test_ess_of_ar1_matches_its_closed_form(phi, evidence):
+    """The ESS of the mean of AR(1) chains is within 15% of S (1 - phi) / (1 + phi), for phi 0.5 and
+    0.9."""
     chains, n = 8, 2000
     x = _ar1(jax.random.key(int(phi * 10)), chains, n, phi)
     expected = chains * n * (1 - phi) / (1 + phi)
@@ -95,6 +99,8 @@ def test_ess_of_ar1_matches_its_closed_form(phi, evidence):
 
 
 def test_rhat_flags_chains_that_disagree(evidence):
+    """R-hat is below 1.01 for agreeing chains and above it for a shifted, a wider or a trending
+    chain."""
     agree = _ar1(jax.random.key(4), 4, 500, 0.5)
     shifted = _ar1(jax.random.key(5), 4, 500, 0.5, [0.0, 0.0, 0.0, 1.0])
     wider = _ar1(jax.random.key(6), 4, 500, 0.5) * np.array([1.0, 1.0, 1.0, 3.0])[:, None]
@@ -119,7 +125,9 @@ def test_rhat_flags_chains_that_disagree(evidence):
 
 
 def test_sbc_ranks_of_hmc_are_uniform(problem, evidence):
-    """200 data sets of 20 rows (d = 2) from the prior; one HMC chain each, 190
+    """SBC ranks of the hand-built HMC pass a chi-square uniformity test over 200 data sets.
+
+    200 data sets of 20 rows (d = 2) from the prior; one HMC chain each, 190
     draws thinned to 19: ranks in {0..19}, chi-square over 10 bins."""
     x = problem.dataset.x[:20, :2]
     prior = problem.prior._replace(mean=problem.prior.mean[:2])
@@ -140,7 +148,9 @@ def test_sbc_ranks_of_hmc_are_uniform(problem, evidence):
 
 
 def test_sbc_rejects_a_miscalibrated_posterior(problem, evidence):
-    """Control: exact posteriors under the right prior pass; under a prior whose
+    """The SBC test passes exact posteriors under the right prior and rejects a b0 8x too large.
+
+    Control: exact posteriors under the right prior pass; under a prior whose
     rate b0 is 8x too large (noise believed larger), the test rejects."""
     x = problem.dataset.x[:20, :2]
     prior = problem.prior._replace(mean=problem.prior.mean[:2])
@@ -162,7 +172,9 @@ def test_sbc_rejects_a_miscalibrated_posterior(problem, evidence):
 
 
 def test_nuts_second_opinion(problem, hmc_draws, evidence):
-    """NumPyro NUTS on the same posterior: its moments match the exact ones, its
+    """NumPyro NUTS matches the exact moments and HMC's means, both with R-hat below 1.02.
+
+    NumPyro NUTS on the same posterior: its moments match the exact ones, its
     R-hat is below SHORT_RUN_RHAT, and its means agree with HMC's within their joint MCSE."""
     mcmc = nuts.make_mcmc(4, 200, 300, CONFIG.target_accept)
     result = nuts.run_nuts(jax.random.key(31), mcmc, *problem.args)
@@ -205,6 +217,8 @@ def funnel_runs():
 
 
 def test_funnel_centered_is_flagged_noncentered_passes(funnel_runs, evidence):
+    """The centered funnel diverges and is not trustworthy; the non-centered one is, recovering v ~
+    N(0, 9)."""
     names = reports.funnel_names()
     centered = reports.diagnose_draws(funnel_runs["funnel-centered"], names)
     noncentered = reports.diagnose_draws(funnel_runs["funnel-noncentered"], names)
@@ -232,6 +246,8 @@ def test_funnel_centered_is_flagged_noncentered_passes(funnel_runs, evidence):
 
 
 def test_diagnostics_refuse_what_they_cannot_judge():
+    """Too few draws or chains, non-finite values, constant draws and a wrong shape are refused with
+    a message."""
     with pytest.raises(diagnostics.DiagnosticError, match=r"at least `4` draws per chain.*`3`"):
         diagnostics.rhat(np.zeros((4, 3)))
     with pytest.raises(diagnostics.DiagnosticError, match=r"at least `2` of them.*`1`"):

@@ -57,8 +57,9 @@ def random_params(seed: int, hidden: tuple[int, ...]) -> dict:
 
 @pytest.mark.parametrize("hidden", [(), (16,), (24, 12)], ids=["no hidden", "1 hidden", "2"])
 def test_apply_with_nonzero_biases_matches_numpy(hidden):
-    """`apply` and the deployed `logits_from_raw` against NumPy float64, with every
-    bias non-zero and 0, 1 and 2 hidden layers."""
+    """`apply` and the deployed `logits_from_raw` match NumPy float64 within 1e-5, for 0-2 layers.
+
+    Every bias is non-zero, with 0, 1 and 2 hidden layers."""
     params = random_params(len(hidden), hidden)
     rng = np.random.default_rng(7)
     x = rng.normal(size=(5, data.NUM_FEATURES)).astype(np.float32)
@@ -78,6 +79,7 @@ def test_apply_with_nonzero_biases_matches_numpy(hidden):
 
 
 def test_normalize_against_numpy():
+    """normalize equals (x - mean) * scale in NumPy float64 within 1e-6, on random pixels."""
     rng = np.random.default_rng(3)
     x = rng.uniform(0, 16, (6, data.NUM_FEATURES)).astype(np.float32)
     mean = rng.uniform(0, 8, data.NUM_FEATURES).astype(np.float32)
@@ -94,7 +96,9 @@ def test_normalize_against_numpy():
     seed=st.integers(0, 2**16),
 )
 def test_split_ids_against_a_reference(counts, test_fraction, seed):
-    """Stratified, disjoint, complete, sorted int32; per class exactly
+    """split_ids is stratified, disjoint, complete and repeatable, over hypothesis-drawn labels.
+
+    Stratified, disjoint, complete, sorted int32; per class exactly
     round(fraction * class size) test IDs; the same key gives the same split."""
     labels = np.repeat(np.arange(len(counts), dtype=np.int32) * 2, counts)
     labels = labels[np.random.default_rng(seed).permutation(len(labels))]
@@ -111,6 +115,8 @@ def test_split_ids_against_a_reference(counts, test_fraction, seed):
 
 
 def test_digest_tells_apart_values_dtypes_shapes_and_paths():
+    """checkpoint.digest is equal for equal trees and differs for one changed value, dtype, shape,
+    path or leaf."""
     base = {"a": np.arange(6, dtype=np.float32), "b": [np.ones(2, np.int32)]}
     variants = {
         "a value": {**base, "a": base["a"] + np.eye(1, 6, 2, dtype=np.float32)[0]},
@@ -127,6 +133,8 @@ def test_digest_tells_apart_values_dtypes_shapes_and_paths():
 
 @pytest.mark.parametrize("batch", [1, 37])
 def test_forward_pass_matches_numpy(evidence, batch):
+    """The NNX MLP and pure apply match a NumPy float64 forward pass within 1e-5, for batch sizes 1
+    and 37."""
     config = Config.tiny().model_copy(update={"hidden_sizes": (24, 12)})
     model = train.create_model(config, jax.random.key(batch))
     x = np.asarray(jax.random.normal(jax.random.key(100 + batch), (batch, data.NUM_FEATURES)))
@@ -152,6 +160,8 @@ def test_forward_pass_matches_numpy(evidence, batch):
 
 
 def test_preprocessing_spec_and_label_map(evidence, trained):
+    """The saved mean and scale equal those recomputed from sklearn's raw training pixels; labels
+    and golden IDs hold."""
     spec = trained["_spec"]
     bunch_images = np.asarray(__import__("sklearn.datasets").datasets.load_digits().data)
     train_ids = np.asarray(trained["split"]["train"])
@@ -199,6 +209,8 @@ def test_preprocessing_spec_and_label_map(evidence, trained):
 
 
 def test_accuracy_recomputed_in_numpy(evidence, trained):
+    """The reported test accuracy is within 0.01 of a NumPy float64 recount on 450 held-out digits,
+    and at least 0.9."""
     digits = data.load()
     test_ids = np.asarray(trained["split"]["test"])
     mean, scale = data.spec_arrays(trained["_spec"]["preprocessing"])
@@ -219,6 +231,8 @@ def test_accuracy_recomputed_in_numpy(evidence, trained):
 
 
 def test_golden_predictions_reproduce_bitwise_from_saved_state(evidence, trained):
+    """Golden logits recomputed from the restored Orbax state equal the saved ones bit for bit, as
+    do params and spec."""
     params, spec, golden = train.load_trained(trained["workdir"])
     same_params = checkpoint.digest(params) == trained["params_sha256"]
     mean, scale = (jnp.asarray(a) for a in data.spec_arrays(spec["preprocessing"]))
@@ -244,6 +258,8 @@ def test_golden_predictions_reproduce_bitwise_from_saved_state(evidence, trained
 
 
 def test_same_seed_same_bits_other_seed_other_bits(evidence, trained):
+    """A second training with the same config gives the same params and golden logits; seed 1 gives
+    other params."""
     again = train.train_and_evaluate(Config.tiny())
     other = train.train_and_evaluate(Config.tiny().model_copy(update={"seed": 1}))
     observed = {
@@ -264,6 +280,7 @@ def test_same_seed_same_bits_other_seed_other_bits(evidence, trained):
 
 
 def test_damaged_checkpoint_is_refused(trained, tmp_path):
+    """A checkpoint with one flipped byte is refused on load as changed since the save."""
     import shutil
 
     copy = tmp_path / "run"
@@ -278,12 +295,16 @@ def test_damaged_checkpoint_is_refused(trained, tmp_path):
 
 
 def test_restore_into_another_shape_is_refused(trained):
+    """Restoring a checkpoint into a model with another hidden size is refused as written for
+    another model."""
     wrong = train.like_params({"hidden_sizes": [33]})
     with pytest.raises(checkpoint.CheckpointError, match="written for another model"):
         checkpoint.restore(trained["workdir"] / "checkpoint", wrong)
 
 
 def test_cli_train_writes_the_artifact_and_refuses_to_overwrite(tmp_path):
+    """The train command writes checkpoint and golden files, logs to stderr, and refuses to
+    overwrite (exit 2)."""
     config_path = tmp_path / "tiny.json"
     config_path.write_text(Config.tiny().model_copy(update={"num_epochs": 2}).to_json())
     workdir = tmp_path / "run"
@@ -300,6 +321,8 @@ def test_cli_train_writes_the_artifact_and_refuses_to_overwrite(tmp_path):
 
 
 def test_bad_config_is_refused_with_the_field_named(tmp_path):
+    """A config with an unknown field or num_epochs 0 is refused naming the field, by load_config
+    and the CLI (exit 2)."""
     path = tmp_path / "bad.json"
     path.write_text('{"hidden_sizes": [0], "learning_rat": 0.1}')
     with pytest.raises(ConfigError, match="Unknown field `learning_rat`"):

@@ -64,7 +64,9 @@ def _manifest(made_by: str | None, convention: int | None = None, created=CREATE
     ],
 )
 def test_compatibility_boundaries(age_days, made_by, convention, within):
-    """Both sides of every edge of the window, without an artifact: the two age
+    """compatibility judges both sides of each age limit and calling-convention bound correctly.
+
+    Both sides of every edge of the window, without an artifact: the two age
     limits (minutes and half a day from them), each rule applied only to its own
     direction, and both ends of the supported calling conventions."""
     now = CREATED + datetime.timedelta(days=age_days)
@@ -78,6 +80,8 @@ def test_compatibility_boundaries(age_days, made_by, convention, within):
 
 
 def test_compatibility_messages_name_the_figures():
+    """Out-of-window messages name the jax versions and the age in days; a created_at without time
+    zone is refused."""
     ahead = export.compatibility(_manifest(NEW_JAX), CREATED - datetime.timedelta(days=40))
     assert (
         f"newer than the running jax {jax.__version__}, and is dated 40 days ahead"
@@ -138,6 +142,8 @@ def _random_params(seed: int, hidden: tuple[int, ...]) -> dict:
 @pytest.mark.parametrize("calibration", ["normal", "zeros"])
 @pytest.mark.parametrize("policy", precision.POLICIES)
 def test_quantize_against_its_definition(policy, calibration, hidden):
+    """Each policy's quantized arrays equal a NumPy rebuild from their definitions, for two
+    calibrations and depths."""
     params = _random_params(len(hidden), hidden)
     rng = np.random.default_rng(11)
     calib = (
@@ -164,7 +170,9 @@ def test_quantize_against_its_definition(policy, calibration, hidden):
 @pytest.mark.parametrize("hidden", [(12,), (16, 8)], ids=["1 hidden", "2 hidden"])
 @pytest.mark.parametrize("policy", precision.POLICIES)
 def test_policy_forward_and_bytes_on_random_weights(policy, hidden):
-    """Each policy's forward pass against the NumPy arithmetic below, and its byte
+    """Each policy's forward pass matches NumPy's version of its arithmetic, its bytes the widths.
+
+    Each policy's forward pass against the NumPy arithmetic below, and its byte
     table against counts from the widths, on random weights with non-zero biases
     (in process, before any artifact is built)."""
     params = _random_params(len(hidden), hidden)
@@ -200,6 +208,8 @@ def _numpy_forward(params, x_normalized) -> np.ndarray:
 
 
 def test_manifest_describes_the_bytes(evidence, artifact):
+    """The manifest's sha256s match hashlib over the files, its avals a symbolic batch, its versions
+    the running jax."""
     manifest = json.loads((artifact / export.MANIFEST_FILE).read_text())
     blob = (artifact / export.ARTIFACT_FILE).read_bytes()
     golden = (artifact / export.GOLDEN_FILE).read_bytes()
@@ -241,6 +251,8 @@ def test_manifest_describes_the_bytes(evidence, artifact):
 
 
 def test_fresh_process_reload_matches_in_process_bitwise(evidence, trained, artifact, tmp_path):
+    """Exported bytes reloaded in a fresh process give the jitted model's logits bit for bit, and
+    NumPy's within 1e-4."""
     x = _digits_batch(37)
     np.save(tmp_path / "x.npy", x)
     # A fresh interpreter: nothing of this process (caches, traced functions) is reused.
@@ -316,6 +328,8 @@ WRONG_INPUTS = {
 
 @pytest.mark.parametrize("case", list(WRONG_INPUTS))
 def test_wrong_inputs_are_refused(evidence, artifact, case):
+    """The loader refuses each of 9 wrong inputs with its message, where raw jax.export may run
+    silently."""
     args, kwargs, message = WRONG_INPUTS[case]
     loaded = export.load_artifact(artifact)
     # What raw jax.export does with the same call (jitted, as deployed):
@@ -348,6 +362,8 @@ def _copy(artifact, tmp_path):
 def test_truncated_or_altered_bytes_are_refused_before_deserializing(
     evidence, artifact, tmp_path, cut
 ):
+    """Halved, shortened or bit-flipped exported bytes are refused by the hash check before jax
+    deserializes them."""
     target = _copy(artifact, tmp_path)
     blob = (target / export.ARTIFACT_FILE).read_bytes()
     if cut == "half":
@@ -377,6 +393,8 @@ def test_truncated_or_altered_bytes_are_refused_before_deserializing(
 
 
 def test_other_refusals(artifact, tmp_path):
+    """A wrong expected sha256, altered golden sample, other preprocessing, bad or missing manifest
+    are refused."""
     target = _copy(artifact, tmp_path)
     with pytest.raises(export.ArtifactError, match="expected model version"):
         export.load_artifact(target, expected_sha256="0" * 64)
@@ -418,7 +436,9 @@ TEXT_TRAP_JAX = "0.9.9"
     ],
 )
 def test_compatibility_window(evidence, artifact, tmp_path, age_days, convention, made_by, within):
-    """The window is between the jax that made the artifact and the running one:
+    """The verdict and load_artifact follow the window: own jax always, older 180 days, newer 30.
+
+    The window is between the jax that made the artifact and the running one:
     the running jax always runs its own artifacts, whatever their date; another
     version's artifact is judged by its age (180 days back, 30 forward)."""
     manifest = json.loads((artifact / export.MANIFEST_FILE).read_text())
@@ -504,6 +524,8 @@ def models(trained):
 
 @pytest.mark.parametrize("which", ["hidden (32,)", "hidden (48, 24)"])
 def test_precision_policies_against_numpy(evidence, models, which):
+    """Every policy's logits, int32 accumulators, byte table and flipped examples match NumPy, on
+    two trained models."""
     run = models[which]
     digits = data.load()
     mean, scale = data.spec_arrays(run["_spec"]["preprocessing"])
@@ -583,6 +605,8 @@ def test_precision_policies_against_numpy(evidence, models, which):
 
 
 def test_cli_export_verify_precision(trained, tmp_path):
+    """The export, verify and precision commands succeed and write a PNG; verify refuses a truncated
+    artifact (exit 2)."""
     workdir = tmp_path / "run"
     shutil.copytree(trained["workdir"] / "checkpoint", workdir / "checkpoint")
     for name in ("golden.json", "metrics.json"):
@@ -691,7 +715,9 @@ def _int8_reference(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("which", ["hidden (32,)", "hidden (48, 24)"])
 def test_int8_is_per_channel_and_its_error_is_bounded(evidence, models, which):
-    """The int8 scales and integer weights against a float64 per-channel reference
+    """int8 scales and weights equal a float64 per-channel reference; policy errors stay bounded.
+
+    The int8 scales and integer weights against a float64 per-channel reference
     computed here; every dequantized weight within half a step of its column's
     scale; and the policies' effect on held-out data bounded: accuracy within
     2 points of f32 (3 for w8a8), logit error within a fraction of the f32 logit

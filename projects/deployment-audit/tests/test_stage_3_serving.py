@@ -48,6 +48,8 @@ def next_power_of_two(rows: int) -> int:
 
 @pytest.mark.parametrize("max_batch", [1, 8, 48, 64])
 def test_bucket_is_the_next_power_of_two_capped(max_batch):
+    """bucket(rows) equals the next power of two capped at max_batch, computed by a loop, for 4
+    caps."""
     for rows in range(1, max_batch + 1):
         assert serve.bucket(rows, max_batch) == min(max_batch, next_power_of_two(rows)), rows
 
@@ -71,6 +73,8 @@ def capacity_reference(a, c, h, mean_rows, max_batch):
     max_batch=st.sampled_from([8, 48, 64]),
 )
 def test_capacity_against_its_definition(a, c, h, mean_rows, max_batch):
+    """queue_model.capacity equals the loop and worker limits rebuilt from their definitions, over
+    hypothesis inputs."""
     model = {"a_s": a, "c_s_per_row": c, "h_s": h, "mean_rows": mean_rows}
     got = queue_model.capacity(model, max_batch)
     loop, worker = capacity_reference(a, c, h, mean_rows, max_batch)
@@ -197,7 +201,9 @@ def _batcher_scenario(max_queue_rows: int, sizes: list[int]) -> tuple[list, list
 
 
 def test_the_queue_bound_counts_rows_and_batches_hold_whole_requests(evidence):
-    """In-process, no server: six requests of 1, 2, 3, 1, 2, 1 rows arrive before
+    """The queue bound counts rows and batches take whole requests, against hand-worked answers.
+
+    In-process, no server: six requests of 1, 2, 3, 1, 2, 1 rows arrive before
     the batcher runs. The expectation is worked out by hand from the rules (accept
     while the queued rows stay within the bound; a batch takes whole requests
     from the head up to 4 rows). Repeated with a bound of 6 and of 7 rows."""
@@ -222,7 +228,9 @@ def test_the_queue_bound_counts_rows_and_batches_hold_whole_requests(evidence):
 
 
 def test_a_batch_never_passes_its_maximum():
-    """Requests of 1, 4, 2, 2, 3, 1 rows, all queued (bound 20), batches of at most 4
+    """Batches never pass 4 rows and take whole requests in arrival order, as worked out by hand.
+
+    Requests of 1, 4, 2, 2, 3, 1 rows, all queued (bound 20), batches of at most 4
     rows, worked out by hand: the 4-row request cannot join the 1-row one (5 > 4),
     two requests fill a batch exactly (2 + 2, 3 + 1)."""
     answers, batches = _batcher_scenario(20, [1, 4, 2, 2, 3, 1])
@@ -231,6 +239,8 @@ def test_a_batch_never_passes_its_maximum():
 
 
 def test_ready_only_after_load_and_self_test(evidence, good, artifact):
+    """The server is alive, then ready with the manifest's sha256, a passed golden self-test and
+    every bucket warmed."""
     server, ready = good
     manifest = json.loads((artifact / export.MANIFEST_FILE).read_text())
     with httpx.Client(base_url=server.url) as client:
@@ -256,6 +266,8 @@ def test_ready_only_after_load_and_self_test(evidence, good, artifact):
 
 
 def test_answers_match_the_in_process_model_per_row(evidence, good, artifact):
+    """20 concurrent one-row answers equal in-process single-row logits within 1e-5, label map and
+    batch rows agreeing."""
     server, _ = good
     images = data.load().images
     loaded = export.load_artifact(artifact)
@@ -342,6 +354,8 @@ BAD_REQUESTS = [
 
 
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(evidence, good):
+    """Each of 21 bad requests gets its 4xx status and message, and a good request after them gets
+    200."""
     server, _ = good
     seen = []
     with httpx.Client(base_url=server.url, timeout=120) as client:
@@ -366,6 +380,8 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(evidence, good):
 
 
 def test_overload_gets_503_never_a_crash(evidence, servers):
+    """A burst into an 8-row queue gets 503s with Retry-After, batches of at most 8 rows, then
+    normal service."""
     server = servers["tiny_queue"]
     assert server.wait_ready()["status"] == "ready", server.log()
     row = data.load().images[:1].tolist()
@@ -421,6 +437,8 @@ def test_overload_gets_503_never_a_crash(evidence, servers):
     ],
 )
 def test_a_wrong_artifact_never_becomes_ready(evidence, servers, case, reason):
+    """A server on altered bytes, a swapped model or not the pinned version stays alive but never
+    ready, saying why."""
     server = servers[case]
     first = server.wait_ready()
     time.sleep(0.5)
@@ -454,6 +472,8 @@ def _metrics(server):
 
 
 def test_load_measurement_and_queue_model(evidence, good, tmp_path):
+    """Every Poisson-load request is answered; the queue model's p50 and CPU predictions are within
+    3x of measured."""
     server, ready = good
     # The tiny workload, with its client timeout and per-rate stop as hang guards
     # only: on a loaded machine every request must still be answered.
@@ -524,7 +544,9 @@ def test_load_measurement_and_queue_model(evidence, good, tmp_path):
 
 @pytest.mark.parametrize("rho", [0.5, 0.8])
 def test_queue_simulator_matches_md1_theory(evidence, rho):
-    """With no batching (max batch 1, no timeout), no loop cost and a constant
+    """The simulated mean time in system is within 8% of the M/D/1 formula, at rho 0.5 and 0.8.
+
+    With no batching (max batch 1, no timeout), no loop cost and a constant
     service time S, the server is an M/D/1 queue: mean time in system
     S + rho * S / (2 (1 - rho)) (Pollaczek-Khinchine)."""
     service = 1e-3
@@ -546,6 +568,8 @@ def test_queue_simulator_matches_md1_theory(evidence, rho):
 
 
 def test_simulator_batching_closed_forms():
+    """The simulator's latencies equal closed forms for lone requests and a full batch, and capacity
+    its definition."""
     model = {"a_s": 1e-3, "c_s_per_row": 1e-5, "h_s": 2e-4, "mean_rows": 1.0}
     # Isolated requests: each waits the full timeout alone, then one batch of 1.
     alone = queue_model.simulate(np.arange(5.0), np.ones(5, np.int64), model, 64, 5e-3)
@@ -558,6 +582,8 @@ def test_simulator_batching_closed_forms():
 
 
 def test_schedule_is_poisson_and_deterministic(evidence):
+    """The arrival schedule repeats for one key, with exponential gaps: mean 1/rate within 6%, CV
+    0.9 to 1.1."""
     # Two keys built from the same seed (one key is never used twice).
     a = loadgen.schedule(jax.random.key(11), 200.0, 4000, (1, 8), pool=1797)
     b = loadgen.schedule(jax.random.key(11), 200.0, 4000, (1, 8), pool=1797)
@@ -582,6 +608,8 @@ def test_schedule_is_poisson_and_deterministic(evidence):
 
 
 def test_serve_refuses_a_bad_config(tmp_path):
+    """serve refuses max_rows_per_request above max_batch_size with exit 2 and a message naming
+    both."""
     path = tmp_path / "serve.json"
     path.write_text('{"max_batch_size": 8, "max_rows_per_request": 16}')
     result = CliRunner().invoke(main, ["serve", str(tmp_path), "--config", str(path)])

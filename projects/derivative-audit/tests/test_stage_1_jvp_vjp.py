@@ -60,7 +60,9 @@ def _directions(problem, seed: int):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_audit_tolerances_are_the_documented_multiples_of_eps(dtype):
-    """50 eps for the identities, 100 eps^(2/3) for central differences (NumPy's eps)."""
+    """audit.tolerances are 50 eps for identities and 100 eps^(2/3) for central differences.
+
+    50 eps for the identities, 100 eps^(2/3) for central differences (NumPy's eps)."""
     eps = float(np.finfo(dtype).eps)
     tol = audit.tolerances(jnp.dtype(dtype))
     assert set(tol) == {"identity", "finite_difference"}
@@ -75,7 +77,7 @@ def test_audit_tolerances_are_the_documented_multiples_of_eps(dtype):
     per_decade=st.integers(1, 5),
 )
 def test_sweep_steps_span_every_decade_end_to_end(lo, decades, per_decade):
-    """`per_decade` steps a decade, both ends included: a NumPy geometric grid."""
+    """sweep_steps equals a NumPy geometric grid of `per_decade` steps a decade, ends included."""
     steps = checks.sweep_steps(lo, lo + decades, per_decade)
     expected = 10.0 ** (lo + np.arange(decades * per_decade + 1) / per_decade)
     assert steps.shape == expected.shape
@@ -109,7 +111,9 @@ def _wrong_transpose(a: np.ndarray, b: np.ndarray, dtype):
     seed=st.integers(0, 2**16),
 )
 def test_dot_product_figures_match_numpy(n, m, dtype, delta, su, sw, seed):
-    """forward <w, A u>, reverse <B^T w, u> and the mismatch relative to
+    """dot_product_test's figures equal NumPy float64 ones, for true and wrong transposes.
+
+    forward <w, A u>, reverse <B^T w, u> and the mismatch relative to
     |w||A u| + |B^T w||u|, all in NumPy float64, for a true (B = A) and a wrong
     transpose, directions of several lengths."""
     rng = np.random.default_rng(seed)
@@ -160,7 +164,9 @@ def _sweep_reference(steps, errors, h):
 def test_sweep_analysis_selects_the_documented_steps(
     dtype, x_scale, zero, at_right_edge, at_left_edge, seed
 ):
-    """A synthetic sweep (the error model h^2 + eps/h with noise) holding the
+    """analyse_sweep picks the documented minimum and fit steps on sweeps that hit every boundary.
+
+    A synthetic sweep (the error model h^2 + eps/h with noise) holding the
     boundary cases: steps exactly 3 h* and h*/3, a step between h*/3 and h*, an
     error exactly 1e-2 right of h* and exactly 0.1 left of it, an exact zero."""
     rng = np.random.default_rng(seed)
@@ -192,6 +198,7 @@ def test_sweep_analysis_selects_the_documented_steps(
 
 
 def test_sweep_of_one_step_has_a_best_and_no_slopes():
+    """A one-step sweep reports that step as best and no slopes; an empty sweep is refused."""
     x = jnp.ones(3, jnp.float64)
     a = checks.analyse_sweep(np.array([1e-5]), np.array([3e-11]), jnp.float64, x)
     assert (a["best_step"], a["best_rel_error"]) == (1e-5, 3e-11)
@@ -202,7 +209,7 @@ def test_sweep_of_one_step_has_a_best_and_no_slopes():
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_jacobians_match_numpy_formulas(problems, evidence, dtype):
-    """jacfwd and jacrev of two suite functions against Jacobians written by hand in NumPy."""
+    """jacfwd and jacrev of two suite functions match hand-written NumPy Jacobians within 50 eps."""
     tol = 50 * EPS[dtype]
     p = problems[("matmul_chain", dtype)]
     w = {k: np.asarray(v, np.float64) for k, v in p.weights.items()}
@@ -249,6 +256,8 @@ def test_jacobians_match_numpy_formulas(problems, evidence, dtype):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_jvp_is_linear_in_the_tangent(problems, evidence, name):
+    """J(a u + b v) equals a J u + b J v within 50 eps, for every suite function in float64 and
+    float32."""
     ok = []
     for dtype, seed in (("float64", 1), ("float32", 2)):
         p = problems[(name, dtype)]
@@ -289,7 +298,7 @@ def test_linearity_check_catches_a_nonlinear_tangent_rule(evidence):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_dot_product_test_transposes(problems, evidence, name):
-    """<w, J u> (forward mode) equals <J^T w, u> (reverse mode)."""
+    """<w, J u> (forward mode) equals <J^T w, u> (reverse mode) within 50 eps, all functions."""
     ok = []
     for dtype, seed in (("float64", 4), ("float32", 5)):
         p = problems[(name, dtype)]
@@ -305,7 +314,7 @@ def test_dot_product_test_transposes(problems, evidence, name):
 
 
 def test_dot_product_test_catches_an_untransposed_vjp(evidence):
-    """A VJP rule that applies A instead of A^T fails the transpose test."""
+    """A VJP rule that applies A instead of A^T fails the transpose test; the true one passes it."""
     a = jax.random.normal(jax.random.key(6), (4, 4), jnp.float64)
 
     @jax.custom_jvp
@@ -341,6 +350,8 @@ def test_dot_product_test_catches_an_untransposed_vjp(evidence):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_and_reverse_jacobians_agree(problems, evidence, name):
+    """jacfwd and jacrev Jacobians agree within 50 eps of the largest entry, for every suite
+    function and 2 dtypes."""
     ok = []
     for dtype in ("float64", "float32"):
         r = checks.jacobian_agreement(problems[(name, dtype)].fn, problems[(name, dtype)].x)
@@ -355,7 +366,9 @@ def test_forward_and_reverse_jacobians_agree(problems, evidence, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_central_difference_at_the_theory_step(problems, evidence, name):
-    """In float64, within 100 eps^(2/3) of the JVP; in float32, the same bound in
+    """The central difference at the theory step is within 100 eps^(2/3) of the JVP, 2 dtypes.
+
+    In float64, within 100 eps^(2/3) of the JVP; in float32, the same bound in
     float32's eps, against the float64 JVP (the exact answer)."""
     p64 = problems[(name, "float64")]
     (u, _), _ = _directions(p64, 8)
@@ -379,7 +392,9 @@ def test_central_difference_at_the_theory_step(problems, evidence, name):
 
 @pytest.mark.parametrize("name", ["matmul_chain", "scan_recurrence"])
 def test_error_vs_step_sweep_shows_truncation_and_roundoff(problems, evidence, name):
-    """Slope +2 right of the minimum, -1 left of it, minimum near the theory step;
+    """The error-vs-step sweep has slope +2 right of its minimum, -1 left, minimum near h*.
+
+    Slope +2 right of the minimum, -1 left of it, minimum near the theory step;
     in float32 the best error is about eps32^(2/3): 4 to 6 digits, no more."""
     steps = checks.sweep_steps(-13, -1, 3)
     p64 = problems[(name, "float64")]
@@ -415,7 +430,9 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(problems, evidence, n
 
 @pytest.mark.parametrize("name", ["matmul_chain"])
 def test_check_grads_agrees(problems, evidence, name):
-    """jax.test_util.check_grads, first order in both modes, as a second opinion
+    """jax.test_util.check_grads passes the matmul chain at first order in both modes, 2 dtypes.
+
+    jax.test_util.check_grads, first order in both modes, as a second opinion
     (the `audit` command runs it to second order)."""
     ok = []
     for dtype in ("float64", "float32"):
@@ -452,6 +469,8 @@ def test_both_opinions_catch_a_wrong_derivative(evidence):
 
 
 def test_same_seed_same_bits(evidence):
+    """The same seed builds the same problem and linearity figures bit for bit; seed 1 builds
+    another point."""
     a = data.make_problem("scan_recurrence", CONFIG, "float32")
     b = data.make_problem("scan_recurrence", CONFIG, "float32")
     (u, v), _ = _directions(a, 11)
@@ -470,11 +489,13 @@ def test_same_seed_same_bits(evidence):
 
 
 def test_non_float_input_is_refused():
+    """An int32 point is refused, naming the dtype, before any derivative is taken."""
     with pytest.raises(checks.DerivativeInputError, match="floating-point `x`.*`int32`"):
         checks.jvp_linearity(jnp.sin, jnp.arange(3, dtype=jnp.int32), None, None, 1.0, 1.0)
 
 
 def test_audit_command_writes_report_and_sweep_plot(tmp_path, evidence):
+    """The audit command writes a report whose every check passed and a PNG sweep plot."""
     config = tmp_path / "tiny.json"
     config.write_text(CONFIG.model_copy(update={"directions": 1}).to_json())
     workdir = tmp_path / "audit"
@@ -502,6 +523,8 @@ def test_audit_command_writes_report_and_sweep_plot(tmp_path, evidence):
     ],
 )
 def test_audit_bad_input_is_a_clear_error(args, message):
+    """An unknown function or an int32 dtype makes the audit command exit 2 with a message and no
+    traceback."""
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output

@@ -36,6 +36,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_softplus_rule_is_finite_where_autodiff_is_nan(evidence, dtype):
+    """softplus and its first two derivatives match float64 formulas, even at 1000 where autodiff is
+    NaN."""
     x = jnp.asarray(POINTS, dtype)
     value = np.logaddexp(0.0, POINTS)
     grad = jax.jit(jax.vmap(jax.grad(rules.softplus)))(x)
@@ -70,6 +72,8 @@ def test_softplus_rule_is_finite_where_autodiff_is_nan(evidence, dtype):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_safe_norm_has_a_subgradient_at_zero_and_the_right_hessian(evidence, seed):
+    """safe_norm's gradient is x/|x| (also by central difference), exactly 0 at 0, and its Hessian
+    the analytic one."""
     x = jax.random.normal(jax.random.key(seed), (4,), jnp.float64)
     xn = np.asarray(x)
     r = np.linalg.norm(xn)
@@ -120,6 +124,8 @@ def test_safe_norm_has_a_subgradient_at_zero_and_the_right_hessian(evidence, see
 
 @pytest.mark.parametrize(("lo", "hi"), [(-1.0, 1.0), (-0.25, 2.0)])
 def test_clip_gradient_clips_only_the_cotangent(evidence, lo, hi):
+    """clip_gradient is the identity forward and its gradient is NumPy's clip of the cotangent, for
+    two intervals."""
     k1, k2 = jax.random.split(jax.random.key(3))
     x = jax.random.normal(k1, (16,), jnp.float64)
     w = 3.0 * jax.random.normal(k2, (16,), jnp.float64)
@@ -150,6 +156,8 @@ def test_clip_gradient_clips_only_the_cotangent(evidence, lo, hi):
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_straight_through_round_passes_the_gradient(evidence, dtype):
+    """The straight-through round's gradient is f'(round(x)), where plain round's is 0, in float64
+    and float32."""
     x = jnp.asarray([-1.7, -0.2, 0.4, 1.6, 2.5], dtype)
 
     def loss(fn):
@@ -178,6 +186,8 @@ def test_straight_through_round_passes_the_gradient(evidence, dtype):
 
 
 def test_custom_vjp_refuses_forward_mode_and_says_why(evidence):
+    """jvp, jacfwd and jacrev(jacfwd) of a custom_vjp are refused naming it; grad and jacfwd(grad)
+    work."""
     r = rules.forward_mode_refusal()
     refused = r["refused"]
     expected = {
@@ -207,6 +217,8 @@ def _ift_jacobian(params: model.Params, x: np.ndarray, z: np.ndarray) -> np.ndar
 
 @pytest.mark.parametrize(("seed", "dtype"), [(0, jnp.float64), (2, jnp.float32)])
 def test_implicit_gradient_matches_analytic_and_unrolled(evidence, seed, dtype):
+    """The implicit-function Jacobian and gradients match NumPy's IFT solve and the unrolled solver,
+    in 2 dtypes."""
     kp, kx = jax.random.split(jax.random.key(seed))
     params = model.init(kp, 6, 4, contraction=0.6, dtype=dtype)
     x = jax.random.normal(kx, (4,), jnp.float64).astype(dtype)
@@ -246,7 +258,9 @@ def test_implicit_gradient_matches_analytic_and_unrolled(evidence, seed, dtype):
 
 
 def test_implicit_gradient_batched(evidence):
-    """A batch of inputs through one solve: each row's gradient as if alone."""
+    """The gradient through one batched solve equals the sum of per-row gradients within 1e-11.
+
+    A batch of inputs through one solve: each row's gradient as if alone."""
     kp, kx = jax.random.split(jax.random.key(4))
     params = model.init(kp, 5, 3, contraction=0.5)
     xs = jax.random.normal(kx, (4, 3), jnp.float64)
@@ -276,7 +290,9 @@ def _glm_loss(a: jax.Array, lam: float):
 
 @pytest.mark.parametrize(("n", "dtype"), [(6, jnp.float64), (9, jnp.float32)])
 def test_hessians_forward_over_reverse_match_analytic(evidence, n, dtype):
-    """logsumexp(A x): A^T (diag p - p p^T) A; a softplus GLM loss:
+    """Forward-over-reverse Hessians and hvp match analytic logsumexp and GLM ones within 100 eps.
+
+    logsumexp(A x): A^T (diag p - p p^T) A; a softplus GLM loss:
     A^T diag(s(1-s)) A / m + lambda I; and H v from `hvp` against both."""
     ka, kx, kv = jax.random.split(jax.random.key(n), 3)
     a = jax.random.normal(ka, (n + 2, n), jnp.float64)
@@ -349,7 +365,9 @@ def test_hessians_forward_over_reverse_match_analytic(evidence, n, dtype):
     max_iterations=st.integers(1, 40),
 )
 def test_iterate_stops_where_a_python_loop_stops(rate, centre, dtype, tol, max_iterations):
-    """z <- r (z - c) + c from 0 (exact in binary: r and c are powers of two)
+    """_iterate stops at the iterate and count of a plain Python loop, over hypothesis cases.
+
+    z <- r (z - c) + c from 0 (exact in binary: r and c are powers of two)
     until max|z' - z| <= tol max|z'| or the iteration budget is spent; the
     iterate and the count against a plain Python loop in the same dtype."""
     c = np.asarray(centre, dtype)
@@ -369,6 +387,7 @@ def test_iterate_stops_where_a_python_loop_stops(rate, centre, dtype, tol, max_i
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_solver_tolerance_is_100_eps(dtype):
+    """solver_tolerance is 100 times NumPy's eps of the dtype, for float64 and float32."""
     assert rules.solver_tolerance(jnp.dtype(dtype)) == pytest.approx(
         100 * float(np.finfo(dtype).eps), rel=1e-12
     )
@@ -377,7 +396,9 @@ def test_solver_tolerance_is_100_eps(dtype):
 @pytest.mark.parametrize("batch", [None, 3])
 @pytest.mark.parametrize("iterations", [1, 2, 3, 7])
 def test_fixed_point_budget_is_that_many_numpy_steps(evidence, batch, iterations):
-    """A budget too small to converge: exactly that many steps tanh(W z + U x + b)
+    """A too-small budget gives exactly that many NumPy float64 steps, for one input or a batch.
+
+    A budget too small to converge: exactly that many steps tanh(W z + U x + b)
     from z = 0, in NumPy float64, one input or a batch."""
     kp, kx = jax.random.split(jax.random.key(5))
     params = model.init(kp, 5, 3, contraction=0.9)
@@ -399,6 +420,7 @@ def test_fixed_point_budget_is_that_many_numpy_steps(evidence, batch, iterations
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.0])
 def test_fixed_point_refuses_a_budget_that_is_not_a_positive_integer(bad):
+    """A budget of 0, -1, True or 2.0 iterations is refused with a message naming max_iterations."""
     params = model.init(jax.random.key(6), 3, 2, contraction=0.5)
     with pytest.raises(ValueError, match="`max_iterations` must be a positive integer"):
         rules.fixed_point_implicit(params, jnp.ones(2, jnp.float64), bad)
@@ -406,5 +428,7 @@ def test_fixed_point_refuses_a_budget_that_is_not_a_positive_integer(bad):
 
 @pytest.mark.parametrize("shape", [(3,), (5,), (4, 1)])
 def test_hvp_refuses_a_direction_of_another_shape(shape):
+    """hvp refuses a direction of shape (3,), (5,) or (4, 1) for an x of shape (4,), naming both
+    shapes."""
     with pytest.raises(ValueError, match=r"H v needs the shape of x, \(4,\)"):
         rules.hvp(lambda y: jnp.sum(y**3), jnp.ones(4, jnp.float64), jnp.ones(shape, jnp.float64))

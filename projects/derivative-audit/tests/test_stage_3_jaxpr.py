@@ -101,7 +101,9 @@ def wide_and_random(x):
 
 
 def test_consistency_figures_match_an_independent_walk(evidence):
-    """Every variant's primitives added and dropped against a separate recursion
+    """consistency's added and dropped primitives per variant equal a separate make_jaxpr walk's.
+
+    Every variant's primitives added and dropped against a separate recursion
     over `make_jaxpr`; grad keeps the plain findings and adds its own (the
     backward pass of the cast is float64 too), which is still consistent."""
     result = jaxpr_audit.consistency(wide_and_random, X4, F32)
@@ -134,7 +136,9 @@ def branch_on_data(x):
 
 
 def test_consistency_flags_a_primitive_vmap_drops(evidence):
-    """vmap of a cond on a batched predicate computes both branches (`select_n`):
+    """consistency flags vmap of a cond on data as inconsistent: cond dropped, select_n added.
+
+    vmap of a cond on a batched predicate computes both branches (`select_n`):
     the `cond` is gone, so the vmapped program is not the plain one."""
     result = jaxpr_audit.consistency(branch_on_data, X4)
     vmapped = _leaf_primitives(jax.vmap(branch_on_data), jnp.stack([X4] * 3))
@@ -170,7 +174,9 @@ def unbatchable_callback(x):
     ids=["accepted-plain", "rejected-plain"],
 )
 def test_consistency_records_a_refusal_and_goes_on(evidence, fn, plain_verdict, error):
-    """A variant that refuses to trace is recorded with the first line of its
+    """A variant that refuses to trace is recorded by its first error line; later variants run.
+
+    A variant that refuses to trace is recorded with the first line of its
     error; it agrees with a rejection only, and the variants after it still run."""
     result = jaxpr_audit.consistency(fn, X4)
     vmap = result["vmap"]
@@ -193,6 +199,8 @@ def test_consistency_records_a_refusal_and_goes_on(evidence, fn, plain_verdict, 
     ids=["shape-only", "dtype-only", "python-float"],
 )
 def test_describe_aval_needs_both_shape_and_dtype(thing):
+    """describe_aval gives float32[2,3] for an array spec and plain str() for anything lacking shape
+    or dtype."""
     assert jaxpr_audit.describe_aval(thing) == str(thing)
     assert jaxpr_audit.describe_aval(jax.ShapeDtypeStruct((2, 3), jnp.float32)) == "float32[2,3]"
 
@@ -210,7 +218,9 @@ def _tanh_by_rule_jvp(primals, tangents):
 
 
 def test_consistency_lets_grad_drop_what_the_rule_replaces(evidence):
-    """Under grad JAX runs the JVP rule in place of the body, so the body's `tanh`
+    """consistency reports a custom_jvp body's tanh as dropped under grad, and still consistent.
+
+    Under grad JAX runs the JVP rule in place of the body, so the body's `tanh`
     goes: reported as dropped, and not held against grad (only vmap must keep
     every primitive)."""
     result = jaxpr_audit.consistency(tanh_by_rule, X4)
@@ -236,7 +246,9 @@ two_residuals.defvjp(
 
 
 def test_backward_rule_is_traced_on_every_computed_residual(evidence):
-    """A forward rule with two computed residuals (none of them an input): both
+    """Both rules of a custom_vjp with two computed residuals are traced, counts as read off.
+
+    A forward rule with two computed residuals (none of them an input): both
     rules traced, with what they contain enumerated by reading them."""
     a = jaxpr_audit.audit(two_residuals, (X4,), jaxpr_audit.Policy(modes=("vjp",)))
     fwd = collections.Counter(
@@ -256,7 +268,9 @@ def calls_relu(x):
 
 
 def test_rule_equations_inside_a_library_take_the_callers_line(evidence):
-    """relu's JVP rule is JAX's own code: its equations have no user frame, so
+    """The equations of relu's JVP rule carry the line of the user's call, found with inspect.
+
+    relu's JVP rule is JAX's own code: its equations have no user frame, so
     each takes the line of the user's call (the `return` of `calls_relu`)."""
     a = jaxpr_audit.audit(calls_relu, (X4,))
     where = f"test_stage_3_jaxpr.py:{_call_line(calls_relu)}:"
@@ -266,6 +280,8 @@ def test_rule_equations_inside_a_library_take_the_callers_line(evidence):
 
 
 def test_walker_counts_every_nested_equation(evidence):
+    """The walker's primitive counts and nesting paths equal an enumeration of a nested program,
+    also under jit."""
     audit = jaxpr_audit.audit(nested_program, (X4,), jaxpr_audit.Policy(modes=("vjp",)))
     paths = {e.primitive: e.path for e in audit.equations}
     expected_paths = {
@@ -315,6 +331,8 @@ def _printed_counts(fn, x) -> dict[str, int]:
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_suite_counts_match_the_printed_jaxpr_and_are_documented(evidence, dtype):
+    """Each suite function's primitive counts equal those of JAX's printed jaxpr, all documented, in
+    2 dtypes."""
     config = Config.tiny()
     ok = []
     for name in functions.SUITE:
@@ -338,6 +356,7 @@ def test_suite_counts_match_the_printed_jaxpr_and_are_documented(evidence, dtype
 
 
 def test_shapes_and_dtypes_follow_vmap(evidence):
+    """The recorded tanh output avals are float32[5] plain and float32[5,3] under vmap of 3."""
     p = data.make_problem("matmul_chain", Config.tiny(), "float32")
     plain = jaxpr_audit.audit(p.fn, (p.x,))
     batched = jaxpr_audit.audit(jax.vmap(p.fn), (jnp.stack([p.x] * 3),))
@@ -416,6 +435,8 @@ REJECTIONS = [
 def test_unsupported_programs_are_rejected_with_reason_and_location(
     evidence, fn, rule, policy, complement
 ):
+    """Each of 5 unsupported programs is rejected by its rule at its offending line; complementary
+    policies accept 3."""
     audit = jaxpr_audit.audit(fn, (X4,), policy)
     line = _call_line(fn)
     located = [
@@ -449,7 +470,9 @@ def test_unsupported_programs_are_rejected_with_reason_and_location(
 
 
 def test_implicit_solver_hides_its_while_loop_from_reverse_mode(evidence):
-    """The while loop inside the custom_vjp is not differentiated by JAX: accepted
+    """The implicit solver's hidden while loop passes reverse mode; forward mode is refused once.
+
+    The while loop inside the custom_vjp is not differentiated by JAX: accepted
     for reverse mode; forward mode is refused at the custom_vjp itself."""
     params = model.init(jax.random.key(0), 4, 4, 0.6, jnp.float32)
 
@@ -483,6 +506,7 @@ def test_implicit_solver_hides_its_while_loop_from_reverse_mode(evidence):
     "name", ["matmul_chain", "softmax", "scan_recurrence", "fixed_point_solver"]
 )
 def test_suite_audit_is_consistent_under_jit_vmap_grad(evidence, name):
+    """Four suite functions are accepted, with the same verdict, under jit, vmap and grad."""
     p = data.make_problem(name, Config.tiny(), "float32")
     result = jaxpr_audit.consistency(p.fn, p.x, F32)
     assert evidence.record(
@@ -498,6 +522,7 @@ def test_suite_audit_is_consistent_under_jit_vmap_grad(evidence, name):
     "fn", [with_callback, with_while, with_float64, with_random], ids=lambda f: f.__name__
 )
 def test_rejections_are_consistent_under_jit_vmap_grad(evidence, fn):
+    """Four rejected programs stay rejected, consistently, under jit, vmap and grad."""
     result = jaxpr_audit.consistency(fn, X4, F32)
     assert evidence.record(
         "consistent under jit/vmap/grad",
@@ -509,6 +534,8 @@ def test_rejections_are_consistent_under_jit_vmap_grad(evidence, fn):
 
 
 def test_an_untraceable_function_is_a_clear_error():
+    """A function that needs a concrete number is refused as not JAX-traceable, naming it."""
+
     def needs_a_number(x):
         return x * float(x[0])
 
@@ -534,6 +561,8 @@ def test_an_untraceable_function_is_a_clear_error():
     ],
 )
 def test_inspect_command(tmp_path, args, code, message):
+    """The inspect command exits 0, 1 or 2 with its message for accepted, rejected and bad targets,
+    never a traceback."""
     result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a.json")])
     assert result.exit_code == code, result.output
     assert message in result.output
@@ -744,6 +773,8 @@ RULE_CASES = {
 
 @pytest.mark.parametrize("case", list(RULE_CASES))
 def test_custom_rules_are_audited_on_both_sides_of_the_table(evidence, case):
+    """Custom JVP, forward and backward rules are traced at any depth and judged at their offending
+    line, 10 cases."""
     fn, rule_fn, primitive, path, rule = RULE_CASES[case]
     audit = jaxpr_audit.audit(fn, (X4,), jaxpr_audit.Policy(modes=("vjp",), float_dtype="float32"))
     line = _offending_line(rule_fn)
@@ -778,6 +809,8 @@ def test_custom_rules_are_audited_on_both_sides_of_the_table(evidence, case):
 
 
 def test_inspect_rejects_a_custom_rule_the_primal_program_hides(tmp_path):
+    """inspect rejects top_k and callback rules hidden in custom rules (exit 1) and accepts a sort
+    rule (exit 0)."""
     out = tmp_path / "a.json"
     for target, code, text in [
         ("test_stage_3_jaxpr:jvp_rule_uses_top_k", 1, "REJECT unknown-primitive: `top_k`"),

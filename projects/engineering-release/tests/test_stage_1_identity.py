@@ -32,6 +32,8 @@ def coreutils_digest(root: Path) -> str:
 
 
 def test_same_seed_same_model_id_other_seed_other_id(trained, artifacts, tmp_path, evidence):
+    """The model id equals a coreutils tree digest; seed 0 retrained gives the same id and bits,
+    seed 1 another."""
     again = train.train(TrainConfig.tiny(seed=0))
     train.write_model(again, tmp_path / "again")
     ids = {
@@ -70,6 +72,8 @@ def test_same_seed_same_model_id_other_seed_other_id(trained, artifacts, tmp_pat
 
 
 def test_one_flipped_bit_gives_another_id(artifacts, tmp_path, evidence):
+    """A single flipped bit, at 8 seeded random places, changes the id to the coreutils digest;
+    undoing it restores it."""
     rng = random.Random(1)
     original = store.tree_digest(artifacts[0])
     work = tmp_path / "flip"
@@ -99,6 +103,8 @@ def test_one_flipped_bit_gives_another_id(artifacts, tmp_path, evidence):
 
 
 def test_renaming_retiming_reordering_keep_the_id(artifacts, tmp_path, evidence):
+    """Renamed, nested, re-timed, reverse-written files keep the id (per coreutils) and read back
+    the same model."""
     original = store.tree_digest(artifacts[0])
     files = sorted(p for p in artifacts[0].iterdir() if p.is_file())
     # Files renamed, nested one level down, written in reverse order, with odd times.
@@ -127,6 +133,8 @@ def test_renaming_retiming_reordering_keep_the_id(artifacts, tmp_path, evidence)
 
 
 def test_store_is_write_once_and_refuses_tampered_objects(artifacts, tmp_path, evidence):
+    """A second put of the same content rewrites nothing; after one tampered byte get and put both
+    refuse."""
     objects = store.Store(tmp_path / "store")
     first = objects.put(artifacts[0])
     assert first == coreutils_digest(artifacts[0])
@@ -188,6 +196,8 @@ def test_put_crash_leaves_no_partial_object(artifacts, tmp_path, evidence):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_stored_model_computes_what_numpy_computes(artifacts, tmp_path, seed, evidence):
+    """A model read back from the store gives logits within 1e-4 of a float64 NumPy forward pass,
+    for seeds 0 and 1."""
     objects = store.Store(tmp_path / "store")
     loaded = checkpoint.load_model(objects.get(objects.put(artifacts[seed])))
     heldout = data.heldout_set(0, 0.2)
@@ -209,6 +219,7 @@ def test_stored_model_computes_what_numpy_computes(artifacts, tmp_path, seed, ev
 
 
 def test_stored_files_are_read_only(artifacts, tmp_path):
+    """Every file of a stored object has mode 0o444 (read-only), read back with os.stat."""
     objects = store.Store(tmp_path / "store")
     stored = objects.objects / objects.put(artifacts[0])
     modes = {p.name: p.stat().st_mode & 0o777 for p in stored.rglob("*") if p.is_file()}
@@ -216,6 +227,8 @@ def test_stored_files_are_read_only(artifacts, tmp_path):
 
 
 def test_tampered_message_names_both_digests(artifacts, tmp_path):
+    """The TamperedObject message names the id and the digest coreutils computes for the tampered
+    files, word for word."""
     objects = store.Store(tmp_path / "store")
     object_id = objects.put(artifacts[0])
     leaf = sorted((objects.objects / object_id).glob("*.leaf"))[0]
@@ -231,7 +244,9 @@ def test_tampered_message_names_both_digests(artifacts, tmp_path):
 
 
 def test_ids_and_prefixes_resolve_at_their_boundaries(artifacts, tmp_path):
-    """A full id (64 hex digits) or a unique prefix of 8 or more resolves; 7
+    """resolve accepts full ids and unique prefixes of 8 or more digits, and refuses all other text.
+
+    A full id (64 hex digits) or a unique prefix of 8 or more resolves; 7
     digits, 65, a non-hex digit, an unknown or an ambiguous prefix are refused."""
     objects = store.Store(tmp_path / "store")
     object_id = objects.put(artifacts[0])
@@ -252,6 +267,8 @@ def test_ids_and_prefixes_resolve_at_their_boundaries(artifacts, tmp_path):
 
 @pytest.mark.parametrize("kind", ["symlink-file", "symlink-dir", "fifo"])
 def test_links_and_special_files_are_refused(artifacts, tmp_path, kind):
+    """tree_digest refuses a symlinked file, a symlinked directory and a FIFO, naming the offending
+    path."""
     work = tmp_path / "work"
     shutil.copytree(artifacts[0], work)
     (work / "sub").mkdir()
@@ -267,7 +284,9 @@ def test_links_and_special_files_are_refused(artifacts, tmp_path, kind):
 
 
 def test_a_source_changed_during_the_copy_is_not_stored(artifacts, tmp_path, monkeypatch):
-    """The copy's digest must be the id it is published under; a source edited
+    """A source that changes while it is copied stores nothing and leaves no scratch copy.
+
+    The copy's digest must be the id it is published under; a source edited
     while it was copied (simulated: the copy gains a byte) stores nothing."""
     objects = store.Store(tmp_path / "store")
     original = coreutils_digest(artifacts[0])
@@ -289,7 +308,9 @@ def test_a_source_changed_during_the_copy_is_not_stored(artifacts, tmp_path, mon
 
 
 def test_a_concurrent_put_of_the_same_object_is_accepted(artifacts, tmp_path, monkeypatch):
-    """Another writer publishes the same id between the check and the rename:
+    """A put that loses the rename race to an identical object succeeds; other rename errors raise.
+
+    Another writer publishes the same id between the check and the rename:
     the rename fails, the scratch copy is dropped, the published object is kept."""
     objects = store.Store(tmp_path / "store")
     object_id = coreutils_digest(artifacts[0])

@@ -21,6 +21,8 @@ from engineering_release.config import Policy
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_report_metrics_agree_with_sklearn_and_numpy(evaluated_store, seed, evidence):
+    """Stored predictions equal a NumPy float64 forward pass and the metrics equal scikit-learn's,
+    for both models."""
     objects, models, reports = evaluated_store
     evaluation_id, report = reports[seed]
     heldout = data.heldout_set(0, 0.2)
@@ -66,6 +68,8 @@ def test_report_metrics_agree_with_sklearn_and_numpy(evaluated_store, seed, evid
 
 
 def test_report_binds_data_code_and_runtime(evaluated_store, evidence):
+    """The report names the held-out data digest, the source sha256 and the jax version, and holds
+    no wall-clock time."""
     objects, models, reports = evaluated_store
     _, report = reports[0]
     heldout = data.heldout_set(0, 0.2)
@@ -100,6 +104,7 @@ def test_report_binds_data_code_and_runtime(evaluated_store, evidence):
 
 
 def test_same_model_same_evaluation_id(evaluated_store, evidence):
+    """Evaluating model A again gives the same evaluation id, and model B another."""
     objects, models, reports = evaluated_store
     again, _ = evaluation.evaluate(objects, models[0], Policy())
     ok = again == reports[0][0] and again != reports[1][0]
@@ -144,6 +149,8 @@ def _edited(report: dict, how: str) -> dict:
     ],
 )
 def test_verify_refuses_an_edited_report(evaluated_store, how, message, evidence):
+    """verify_report passes the original report and refuses each of 7 single-field edits, naming the
+    field."""
     _, models, reports = evaluated_store
     report = reports[0][1]
     evaluation.verify_report(report, model_id=models[0], policy=Policy())  # The original passes.
@@ -153,6 +160,8 @@ def test_verify_refuses_an_edited_report(evaluated_store, how, message, evidence
 
 
 def test_verify_refuses_another_model_or_data_set(evaluated_store, evidence):
+    """verify_report refuses A's report claimed for B, and a split_seed 1 report checked under
+    split_seed 0."""
     objects, models, reports = evaluated_store
     with pytest.raises(evaluation.EvaluationMismatch, match="judged model") as other_model:
         evaluation.verify_report(reports[0][1], model_id=models[1], policy=Policy())
@@ -172,8 +181,10 @@ def test_verify_refuses_another_model_or_data_set(evaluated_store, evidence):
 
 
 def test_rerun_catches_predictions_of_another_model(evaluated_store, evidence):
-    """A forged report: B's predictions with metrics recomputed to match, claimed
-    for A. The metric check passes; re-running model A catches it."""
+    """A forged report, B's predictions and metrics claimed for A, is caught only by re-running A.
+
+    B's predictions with metrics recomputed to match, claimed for A: the metric
+    check passes; re-running model A catches it."""
     objects, models, reports = evaluated_store
     forged = copy.deepcopy(reports[1][1])
     forged["model_id"] = models[0]
@@ -195,6 +206,8 @@ def test_rerun_catches_predictions_of_another_model(evaluated_store, evidence):
 
 
 def test_tampered_report_object_is_refused(evaluated_store, tmp_path, evidence):
+    """A stored report with one added space (same JSON value) is refused on load as a tampered
+    object."""
     objects, models, reports = evaluated_store
     copy_store = store.Store(tmp_path / "store")
     src = objects.get(reports[0][0])
@@ -228,6 +241,8 @@ def shifted_report(evaluated_store):
 
 
 def test_verify_names_the_model_and_the_data_set_either_way(evaluated_store, shifted_report):
+    """The model and data-set mismatch messages name both ids, in both directions, with digests from
+    hashlib alone."""
     _, models, reports = evaluated_store
     for judged, claimed in ((0, 1), (1, 0)):
         with pytest.raises(evaluation.EvaluationMismatch) as info:
@@ -260,6 +275,8 @@ def test_verify_names_the_model_and_the_data_set_either_way(evaluated_store, shi
     ],
 )
 def test_verify_refuses_ids_counts_and_metric_sets(evaluated_store, how, message):
+    """verify_report refuses an out-of-set sample id, one prediction short or extra, a missing
+    metric, word for word."""
     _, models, reports = evaluated_store
     report = copy.deepcopy(reports[0][1])
     n = len(report["predictions"])
@@ -283,6 +300,8 @@ def test_verify_refuses_ids_counts_and_metric_sets(evaluated_store, how, message
 
 
 def test_rerun_counts_the_predictions_that_change(evaluated_store):
+    """A re-run of A on B's forged report names the number of changed predictions, counted with
+    NumPy."""
     objects, models, reports = evaluated_store
     forged = copy.deepcopy(reports[1][1])
     forged["model_id"] = models[0]

@@ -64,6 +64,7 @@ BODIES = [
 
 
 def test_make_entry_links_and_seals_like_the_reference():
+    """make_entry builds the 4-entry chain a hashlib reference builds; unknown kinds are refused."""
     reference = _reference_chain(BODIES)
     built: list[dict] = []
     for kind, body in BODIES:
@@ -74,6 +75,8 @@ def test_make_entry_links_and_seals_like_the_reference():
 
 
 def test_verify_chain_names_each_break_exactly():
+    """verify_chain names exactly one break for each edited, re-sealed or re-numbered entry, hashes
+    from hashlib."""
     chain = _reference_chain(BODIES)
     assert ledger.verify_chain(chain) == []
     orders = set()
@@ -129,6 +132,8 @@ class _FakeRegistry:
 
 
 def test_registry_check_names_every_disagreement():
+    """registry.check lists, in order, every stale alias, lost entry and moved anchor of a fake
+    registry."""
     chain = _reference_chain(BODIES)
     h = [e["hash"] for e in chain]
     assert registry.check(_FakeRegistry(B, A, 4, h[3]), chain) == []
@@ -165,6 +170,8 @@ def _keyring(private, not_before: str, not_after: str) -> dict:
 
 
 def test_signature_covers_the_fields_and_the_key_window_is_inclusive():
+    """The signature verifies over the documented JSON fields, a key is valid at both window ends,
+    edits are refused."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     private = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -209,6 +216,8 @@ def state(registry_template, tmp_path):
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the `openssl` command line")
 def test_openssl_verifies_our_signatures(state, tmp_path, evidence):
+    """OpenSSL accepts each of two keys' signatures on the approval payload and rejects it with the
+    model id changed."""
     state, models = state
     for name, seed in (("alice", 0), ("bob", 1)):
         _, pem = signing.generate_key(state.keys, name)
@@ -263,6 +272,8 @@ def test_openssl_verifies_our_signatures(state, tmp_path, evidence):
 
 
 def test_refused_approvals(state, evidence):
+    """Foreign or expired keys and edited model, evaluation or policy are refused; a refused approve
+    appends nothing."""
     state, models = state
     _, pem = signing.generate_key(state.keys, "alice")
     _, foreign = signing.generate_key(state.keys, "mallory", trust=False)
@@ -342,6 +353,8 @@ def _build_log(state, models, pem) -> list[dict]:
 
 
 def test_chain_detects_edits_reorders_and_deletions(state, evidence):
+    """An edited, re-hashed, reordered, mid-deleted or truncated log on disk is reported, as a
+    hashlib recount agrees."""
     state, models = state
     _, pem = signing.generate_key(state.keys, "alice")
     entries = _build_log(state, models, pem)
@@ -387,6 +400,8 @@ def test_chain_detects_edits_reorders_and_deletions(state, evidence):
 
 
 def test_rollback_is_a_new_entry_pointing_at_an_approved_release(state, evidence):
+    """A rollback appends one entry pointing at A's release; entries pointing at the wrong kind of
+    entry are refused."""
     state, models = state
     _, pem = signing.generate_key(state.keys, "alice")
     entries = _build_log(state, models, pem)  # ... ends with B serving, A before it.
@@ -427,6 +442,8 @@ def test_rollback_is_a_new_entry_pointing_at_an_approved_release(state, evidence
 
 
 def test_registry_aliases_follow_the_log(state, evidence):
+    """MLflow aliases, read by a separate client, match the log; a moved alias is reported, a
+    truncated log refused."""
     state, models = state
     _, pem = signing.generate_key(state.keys, "alice")
     entries = _build_log(state, models, pem)
@@ -468,6 +485,7 @@ def test_registry_aliases_follow_the_log(state, evidence):
 
 
 def test_policy_is_part_of_what_is_signed(state, evidence):
+    """The approval holds the policy and its sha256, which differs for another min_accuracy."""
     state, models = state
     _, pem = signing.generate_key(state.keys, "alice")
     approval = approval_for(state, models[0], pem)
@@ -525,6 +543,8 @@ def _tamperings(obj_dir):
 
 
 def test_approve_refuses_tampered_objects_field_by_field(state, evidence):
+    """The approve command refuses any one changed field of the model or report objects, and
+    approves them intact."""
     from click.testing import CliRunner
 
     from engineering_release.cli import main

@@ -80,6 +80,8 @@ def register_and_approve(state, model_dir: Path, pem: Path, policy: Policy | Non
 
 
 def test_gates_refuse_and_change_nothing(released, tmp_path, evidence):
+    """Each failing gate (unknown id, foreign key, other data, policy, threshold) gives every
+    reason; nothing changes."""
     state, models, _ = released
     pem = state.keys / "approver.pem"
     from engineering_release import train
@@ -159,6 +161,8 @@ def test_gates_refuse_and_change_nothing(released, tmp_path, evidence):
 
 
 def test_bad_candidates_leave_the_previous_release_serving(released, host, tmp_path, evidence):
+    """A wrong-golden or never-ready candidate is refused while every request under load gets model
+    A's NumPy answer."""
     state, models, _ = released
     pem = state.keys / "approver.pem"
     rows = data.heldout_set(0, 0.2).images[:32]
@@ -209,6 +213,8 @@ def test_bad_candidates_leave_the_previous_release_serving(released, host, tmp_p
 
 
 def test_ten_releases_and_rollbacks_under_load_fail_nothing(released, host, evidence):
+    """Ten releases and rollbacks under load fail no request; each answer matches its model's NumPy
+    float64 prediction."""
     state, models, _ = released
     rows = data.heldout_set(0, 0.2).images[:64]
     reference = {m: numpy_predictions(state, m, rows) for m in models.values()}
@@ -279,6 +285,8 @@ def test_ten_releases_and_rollbacks_under_load_fail_nothing(released, host, evid
 
 
 def test_sigkill_at_seeded_moments_leaves_old_or_new(released_template, evidence):
+    """SIGKILL at 10 seeded points of a release leaves the old or the new log intact, and recovery
+    agrees with it."""
     template, models, _ = released_template
     old_log = (template / "ledger.jsonl").read_bytes()
     # Ten moments drawn by a seeded RNG: the same ten, in the same order, every run.

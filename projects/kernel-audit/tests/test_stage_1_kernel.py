@@ -121,6 +121,8 @@ def _operands(seed: int, shapes, dtype: str, scale: float):
 def test_matmul_bound_equals_its_formula_element_by_element(
     m, k, n, dtype, activation, scale, seed
 ):
+    """matmul_error_bound equals the documented formula computed element by element in Python, over
+    hypothesis cases."""
     x, w, b = _operands(seed, [(m, k), (k, n), (n,)], dtype, scale)
     got = reference.matmul_error_bound(x, w, b, activation, dtype)
     expected = _matmul_bound_loop(x, w, b, activation, dtype)
@@ -139,6 +141,8 @@ def test_matmul_bound_equals_its_formula_element_by_element(
 def test_layer_norm_bound_equals_its_formula_element_by_element(
     rows, cols, dtype, level, spread, seed
 ):
+    """layer_norm_error_bound equals its documented propagation computed row by row in Python, over
+    hypothesis cases."""
     x, g, b = _operands(seed, [(rows, cols), (cols,), (cols,)], dtype, 1.0)
     x = np.asarray(jnp.asarray(level + spread * x.astype(np.float32), kernels.DTYPES[dtype]))
     got = reference.layer_norm_error_bound(x, g, b, dtype)
@@ -147,6 +151,7 @@ def test_layer_norm_bound_equals_its_formula_element_by_element(
 
 
 def test_gamma_is_finite_exactly_below_n_u_equal_to_one():
+    """gamma(n, u) is infinite from n u = 1 on, n u / (1 - n u) just below it, 0 for n = 0."""
     u = 2.0**-24
     assert reference.gamma(2**24, u) == math.inf  # n u = 1 exactly
     assert reference.gamma(2**24 + 1, u) == math.inf
@@ -157,7 +162,9 @@ def test_gamma_is_finite_exactly_below_n_u_equal_to_one():
 
 
 def test_gelu_lipschitz_constant_holds():
-    """The 1.13 the bound uses: the largest |gelu'| of the tanh form, on a fine grid."""
+    """The bound's gelu Lipschitz constant 1.13 covers the largest |gelu'| on a fine grid.
+
+    The 1.13 the bound uses: the largest |gelu'| of the tanh form, on a fine grid."""
     z = np.linspace(-10, 10, 200_001)
     slope = np.abs(np.gradient(reference.gelu_f64(z), z))
     assert 1.12 < slope.max() <= reference.GELU_LIPSCHITZ
@@ -165,6 +172,8 @@ def test_gelu_lipschitz_constant_holds():
 
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
 def test_epilogue_activation_against_float64(activation):
+    """activate matches a float64 Python none, relu and tanh-gelu within 1e-5, zeros included; tanh
+    is refused."""
     z = np.concatenate([np.linspace(-6, 6, 97), [0.0, -0.0, 1e-30, -1e-30]]).astype(np.float32)
     got = np.asarray(kernels.activate(jnp.asarray(z), activation), dtype=np.float64)
     expected = np.array([_act(float(v), activation) for v in z])
@@ -194,7 +203,9 @@ def _primitives(fn, *args) -> list[str]:
 
 
 def test_a_shape_that_divides_its_blocks_builds_no_edge_mask():
-    """The mask is static: a reduction (K = 64, block_k = 32) or a row (C = 64 = the
+    """Shapes that divide their blocks trace no iota and no select_n, in matmul and layer norm.
+
+    The mask is static: a reduction (K = 64, block_k = 32) or a row (C = 64 = the
     column block) that divides its block builds no index comparison and no select,
     so whole-block shapes pay nothing for the edge handling."""
     x, w, b = matmul_inputs(7, 20, 64, 24, "float32")
@@ -212,6 +223,8 @@ def test_a_shape_that_divides_its_blocks_builds_no_edge_mask():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
 def test_matmul_matches_both_references(evidence, dtype, activation):
+    """The fused matmul is within its bound of float64 NumPy and twice it of jax.numpy, 2 dtypes, 3
+    activations."""
     x, w, b = matmul_inputs(0, 64, 96, 48, dtype)
     blocks = kernels.MatmulBlocks(block_m=32, block_n=16, block_k=32)
     y = kernels.matmul_bias_act(x, w, b, blocks=blocks, activation=activation)
@@ -239,6 +252,8 @@ def test_matmul_matches_both_references(evidence, dtype, activation):
     [(1, (16, 16, 16)), (2, (64, 64, 64)), (3, (16, 64, 32))],
 )
 def test_matmul_other_seed_and_blocks(evidence, seed, blocks):
+    """The fused gelu matmul stays within its derived float64 bound for three other seeds and block
+    shapes."""
     x, w, b = matmul_inputs(seed, 64, 64, 64, "float32")
     y = kernels.matmul_bias_act(x, w, b, blocks=kernels.MatmulBlocks(*blocks), activation="gelu")
     assert evidence.within_bound(
@@ -253,6 +268,8 @@ def test_matmul_other_seed_and_blocks(evidence, seed, blocks):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_layer_norm_matches_both_references(evidence, dtype, seed):
+    """The layer norm is within its derived bound of float64 NumPy and twice it of jax.numpy, for 2
+    dtypes, 2 seeds."""
     x, g, b = row_inputs(seed, 24, 128, dtype)
     y = kernels.layer_norm(x, g, b, blocks=kernels.RowBlocks(block_rows=8))
     assert y.shape == (24, 128) and y.dtype == kernels.DTYPES[dtype]
@@ -269,8 +286,11 @@ def test_layer_norm_matches_both_references(evidence, dtype, seed):
 
 
 def test_bounds_grow_with_the_reduction_length(evidence):
-    """The matmul bound is gamma_{K+1} * (|x| @ |w| + |b|): for float32 it must grow
-    roughly linearly in K at fixed operand scale (the definition, checked on data)."""
+    """The float32 matmul bound grows like K squared (log-log slope 1.8 to 2.2), K = 64 to 1024.
+
+    The matmul bound is gamma_{K+1} * (|x| @ |w| + |b|): gamma_{K+1} grows like
+    (K + 1) u and, with the 1/sqrt(K) weight scale undone, |x| @ |w| like K (the
+    definition, checked on data)."""
     sizes = [64, 256, 1024]
     widths = []
     for k in sizes:
@@ -290,7 +310,9 @@ def test_bounds_grow_with_the_reduction_length(evidence):
 
 
 def test_bounds_catch_realistic_bugs(evidence):
-    """The bounds are tight enough to fail: a dropped bias, a bfloat16 accumulator
+    """The derived bounds reject a dropped bias, a bfloat16 accumulator and a missing mean.
+
+    The bounds are tight enough to fail: a dropped bias, a bfloat16 accumulator
     and a layer norm that forgets to subtract the mean all break them."""
     x, w, b = matmul_inputs(5, 16, 2048, 16, "bfloat16")
     bound = reference.matmul_error_bound(x, w, b, "none", "bfloat16")
@@ -364,7 +386,9 @@ def _pallas_interpret_flags(fn, *args) -> list:
 
 
 def test_execution_mode_is_declared_and_interpret_is_what_ran(evidence):
-    """The mode a record names is the mode the program holds: the traced program's
+    """The declared execution mode equals the traced pallas_call's interpret flag and the HLO's.
+
+    The mode a record names is the mode the program holds: the traced program's
     `pallas_call` carries `interpret=True` exactly when the backend is not a GPU,
     its lowered HLO holds no Triton kernel then, and the audit record names it."""
     from kernel_audit import audit
@@ -400,7 +424,9 @@ def test_execution_mode_is_declared_and_interpret_is_what_ran(evidence):
 
 @pytest.mark.parametrize(("level", "spread"), [(3.0, 1e-3), (-40.0, 3e-3)])
 def test_layer_norm_near_constant_rows_where_eps_matters(evidence, level, spread):
-    """Rows whose variance is far below `eps = 1e-5`: there the normalization is
+    """The layer norm stays within its bound on near-constant rows, where eps decides the output.
+
+    Rows whose variance is far below `eps = 1e-5`: there the normalization is
     dominated by `eps`, so where `eps` enters (inside the square root) decides the
     output. A kernel that adds `eps` after the square root, or drops it, fails here
     although rows of unit variance cannot tell the difference."""
@@ -423,6 +449,8 @@ def test_layer_norm_near_constant_rows_where_eps_matters(evidence, level, spread
 
 
 def test_same_seed_same_bits(evidence):
+    """The same seed gives bit-equal matmul and layer-norm outputs; another seed gives different
+    ones."""
     outs = []
     blocks = kernels.MatmulBlocks(block_m=32, block_n=16, block_k=32)  # as in the first test
     for seed in (7, 7, 8):
@@ -498,6 +526,8 @@ BAD_MATMUL = [
 
 @pytest.mark.parametrize(("operands", "kwargs", "message"), BAD_MATMUL)
 def test_bad_matmul_input_is_refused_before_any_kernel_runs(monkeypatch, operands, kwargs, message):
+    """Each of 11 bad matmul inputs is refused with its message before any pallas_call is built."""
+
     def no_kernel(*args, **kw):
         raise AssertionError("a kernel was built for refused input")
 
@@ -509,7 +539,9 @@ def test_bad_matmul_input_is_refused_before_any_kernel_runs(monkeypatch, operand
 
 
 def test_shared_memory_rule_depends_on_the_dtype(evidence):
-    """(128, 128, 128) blocks with 2 stages need 256 KiB of float32 tiles (refused)
+    """check_matmul refuses (128, 128, 128) blocks for float32 and accepts them for bfloat16.
+
+    (128, 128, 128) blocks with 2 stages need 256 KiB of float32 tiles (refused)
     but 128 KiB of bfloat16 tiles (accepted): the dtype decides."""
     blocks = kernels.MatmulBlocks(128, 128, 128)
     refused_f32 = False
@@ -548,12 +580,16 @@ def test_shared_memory_rule_depends_on_the_dtype(evidence):
     ],
 )
 def test_bad_layer_norm_input_is_refused(monkeypatch, shape, params, blocks, message):
+    """Each of 5 bad layer-norm inputs or blocks is refused with its message before any pallas_call
+    is built."""
     monkeypatch.setattr(kernels.pl, "pallas_call", lambda *a, **k: pytest.fail("kernel built"))
     with pytest.raises(kernels.KernelInputError, match=message):
         kernels.layer_norm(_f32(*shape), _f32(params[0]), _f32(params[1]), blocks=blocks)
 
 
 def test_cli_check_refuses_bad_blocks_and_runs_good_ones(evidence):
+    """The check command exits 2 naming block_m for blocks too large for M, and exits 0 naming the
+    mode for good ones."""
     bad = CliRunner().invoke(main, ["check", "5", "64", "7", "--blocks", "64", "16", "16"])
     good = CliRunner().invoke(main, ["check", "5", "64", "7", "--blocks", "16", "16", "16"])
     observed = {
@@ -577,6 +613,8 @@ def test_cli_check_refuses_bad_blocks_and_runs_good_ones(evidence):
 
 
 def test_shipped_configs_equal_presets():
+    """configs/tiny.json and configs/default.json load to exactly Config.tiny() and
+    Config.default()."""
     assert load_config(PROJECT_ROOT / "configs" / "tiny.json") == Config.tiny()
     assert load_config(PROJECT_ROOT / "configs" / "default.json") == Config.default()
 
@@ -592,6 +630,8 @@ def test_shipped_configs_equal_presets():
     ],
 )
 def test_bad_config_names_the_field(tmp_path, text, field):
+    """A config with one bad field is refused naming it, by load_config and the audit command (exit
+    2, no workdir)."""
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(ConfigError, match=f"`{field}"):
@@ -605,6 +645,8 @@ def test_bad_config_names_the_field(tmp_path, text, field):
 
 
 def test_evidence_round_trip(evidence, tmp_path):
+    """The evidence file written for stage 1 reads back as JSON with records that each carry
+    `passed`."""
     path = evidence.write(tmp_path)
     payload = json.loads(path.read_text())
     assert payload["stage"] == "1"

@@ -76,6 +76,8 @@ def _directional_check(evidence, condition, f64, operands, grads, bounds, key) -
 
 @pytest.mark.parametrize("shape", [(13, 70), (4, 300)])
 def test_layer_norm_gradients(evidence, shape):
+    """Layer-norm custom_vjp gradients match a float64 closed form, jnp autodiff and central
+    differences, for 2 shapes."""
     rows, cols = shape
     k_ops, k_g, k_dir = jax.random.split(data.case_key(2, "grad-ln", *shape), 3)
     x, gam, bet = data.layer_norm_operands(k_ops, rows, cols, jnp.float32)
@@ -120,6 +122,8 @@ def test_layer_norm_gradients(evidence, shape):
     [((33, 70, 17), "gelu"), ((16, 48, 40), "relu")],
 )
 def test_matmul_gradients(evidence, shape, activation):
+    """Matmul custom_vjp gradients match a float64 chain rule, jnp autodiff and central differences,
+    gelu and relu."""
     m, k, n = shape
     k_ops, k_g, k_dir = jax.random.split(data.case_key(1, "grad", *shape, activation), 3)
     x, w, b = data.matmul_operands(k_ops, m, k, n, jnp.float32)
@@ -180,6 +184,8 @@ ACTIVATION_FOR = dict(
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", data.MATMUL_CASES, ids=lambda c: c.name)
 def test_matmul_shape_table(evidence, case, dtype):
+    """The matmul is within its derived bound of float64 NumPy for every shape of the table, in
+    float32 and bfloat16."""
     activation = ACTIVATION_FOR[case.name]
     blocks = kernels.MatmulBlocks(fitted(32, case.m), fitted(16, case.n), fitted(32, case.k))
     key = data.case_key(0, "stage2", case.name, dtype)
@@ -201,6 +207,8 @@ def test_matmul_shape_table(evidence, case, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", data.ROW_CASES, ids=lambda c: c.name)
 def test_layer_norm_shape_table(evidence, case, dtype):
+    """The layer norm is within its derived bound of float64 NumPy for every row shape of the table,
+    in 2 dtypes."""
     key = data.case_key(0, "stage2-rows", case.name, dtype)
     x, g, b = data.layer_norm_operands(key, case.rows, case.cols, kernels.DTYPES[dtype])
     blocks = kernels.fit_row_blocks(case.rows)
@@ -237,6 +245,8 @@ HYPOTHESIS = settings(
     seed=st.integers(0, 2**16),
 )
 def test_matmul_property_drawn_shapes(evidence, m, k, n, dtype, activation, block, seed):
+    """The matmul is within its derived bound of float64 NumPy for hypothesis-drawn shapes, dtypes
+    and blocks."""
     blocks = kernels.MatmulBlocks(fitted(block, m), fitted(block, n), fitted(block, k))
     x, w, b = data.matmul_operands(data.case_key(seed, "hyp"), m, k, n, kernels.DTYPES[dtype])
     y = kernels.matmul_bias_act(x, w, b, blocks=blocks, activation=activation)
@@ -259,6 +269,8 @@ def test_matmul_property_drawn_shapes(evidence, m, k, n, dtype, activation, bloc
     seed=st.integers(0, 2**16),
 )
 def test_layer_norm_property_drawn_shapes(evidence, rows, cols, dtype, block_rows, seed):
+    """The layer norm is within its derived bound of float64 NumPy for hypothesis-drawn shapes,
+    dtypes and blocks."""
     blocks = kernels.RowBlocks(block_rows=min(block_rows, pl.next_power_of_2(rows)))
     x, g, b = data.layer_norm_operands(
         data.case_key(seed, "hyp-ln"), rows, cols, kernels.DTYPES[dtype]
@@ -278,7 +290,9 @@ def test_layer_norm_property_drawn_shapes(evidence, rows, cols, dtype, block_row
 
 
 def test_unmasked_edge_fails_and_masked_edge_passes(evidence):
-    """Ragged reduction edge, masking off: the interpreter's NaN fill reaches the
+    """Only the unmasked ragged edges break the bound; masked ones and dividing shapes pass.
+
+    Ragged reduction edge, masking off: the interpreter's NaN fill reaches the
     result (the check fails); masking on: within bound. A shape that divides the
     blocks passes either way, so the failure is the edge and nothing else. The
     shapes, blocks and operands are the table's (float32), so the masked runs
@@ -346,7 +360,9 @@ def test_unmasked_edge_fails_and_masked_edge_passes(evidence):
 
 
 def test_training_through_kernels_matches_references(evidence):
-    """Same initial weights and batches (batch 20, not a multiple of the blocks):
+    """Kernel-trained losses are within 1e-5 relative of the references' and bitwise equal on rerun.
+
+    Same initial weights and batches (batch 20, not a multiple of the blocks):
     per-step losses through the kernels and through the references agree. Each
     forward pass agrees to a few float32 ulps (the bounds above); 5 SGD steps of
     size 0.1 on an O(1)-Lipschitz loss amplify that by at most a small factor,
@@ -376,6 +392,8 @@ def test_training_through_kernels_matches_references(evidence):
 
 
 def test_audit_command_writes_a_labelled_report(evidence, tmp_path):
+    """The audit command writes a report whose every record names its mode and passes; an edited
+    report is refused."""
     from kernel_audit import checkpoint
 
     # The tiny preset, cut to one ragged shape per kernel and one dtype to stay fast.

@@ -132,6 +132,8 @@ XLA_SOURCE, TILING = "XLA cost analysis", "the kernel's tiling"
 
 
 def test_compiled_analysis_equals_hand_worked_figures():
+    """analyse in compiled mode gives the hand-worked ratios, roofline placements, optimizations and
+    where XLA wins."""
     ratios, roofline, optimizations, where = bench.analyse(
         _constructed_settings(), CEILINGS, compiled=True
     )
@@ -210,6 +212,8 @@ def test_compiled_analysis_equals_hand_worked_figures():
 
 
 def test_interpret_analysis_keeps_only_the_controls_and_xla_placements():
+    """analyse in interpret mode keeps only the A/A ratios and XLA placements, marking every kernel
+    claim unmeasured."""
     ratios, roofline, optimizations, where = bench.analyse(
         _constructed_settings(), CEILINGS, compiled=False
     )
@@ -277,7 +281,9 @@ def test_interpret_analysis_keeps_only_the_controls_and_xla_placements():
     [(64, 64, 48, (16, 16, 16)), (100, 70, 33, (32, 16, 32)), (1, 1, 1, (16, 16, 16))],
 )
 def test_tiling_cost_counts_and_intensity(m, k, n, blocks):
-    """FLOPs 2MNK + 2MN; bytes from ceil(M/bm) x ceil(N/bn) programs; intensity their
+    """matmul_tiling_cost gives 2MNK + 2MN FLOPs and the bytes of its programs, for 3 shapes.
+
+    FLOPs 2MNK + 2MN; bytes from ceil(M/bm) x ceil(N/bn) programs; intensity their
     ratio, at itemsize 2 (bfloat16)."""
     bm, bn, _ = blocks
     gm, gn = math.ceil(m / bm), math.ceil(n / bn)
@@ -288,6 +294,8 @@ def test_tiling_cost_counts_and_intensity(m, k, n, blocks):
 
 
 def test_bench_report_declares_interpret_mode_and_claims_no_speed(evidence, interpret_report):
+    """The CPU bench report labels every kernel path interpret, claims no speed and places no kernel
+    on the roofline."""
     report, out, output = interpret_report
     measurements = report["measurements"]
     kernel_paths = {k: v for k, v in measurements.items() if "/pallas_" in k}
@@ -329,7 +337,9 @@ def test_bench_report_declares_interpret_mode_and_claims_no_speed(evidence, inte
 
 
 def test_bench_checks_every_timed_path_and_follows_the_protocol(evidence, interpret_report):
-    """Each path's output is within its error bound (so every block size swept is
+    """Every timed bench path is within its error bound, compiled apart, and A/A-controlled.
+
+    Each path's output is within its error bound (so every block size swept is
     correct); compile is timed apart; the timed rounds compile nothing; the A/A
     control is present; the identity is recorded."""
     report, _, _ = interpret_report
@@ -366,7 +376,9 @@ def test_bench_checks_every_timed_path_and_follows_the_protocol(evidence, interp
     [((64, 64, 48), (16, 16, 16)), ((100, 70, 33), (32, 16, 32))],
 )
 def test_tiling_bytes_and_flops_match_an_enumeration(evidence, shape, blocks):
-    """The roofline's bytes come from the tiling: enumerate the grid's programs in
+    """The tiling's bytes equal a Python enumeration of the grid, its matmul FLOPs XLA's count.
+
+    The roofline's bytes come from the tiling: enumerate the grid's programs in
     Python and add up what each reads and writes; the FLOPs' matmul part must also
     equal XLA's cost analysis of the plain `jnp.dot` (2 M N K)."""
     m, k, n = shape
@@ -397,7 +409,9 @@ def test_tiling_bytes_and_flops_match_an_enumeration(evidence, shape, blocks):
 
 
 def test_compiled_analysis_on_constructed_timings(evidence):
-    """The analysis a GPU run uses, on constructed medians: ratios are XLA time over
+    """On constructed medians, analyse gives XLA/kernel ratios, roofline fractions, where XLA wins.
+
+    The analysis a GPU run uses, on constructed medians: ratios are XLA time over
     kernel time, the roofline fraction is achieved over min(peak, intensity x
     bandwidth), and a setting lands in `where_kernel_stops_helping` exactly when
     its best block size is slower than XLA."""
@@ -450,6 +464,8 @@ def test_compiled_analysis_on_constructed_timings(evidence):
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU `--mode compiled` is valid")
 def test_compiled_mode_without_a_gpu_is_a_clear_error(tmp_path):
+    """bench --mode compiled without a GPU exits 2 saying it needs a GPU, with no traceback and no
+    report."""
     result = CliRunner().invoke(
         main, ["bench", "--size", "tiny", "--mode", "compiled", "--out", str(tmp_path / "b.json")]
     )
@@ -464,6 +480,8 @@ def test_compiled_mode_without_a_gpu_is_a_clear_error(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compiled_kernels_match_references_on_gpu(evidence, dtype):
+    """Compiled GPU kernels are within the derived bound of float64 and twice it of interpret mode,
+    2 dtypes, 3 shapes."""
     ok = True
     for case in (c for c in data.MATMUL_CASES if c.name in ("divides", "ragged", "long_reduction")):
         x, w, b = data.matmul_operands(
@@ -510,6 +528,8 @@ def test_compiled_kernels_match_references_on_gpu(evidence, dtype):
 
 @pytest.mark.gpu
 def test_gpu_bench_times_the_compiled_kernel_against_xla(evidence, tmp_path):
+    """The GPU bench times compiled kernels against XLA, with roofline fractions in (0, 1.5] and
+    every path in bound."""
     report = bench.run_bench("tiny", interpret=False, repeats=20)
     (tmp_path / "bench.json").write_text(json.dumps(report))
     kernel_ratios = {k: v for k, v in report["ratios"].items() if k.endswith("_vs_xla")}

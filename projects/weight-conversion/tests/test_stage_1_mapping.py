@@ -56,6 +56,8 @@ def untrained(arch, seed=1):
 
 @pytest.mark.parametrize("which", ["trained", "other-arch"])
 def test_every_source_consumed_once_every_target_filled(evidence, torch_source, which):
+    """The map consumes every state_dict key once and fills every NNX parameter in shape and dtype,
+    2 archs."""
     net, arch = (torch_source.model, Arch()) if which == "trained" else (untrained(OTHER), OTHER)
     target, spec, arrays = converted(net, arch)
     problems = check_names(torch_map(arch), net.state_dict().keys(), spec.keys())
@@ -78,6 +80,8 @@ def test_every_source_consumed_once_every_target_filled(evidence, torch_source, 
 
 @pytest.mark.parametrize("arch", [Arch(), OTHER], ids=["default", "other-arch"])
 def test_layout_transforms_match_torch_ops(evidence, arch):
+    """Each converted layer, applied by einsum, matches PyTorch's own op within 1e-5, for 2
+    architectures."""
     net = untrained(arch)
     _, _, w = converted(net, arch)
     rng = np.random.default_rng(0)
@@ -124,6 +128,8 @@ def test_layout_transforms_match_torch_ops(evidence, arch):
 
 
 def test_converted_model_reproduces_torch_logits(evidence, torch_source, split):
+    """The converted NNX model's held-out logits are within 1e-4 of PyTorch's, with identical
+    predictions."""
     target, _, arrays = converted(torch_source.model, Arch())
     checkpoint.fill(target, arrays)
     ref = sources.torch_logits(torch_source.model, data.nchw(split.test_images))
@@ -142,6 +148,8 @@ def test_converted_model_reproduces_torch_logits(evidence, torch_source, split):
 
 
 def test_tied_weights_consumed_once_with_or_without_the_alias(evidence, torch_source, tmp_path):
+    """The tied head becomes one class embedding with or without its alias; differing copies are
+    refused."""
     from safetensors import safe_open
     from safetensors.torch import save_model
 
@@ -170,6 +178,8 @@ def test_tied_weights_consumed_once_with_or_without_the_alias(evidence, torch_so
 
 
 def test_bad_names_are_reported_by_name(evidence, torch_source):
+    """A renamed, missing or extra tensor, or another architecture's state_dict, is refused naming
+    every bad key."""
     arch = Arch()
     spec = checkpoint.target_spec(model.abstract_model(arch))
     state = dict(torch_source.model.state_dict())
@@ -202,6 +212,8 @@ def test_bad_names_are_reported_by_name(evidence, torch_source):
 
 
 def test_bad_shapes_and_dtypes_name_the_tensor(torch_source):
+    """Sources of another architecture's shapes, or of int32 or bfloat16 dtype, are refused naming
+    the tensor."""
     arch = Arch()
     spec = checkpoint.target_spec(model.abstract_model(arch))
     other = untrained(OTHER).state_dict()  # same names, other shapes
@@ -222,6 +234,8 @@ def test_bad_shapes_and_dtypes_name_the_tensor(torch_source):
     ids=["nan-in-fc2", "inf-in-conv1-bias"],
 )
 def test_non_finite_weights_are_refused_by_name(evidence, torch_source, tensor, index, value):
+    """A NaN or infinite source weight is refused naming the tensor, the count and the index of the
+    value."""
     arch = Arch()
     spec = checkpoint.target_spec(model.abstract_model(arch))
     state = {k: v.clone() for k, v in torch_source.model.state_dict().items()}
@@ -240,6 +254,7 @@ def test_non_finite_weights_are_refused_by_name(evidence, torch_source, tensor, 
 
 
 def test_conversion_is_deterministic(evidence, torch_source):
+    """Two conversions of the same source give bit-equal arrays."""
     _, _, a = converted(torch_source.model, Arch())
     _, _, b = converted(torch_source.model, Arch())
     same = all(a[k].tobytes() == b[k].tobytes() for k in a)
@@ -249,6 +264,8 @@ def test_conversion_is_deterministic(evidence, torch_source):
 
 
 def test_keras_map(evidence, keras_source, split):
+    """The Keras map names check clean, and the converted model's logits are within 1e-4 of Keras's
+    own."""
     weights = sources.keras_weights(keras_source.model)
     arch = sources.keras_arch(Arch())
     target = model.abstract_model(arch)
@@ -272,7 +289,9 @@ def test_keras_map(evidence, keras_source, split):
     reason="TensorFlow is not installed; the SavedModel input is optional",
 )
 def test_tensorflow_savedmodel_input(keras_source, tmp_path):
-    """Optional input: the Keras model exported as a TensorFlow SavedModel holds
+    """A TensorFlow SavedModel export of the Keras model holds the tensors the Keras map consumes.
+
+    Optional input: the Keras model exported as a TensorFlow SavedModel holds
     the same tensors (matched by shape and value) that the Keras map consumes."""
     import tensorflow as tf
 
@@ -286,7 +305,9 @@ def test_tensorflow_savedmodel_input(keras_source, tmp_path):
 
 
 def test_map_errors_are_named_one_by_one(torch_source):
-    """The name check judges the map as well as the source: a key two rules
+    """check_names names each map and source name error, word for word and in order, nothing else.
+
+    The name check judges the map as well as the source: a key two rules
     consume, a parameter filled twice or never, a target the model lacks; each
     named, and nothing else reported."""
     arch = Arch()
@@ -330,7 +351,9 @@ def test_map_errors_are_named_one_by_one(torch_source):
     ids=["both", "class-embed-only", "head-only", "neither"],
 )
 def test_a_tie_needs_one_of_its_names(torch_source, kept):
-    """A tied pair may be stored under either name (a deduplicating saver keeps
+    """A tied pair converts from either name or both; with neither, both are reported missing.
+
+    A tied pair may be stored under either name (a deduplicating saver keeps
     one); with neither present both are missing. Any other rule needs every source."""
     arch = Arch()
     spec = checkpoint.target_spec(model.abstract_model(arch))
@@ -370,6 +393,8 @@ def _python_first_nonfinite(values: list[float], shape: tuple[int, ...]):
     data=st.data(),
 )
 def test_first_nonfinite_counts_and_locates_against_python(shape, dtype, chunk, data):
+    """first_nonfinite gives the count and first row-major index of non-finite values, as a Python
+    loop does."""
     size = math.prod(shape)
     positions = data.draw(st.sets(st.integers(0, size - 1), max_size=size))
     values = [float(i) - size / 2 for i in range(size)]
@@ -385,7 +410,9 @@ def test_first_nonfinite_counts_and_locates_against_python(shape, dtype, chunk, 
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 @pytest.mark.parametrize("source_dtype", [torch.float16, torch.float32, torch.float64])
 def test_every_supported_dtype_converts_to_the_target_dtype(torch_source, dtype, source_dtype):
-    """Sources in float16, float32 or float64; targets in float16 or float64:
+    """Every float16, float32 or float64 source converts to exactly its cast, in the target dtype.
+
+    Sources in float16, float32 or float64; targets in float16 or float64:
     each result holds the target's dtype and the source values cast to it."""
     arch = Arch()
     spec = {
@@ -406,7 +433,9 @@ def test_every_supported_dtype_converts_to_the_target_dtype(torch_source, dtype,
 
 
 def test_a_transform_that_misses_its_target_shape_is_named(torch_source, monkeypatch):
-    """A rule whose transform returns the wrong shape (here one row short) is
+    """A transform output or a source of the wrong shape is refused, naming source and target.
+
+    A rule whose transform returns the wrong shape (here one row short) is
     refused after the transform, naming the source tensor and the target."""
     arch = Arch()
     spec = checkpoint.target_spec(model.abstract_model(arch))
@@ -429,7 +458,9 @@ def test_a_transform_that_misses_its_target_shape_is_named(torch_source, monkeyp
 
 
 def test_source_shapes_are_the_sources_own(torch_source, keras_source):
-    """The shape each rule demands of its sources, derived from the target
+    """source_shapes equals the shapes the PyTorch and Keras sources really hold, per rule.
+
+    The shape each rule demands of its sources, derived from the target
     model, is the shape the PyTorch state_dict and the Keras model really hold
     (both architectures for PyTorch); a rule without targets demands none."""
     for arch in (Arch(), OTHER):

@@ -29,6 +29,7 @@ OTHER = Arch(channels=8, heads=4, conv2_channels=4, hidden=32)
 
 @pytest.mark.parametrize("k", [16, 256, 4096])
 def test_tolerance_bounds_float32_rounding(evidence, k):
+    """float32 matmul errors against float64 stay under eps x K x scale, for K = 16 to 4096."""
     rng = np.random.default_rng(k)
     a = rng.standard_normal((64, k)).astype(np.float32)
     b = rng.standard_normal((k, 32)).astype(np.float32)
@@ -52,7 +53,9 @@ def test_tolerance_bounds_float32_rounding(evidence, k):
 @pytest.mark.parametrize("k", [1, 7, 4096])
 @pytest.mark.parametrize("scale", [0.0, 1e-300, 0.5, 37.25])
 def test_tolerance_is_eps_times_length_times_scale(dtype, k, scale):
-    """eps of the compared dtype (not float64's), times the running reduction
+    """tolerance is eps(dtype) x length x scale, the scale floored at the smallest normal.
+
+    eps of the compared dtype (not float64's), times the running reduction
     length, times the scale; a zero (or denormal) scale is floored at the
     dtype's smallest normal number, so an all-zero layer still gets a bound > 0."""
     info = np.finfo(dtype)
@@ -62,7 +65,9 @@ def test_tolerance_is_eps_times_length_times_scale(dtype, k, scale):
 
 
 def test_reduction_lengths_and_layouts_follow_the_torch_modules(torch_source):
-    """Each tapped layer's reduction length, counted from the PyTorch module's
+    """Each layer's reduction length, layout and order match the PyTorch modules and hooks.
+
+    Each tapped layer's reduction length, counted from the PyTorch module's
     own sizes (kernel area x input channels, normalised width, in_features,
     head width + two sums over the tokens + the output projection), its layout
     from the rank of PyTorch's output, its place from the order the forward
@@ -125,7 +130,9 @@ def _synthetic_taps(rng, layouts, scales, factors, reductions, dtype, source_lay
     data=st.data(),
 )
 def test_compare_against_a_python_reference(layouts, dtype, source_layout, data):
-    """Every layer's error, scale, running reduction length and tolerance as a
+    """compare's per-layer figures and first disagreement equal a Python reference's.
+
+    Every layer's error, scale, running reduction length and tolerance as a
     Python reference computes them; the first layer beyond its tolerance named
     (none when all agree), whatever disagrees after it. PyTorch maps (NCHW)
     are brought to NHWC, Keras taps compared as they are."""
@@ -176,6 +183,8 @@ def test_an_error_equal_to_the_tolerance_agrees(over):
 
 
 def test_compare_refuses_taps_of_different_shapes():
+    """compare refuses taps whose shapes differ after NCHW-to-NHWC alignment, naming both, and
+    accepts equal ones."""
     layer_list = [Layer("conv", 9, "map")]
     src = {"conv": np.zeros((1, 5, 3, 4))}  # NCHW -> NHWC (1, 3, 4, 5)
     with pytest.raises(ValueError, match=r"Layer `conv`: source output \(1, 3, 4, 5\) vs target"):
@@ -185,6 +194,8 @@ def test_compare_refuses_taps_of_different_shapes():
 
 
 def test_clean_conversion_agrees_at_every_layer(evidence, torch_source, split):
+    """The clean float32 conversion is within tolerance of PyTorch at every tapped layer on held-out
+    images."""
     report = torch_parity(torch_source.model, Arch(), split.test_images[:N_IMAGES], np.float32)
     worst = max(report.layers, key=lambda r: r.ratio)
     assert evidence.record(
@@ -202,6 +213,8 @@ def test_clean_conversion_agrees_at_every_layer(evidence, torch_source, split):
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_fault_is_located_at_its_layer(evidence, torch_source, split, fault):
+    """Each injected conversion fault is located at the layer it was introduced in, every earlier
+    layer agreeing."""
     report = torch_parity(
         torch_source.model, Arch(), split.test_images[:N_IMAGES], np.float32, fault=fault
     )
@@ -224,7 +237,9 @@ def test_fault_is_located_at_its_layer(evidence, torch_source, split, fault):
 
 
 def test_parity_refuses_a_transposed_square_weight(evidence, torch_source, split):
-    """fc2 is square (64 x 64): a map that copies PyTorch's (out, in) weight
+    """Parity refuses at fc2 an untransposed square weight that every name and shape check accepts.
+
+    fc2 is square (64 x 64): a map that copies PyTorch's (out, in) weight
     straight into the (in, out) kernel passes every name, shape and dtype
     check of the conversion. The parity check is what refuses it, at fc2."""
     arch, net = Arch(), torch_source.model
@@ -260,6 +275,8 @@ def test_parity_refuses_a_transposed_square_weight(evidence, torch_source, split
 
 
 def test_float64_brings_the_clean_model_to_about_1e_12(evidence, torch_source, split):
+    """In float64 on both sides the clean logits agree to under 1e-11, and a BatchNorm-epsilon fault
+    is still found."""
     import copy
 
     net = copy.deepcopy(torch_source.model)
@@ -286,6 +303,8 @@ def test_float64_brings_the_clean_model_to_about_1e_12(evidence, torch_source, s
 
 
 def test_keras_source_agrees_at_every_layer(evidence, keras_source, split):
+    """The Keras conversion agrees at every layer; built with PyTorch's BatchNorm epsilon it
+    disagrees first at bn1."""
     arch = sources.keras_arch(Arch())
     target = model.abstract_model(arch)
     spec = checkpoint.target_spec(target)

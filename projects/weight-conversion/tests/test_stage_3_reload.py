@@ -49,6 +49,8 @@ def read_all(path: Path) -> dict[str, np.ndarray]:
     ids=["default-float32", "other-arch-float64"],
 )
 def test_streamed_file_equals_in_memory_conversion(evidence, tmp_path, arch, dtype):
+    """The streamed file, read back with safetensors, is bitwise the in-memory conversion, for 2
+    archs and dtypes."""
     torch.manual_seed(3)
     net = sources.TorchDigitNet(arch).eval()
     src = pipeline.save_torch_source(net, tmp_path / "src.safetensors")
@@ -128,6 +130,8 @@ F32 = {"dtype": "F32", "shape": [2]}
     ],
 )
 def test_describe_damage_names_what_is_cut_off(tmp_path, blob, expected):
+    """describe_damage names what is cut off or malformed in 9 damaged safetensors files, and None
+    for 2 intact."""
     path = tmp_path / "x.safetensors"
     path.write_bytes(blob)
     found = streaming.describe_damage(path)
@@ -145,7 +149,9 @@ def test_describe_damage_names_what_is_cut_off(tmp_path, blob, expected):
     ("arch", "dtype"), [(Arch(), np.float32), (OTHER, np.float64), (Arch(), np.float16)]
 )
 def test_streamed_header_is_padded_and_its_offsets_contiguous(tmp_path, arch, dtype):
-    """The header the streaming writer computes, read byte by byte: its length
+    """The streamed header is space-padded to 8 bytes, its offsets contiguous in map order.
+
+    The header the streaming writer computes, read byte by byte: its length
     a multiple of 8 (JSON padded with spaces), tensors in the map's order, each
     range starting where the previous ended, sized shape x itemsize, the last
     ending at the end of the file; the metadata as given."""
@@ -190,7 +196,9 @@ def test_streamed_header_is_padded_and_its_offsets_contiguous(tmp_path, arch, dt
 
 
 def test_a_refused_conversion_removes_the_folders_it_made(tmp_path):
-    """A source refused half-way leaves no partial file and removes the empty
+    """A refused conversion leaves no partial file and removes only the empty folders it made.
+
+    A source refused half-way leaves no partial file and removes the empty
     folders made for the output, but never a folder that was there before."""
     arch = Arch()
     torch.manual_seed(0)
@@ -227,6 +235,8 @@ def run_dir(tmp_path_factory, torch_source):
 
 
 def test_reload_in_a_fresh_process(evidence, run_dir):
+    """A fresh-process reload of both formats gives logits within the bound and the source's
+    predictions and accuracy."""
     cmd = [
         sys.executable,
         "-c",
@@ -258,6 +268,7 @@ def test_reload_in_a_fresh_process(evidence, run_dir):
 
 
 def test_safetensors_and_orbax_reload_the_same_bits(evidence, run_dir):
+    """The safetensors and Orbax artifacts reload to bit-equal arrays."""
     arch = Arch()
     a = checkpoint.flat_arrays(checkpoint.load_safetensors(run_dir / "converted.safetensors", arch))
     b = checkpoint.flat_arrays(checkpoint.load_orbax(run_dir / "orbax", arch))
@@ -291,6 +302,8 @@ def _peak(mode: str, src: Path, dst: Path, layers: int, width: int) -> int:
 
 
 def test_streaming_holds_one_tensor_not_the_whole_source(evidence, tmp_path):
+    """Streaming adds under half the source's size to peak RSS, and under half of what eager
+    adds."""
     layers, width = 24, 512  # 24 MB of float32 in 1 MB tensors
     src = tmp_path / "src.safetensors"
     size = synthetic.write_source(src, layers, width)
@@ -330,6 +343,8 @@ def _bad_sources(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
 
 
 def test_bad_files_are_refused_by_name_and_nothing_is_written(evidence, tmp_path):
+    """Truncated, foreign or int32 sources are refused naming the tensor, by the library and the
+    CLI, writing nothing."""
     arch = Arch()
     torch.manual_seed(0)
     good = pipeline.save_torch_source(sources.TorchDigitNet(arch), tmp_path / "good.safetensors")
@@ -401,6 +416,8 @@ def _rewrite(path: Path, name: str, change) -> None:
     ],
 )
 def test_damaged_run_files_are_refused_by_name(evidence, run_dir, tmp_path, command, file, damage):
+    """reload and compare refuse a truncated or mis-shaped run file in one line naming file and
+    tensor, exit 2."""
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
     if damage == "truncated":
@@ -438,7 +455,9 @@ def test_damaged_run_files_are_refused_by_name(evidence, run_dir, tmp_path, comm
 
 
 def test_reload_fails_a_transposed_square_kernel(evidence, run_dir, tmp_path):
-    """Shapes cannot see fc2.kernel transposed (64 x 64); the reload check's logits can."""
+    """The reload check fails (exit 1) a transposed square fc2 kernel; the intact Orbax passes.
+
+    Shapes cannot see fc2.kernel transposed (64 x 64); the reload check's logits can."""
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
     _rewrite(run / "converted.safetensors", "fc2.kernel", lambda a: np.ascontiguousarray(a.T))
@@ -459,7 +478,9 @@ def test_reload_fails_a_transposed_square_kernel(evidence, run_dir, tmp_path):
 
 
 def test_orbax_digest_record_gates_the_checkpoint(run_dir, tmp_path):
-    """`load_orbax` reads nothing that differs from what `save_orbax` recorded:
+    """load_orbax refuses a checkpoint whose digest record is absent, bad or unmatched, naming it.
+
+    `load_orbax` reads nothing that differs from what `save_orbax` recorded:
     the record absent, not JSON, not an object; a recorded file missing; a file
     changed (same size, other bytes) — each named."""
     arch = Arch()
@@ -508,7 +529,9 @@ def test_orbax_digest_record_gates_the_checkpoint(run_dir, tmp_path):
 
 @pytest.mark.parametrize("shift", [0.0, 0.05], ids=["reference-as-saved", "reference-shifted"])
 def test_reload_check_needs_both_the_bound_and_the_predictions(run_dir, tmp_path, shift):
-    """Reference logits all shifted by 0.05 (far beyond the ~2e-3 bound, every
+    """reload_check fails both artifacts on the bound alone when every reference logit moves 0.05.
+
+    Reference logits all shifted by 0.05 (far beyond the ~2e-3 bound, every
     argmax unchanged): the check fails on the bound alone, both artifacts."""
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
@@ -530,7 +553,9 @@ def test_reload_check_needs_both_the_bound_and_the_predictions(run_dir, tmp_path
 
 
 def test_reload_refuses_an_artifact_of_another_architecture(run_dir, tmp_path):
-    """The converted file's recorded architecture must be the run's: a config
+    """reload_check refuses an artifact whose recorded architecture is not the run's, naming both.
+
+    The converted file's recorded architecture must be the run's: a config
     that says otherwise is refused, both files named, before any reload."""
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)

@@ -99,7 +99,11 @@ def _rankdata(x: np.ndarray) -> np.ndarray:
 
 
 def basic_rhat(draws: np.ndarray) -> float:
-    """Gelman-Rubin potential scale reduction of `(chains, n)` draws (no splitting)."""
+    """Gelman-Rubin potential scale reduction of `(chains, n)` draws (no splitting).
+
+    W = mean of the chains' variances and B = n x variance of the chain means, both
+    with `ddof=1` (the unbiased ones ArviZ uses; the tests compare to 1e-9).
+    """
     # --- exercise stage 3: R-hat = sqrt(((n-1)/n W + B/n) / W), B = n Var(chain means). ---
     n = draws.shape[1]
     within = np.mean(np.var(draws, axis=1, ddof=1))
@@ -131,7 +135,17 @@ def autocovariance(draws: np.ndarray) -> np.ndarray:
 
 def basic_ess(draws: np.ndarray) -> float:
     """Effective sample size of `(chains, n)` draws from the autocorrelation pooled
-    over chains (Stan's estimator)."""
+    over chains (Stan's estimator).
+
+    Stan's steps, each needed to match ArviZ to 1e-9:
+        W = mean of `autocovariance` at lag 0 x n / (n - 1); var+ = W (n - 1) / n,
+            plus the variance of the chain means (ddof=1) when chains > 1
+        rho_t = 1 - (W - mean over chains of the lag-t autocovariance) / var+, rho_0 = 1
+        Geyer's initial positive sequence over pairs (rho_{t+1}, rho_{t+2}), then the
+            initial monotone sequence (no pair sum above the one before)
+        tau = -1 + 2 sum of the kept rho + the last positive even term, floored at
+            1 / log10(S); ESS = S / tau with S = chains x n
+    """
     chains, n = draws.shape
     if np.ptp(draws) == 0.0:
         return float(chains * n)

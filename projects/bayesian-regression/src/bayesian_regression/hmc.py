@@ -76,7 +76,13 @@ def leapfrog(
     num_steps: int,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """`num_steps` leapfrog steps of `H(q, p) = -log p(q) + p^T M^{-1} p / 2` with
-    `M^{-1} = diag(inv_mass)`. Returns `(position, momentum, log_density, grad)`."""
+    `M^{-1} = diag(inv_mass)`. Returns `(position, momentum, log_density, grad)`.
+
+    `grad` is the gradient of the LOG DENSITY at `position` (not of H), passed in
+    so it is not recomputed: a kick is `p + step_size / 2 * grad`. Each step
+    evaluates the density and its gradient once, at the new position; the
+    returned `log_density` and `grad` are those at the returned position.
+    """
 
     # --- exercise stage 2: Half kick, drift by inv_mass * p, half kick. ---
     def one_step(_, carry):
@@ -105,7 +111,15 @@ def hmc_step(
 
     `noise = (z, u)`: `z ~ N(0, I)` of shape `(d,)` and `u ~ U(0, 1)` of shape
     `()`, drawn by the caller for every iteration at once (one random-number
-    call per chain compiles far faster than three inside the loop)."""
+    call per chain compiles far faster than three inside the loop).
+
+    Cases:
+        momentum -> `z / sqrt(inv_mass)` (so p ~ N(0, M) with M = diag(1 / inv_mass))
+        energy change dH = H(end) - H(start), H = -log p(q) + sum(inv_mass p^2) / 2;
+            a non-finite dH -> +inf (always rejected)
+        accept when `u < min(1, exp(-dH))`; rejected -> the old state, unchanged
+        `HMCInfo(accept_prob, is_divergent = dH > MAX_ENERGY_ERROR, energy_change = dH)`
+    """
     # --- exercise stage 2: p ~ N(0, M), leapfrog, accept w.p. min(1, exp(-dH)). ---
     z, u = noise
     momentum = z / jnp.sqrt(inv_mass)

@@ -126,7 +126,15 @@ def exact_posterior(x: jax.Array, y: jax.Array, prior: Prior) -> Posterior:
     """The closed-form NIG posterior. `x`: shape `(n, d)`; `y`: shape `(n,)`.
 
     Raises `DataError` for a design or targets of the wrong shape or dtype, empty
-    or holding NaN or inf; `ModelError` for a prior that does not fit them."""
+    or holding NaN or inf; `ModelError` for a prior that does not fit them.
+
+    With `A = [X; I/s]` and `b = [y; m0/s]` (the prior MEAN enters the augmented
+    targets; a nonzero `prior.mean` shifts m_n) and `A = Q R` (reduced QR):
+        mean  m_n = R^{-1} Q^T b (a triangular solve, never the normal equations)
+        chol  R itself (Lambda_n = R^T R; its diagonal may be negative)
+        shape a_n = a0 + n/2, in x's dtype
+        rate  b_n = b0 + |b - A m_n|^2 / 2 (the residual of the augmented system)
+    """
     x, y = check_data(x, y)
     check_prior(prior, x.shape[1])
     # --- exercise stage 1: QR of [X; I/s], solve for m_n, then a_n and b_n. ---
@@ -204,7 +212,13 @@ def _log_inv_gamma_of_log(log_sigma2: jax.Array, shape, rate) -> jax.Array:
 
 
 def log_joint(theta: jax.Array, x: jax.Array, y: jax.Array, prior: Prior) -> jax.Array:
-    """`log p(y, w, log sigma^2)` at `theta = (w, log sigma^2)`, shape `(d + 1,)`."""
+    """`log p(y, w, log sigma^2)` at `theta = (w, log sigma^2)`, shape `(d + 1,)`.
+
+    The sum of: `log N(y | X w, sigma^2 I)`; `log N(w | m0, sigma^2 s^2 I)` (the
+    prior variance scales with sigma^2); `log InvGamma(sigma^2 | a0, b0)`; and
+    `log sigma^2`, the Jacobian of sampling `log sigma^2` instead of sigma^2
+    (`_log_inv_gamma_of_log` holds the last two). Normalized: every constant kept.
+    """
     x, y = check_data(x, y)
     theta = jnp.asarray(check_array(theta, "theta", shape=(x.shape[1] + 1,), floating=True))
     check_prior(prior, x.shape[1])

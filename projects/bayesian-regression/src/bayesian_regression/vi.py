@@ -98,7 +98,12 @@ def elbo(
     data: Any,
     num_mc: int,
 ) -> jax.Array:
-    """Monte-Carlo ELBO with `num_mc` reparameterized draws from `q`."""
+    """Monte-Carlo ELBO with `num_mc` reparameterized draws from `q`.
+
+    `eps = jax.random.normal(key, (num_mc, d))` (the key used once), draws
+    `sample_q(params, eps)`; returns the mean of `logdensity_fn(theta, data)` over
+    the draws plus the closed-form `entropy(params)` (not a Monte-Carlo one).
+    """
     check_params(params)
     check_count(num_mc, "num_mc")
     # --- exercise stage 2: Mean log density at loc + L eps, plus the entropy. ---

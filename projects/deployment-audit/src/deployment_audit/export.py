@@ -470,6 +470,17 @@ def compatibility(manifest: dict[str, Any], now: datetime.datetime | None = None
     Flags: a calling convention version this jax does not support; an artifact
     older than `BACKWARD_WINDOW_DAYS`; one dated more than `FORWARD_WINDOW_DAYS`
     in the future (made by a newer jax than this one can be trusted to run).
+
+    Cases, first match wins (`age_days` = now - created_at, in days; versions
+    compared with `version_key`, by number: "0.9.9" is older than "0.10.0"):
+        calling convention outside [min, max] supported (both ends allowed) -> outside,
+            "... calling convention <v>, outside the range <lo>..<hi> ..."
+        made by the running jax -> within, whatever the date
+        made by an older jax, `age_days > 180` -> outside, "The artifact was exported
+            by jax <v> <age:.0f> days ago, ..." (exactly 180 days is within)
+        made by a newer jax, `age_days < -30` -> outside, "... newer than the running jax
+            <v>, and is dated <days:.0f> days ahead: ..." (exactly 30 ahead is within)
+        anything else (an older jax's artifact dated ahead, a newer one's long ago) -> within
     """
     now = now or datetime.datetime.now(datetime.UTC)
     try:

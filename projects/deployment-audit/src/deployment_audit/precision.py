@@ -33,7 +33,10 @@ INT8_MAX = 127
 
 
 def _channel_scales(kernel: np.ndarray) -> np.ndarray:
-    """Per-output-channel symmetric scales, float32 `(d_out,)`; a zero column gets scale 1."""
+    """Per-output-channel symmetric scales, float32 `(d_out,)`; a zero column gets scale 1.
+
+    `scale[j] = max_i |kernel[i, j]| / 127` (axis 0: one scale per output column).
+    """
     # --- exercise stage 2: One scale per output column: its largest magnitude over 127. ---
     peak = np.abs(kernel).max(axis=0)
     return np.where(peak > 0, peak / INT8_MAX, 1.0).astype(np.float32)
@@ -41,6 +44,11 @@ def _channel_scales(kernel: np.ndarray) -> np.ndarray:
 
 
 def _quantize_int8(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """`x / scale` as int8, `scale` broadcasting over `x`'s last axis.
+
+    Cases: rounding is to nearest with ties to even (`np.rint`, not truncation);
+    a value beyond +-127 steps is clipped to +-127 (never -128); the dtype is int8.
+    """
     # --- exercise stage 2: Divide by the scale, round to nearest, clip to +-127, int8. ---
     return np.clip(np.rint(x / scale), -INT8_MAX, INT8_MAX).astype(np.int8)
     # --- end exercise ---

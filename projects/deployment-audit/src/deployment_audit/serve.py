@@ -115,6 +115,14 @@ class Batcher:
         return sizes
 
     async def submit(self, x: np.ndarray) -> np.ndarray:
+        """Queues the rows `x` and returns their logits once a batch has run them.
+
+        Cases (the bound counts ROWS, not requests):
+            queued rows + `len(x)` <= `max_queue_rows` -> enqueued (arrival time
+                recorded), the batcher woken, the rows counted in `queued_rows`
+            queued rows + `len(x)` > `max_queue_rows` -> raises `Overloaded` at once,
+                nothing enqueued (the server answers 503)
+        """
         # --- exercise stage 3: Refuse when the queued rows would pass the bound; else enqueue. ---
         if self.queued_rows + len(x) > self.config.max_queue_rows:
             raise Overloaded
@@ -145,7 +153,13 @@ class Batcher:
             await self._run_batch(batch, rows)
 
     def _take_batch(self) -> tuple[list[_Pending], int]:
-        """Whole requests from the queue's head, up to `max_batch_size` rows."""
+        """Whole requests from the queue's head, up to `max_batch_size` rows.
+
+        Cases: requests are taken in arrival order and never split; the first one
+        that would pass `max_batch_size` ends the batch (no later, smaller request
+        jumps ahead of it); a batch may fill exactly `max_batch_size`. The rows taken
+        leave `queued_rows`. Returns `(requests, rows)`.
+        """
         # --- exercise stage 3: Pop whole requests while they fit in max_batch_size rows. ---
         batch: list[_Pending] = []
         rows = 0

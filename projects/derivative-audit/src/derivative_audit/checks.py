@@ -89,7 +89,13 @@ def _rel(diff: float, scale: float) -> float:
 
 
 def jvp_linearity(f: Fn, x: jax.Array, u: jax.Array, v: jax.Array, a: float, b: float) -> dict:
-    """Relative error of J(a u + b v) against a J u + b J v."""
+    """Relative error of J(a u + b v) against a J u + b J v.
+
+    The region leaves `diff` = |J(a u + b v) - (a J u + b J v)| and `scale` =
+    |a| |J u| + |b| |J v| (2-norms, in float64); `rel_error` is their ratio. The
+    combined tangent `a u + b v` is formed in x's dtype (cast `a`, `b` first:
+    strict dtype promotion refuses a float64 scalar array times a float32 one).
+    """
     require_point(x)
     require_direction(x, u, "u")
     require_direction(x, v, "v")
@@ -108,7 +114,12 @@ def jvp_linearity(f: Fn, x: jax.Array, u: jax.Array, v: jax.Array, a: float, b: 
 
 
 def dot_product_test(f: Fn, x: jax.Array, u: jax.Array, w: jax.Array) -> dict:
-    """Relative mismatch of <w, J u> (forward mode) and <J^T w, u> (reverse mode)."""
+    """Relative mismatch of <w, J u> (forward mode) and <J^T w, u> (reverse mode).
+
+    Returns `forward` = <w, J u> and `reverse` = <J^T w, u> (float64 dot products),
+    and `rel_error` = |forward - reverse| / (|w| |J u| + |J^T w| |u|), 2-norms: the
+    region leaves `left`, `right` and that `scale`.
+    """
     require_point(x)
     require_direction(x, u, "u")
     require_direction(jax.eval_shape(f, x), w, "w")
@@ -147,7 +158,12 @@ def theory_step(dtype, x: jax.Array) -> float:
 
 
 def central_difference(f: Fn, x: jax.Array, u: jax.Array, h: float) -> np.ndarray:
-    """(f(x + h u) - f(x - h u)) / (2 h), evaluated in x's dtype."""
+    """(f(x + h u) - f(x - h u)) / (2 h), evaluated in x's dtype.
+
+    `h` is first rounded to x's dtype; the two evaluations run in x's dtype; their
+    difference is divided by 2 times that ROUNDED step, in float64 (the step that
+    was taken, not the one asked for). Returns a float64 array.
+    """
     require_point(x)
     require_direction(x, u, "u")
     _require_step(h, x.dtype)
@@ -201,6 +217,10 @@ def analyse_sweep(steps: np.ndarray, errors: np.ndarray, dtype, x: jax.Array) ->
     that the Taylor model stops holding). Round-off slope: over steps <= h*/3
     with error below 0.1 (at the smallest steps the difference can be zero).
     Steps whose error is exactly 0 are left out of the minimum and both fits.
+
+    Cases: a step of exactly 3 h* or h*/3 is in its fit; an error of exactly 1e-2
+    (right) or 0.1 (left) is not; among equal least errors the first step wins;
+    a side with fewer than 2 steps has slope `None`.
     """
     if np.ndim(steps) != 1 or np.shape(steps) != np.shape(errors) or np.size(steps) == 0:
         raise DerivativeInputError(

@@ -143,7 +143,15 @@ def describe_aval(aval: Any) -> str:
 
 
 def sub_jaxprs(params: dict[str, Any]) -> list[tuple[str, jex_core.Jaxpr]]:
-    """The sub-programs held in an equation's params, named by param (and index)."""
+    """The sub-programs held in an equation's params, named by param (and index).
+
+    Cases, in params order:
+        a `ClosedJaxpr` under key `k` -> `(k, its .jaxpr)`
+        a `Jaxpr` under key `k` -> `(k, it)`
+        a tuple or list under key `k` -> one entry per jaxpr item, named `k[i]`
+            by its index in the sequence (`cond`'s `branches[0]`, `branches[1]`)
+        anything else -> nothing
+    """
     found: list[tuple[str, jex_core.Jaxpr]] = []
     # --- exercise stage 3: Collect (param name, Jaxpr) for every jaxpr held in params. ---
     for key, value in params.items():
@@ -164,7 +172,17 @@ def walk(
     """Every equation of `jaxpr` and of its sub-programs, depth first, in program order.
 
     An equation emitted inside a library (no user frame in its traceback) takes
-    the source of the user-code equation that encloses it."""
+    the source of the user-code equation that encloses it.
+
+    Cases:
+        path -> "" at the top; a sub-program of equation `name` under param `p` gets
+            "<name>.<p>", nested ones "<outer path>/<name>.<p>" (`scan.jaxpr`,
+            `jit.jaxpr/cond.branches[1]`)
+        differentiated -> inherited, except that everything below a
+            `custom_jvp_call` or `custom_vjp_call` (`primitives.CUSTOM_RULE_PRIMITIVES`)
+            is not differentiated by JAX: its rules stand in for it
+        outputs -> `describe_aval` of each output variable's aval
+    """
     equations: list[Equation] = []
     # --- exercise stage 3: Record each equation, then recurse into its sub-jaxprs. ---
     for eqn in jaxpr.eqns:
@@ -275,7 +293,16 @@ def walk_rules(
 
 
 def check(equation: Equation, policy: Policy) -> list[Finding]:
-    """The findings one equation raises under `policy`."""
+    """The findings one equation raises under `policy`.
+
+    Cases, in this order (rule codes as in `Finding.rule`):
+        not in `primitives.TABLE` -> only "unknown-primitive" (nothing else checked)
+        a callback primitive -> "host-callback" (and no mode check)
+        otherwise, when the equation is differentiated -> one "mode-unsupported"
+            per mode of `policy.modes` the table does not list for it
+        float32 policy and an output of float64 or complex128 -> "dtype-policy"
+        deterministic policy and a random primitive -> "random-in-deterministic"
+    """
 
     def finding(rule: str, reason: str) -> Finding:
         return Finding(rule, equation.primitive, equation.path, equation.source, reason)

@@ -47,6 +47,13 @@ def softplus(x: jax.Array) -> jax.Array:
 
 @softplus.defjvp
 def _softplus_jvp(primals, tangents):
+    """`(softplus(x), sigmoid(x) * t)`: the primal output and its tangent.
+
+    Cases: x = +-1000 -> a finite tangent, and a finite derivative of the tangent
+    (the rule is differentiated again for the second derivative s (1 - s)): use
+    a stable sigmoid such as `jax.nn.sigmoid`, not `1 / (1 + exp(-x))`, whose
+    derivative is inf / inf = NaN at x = -1000.
+    """
     (x,), (t,) = primals, tangents
     # --- exercise stage 2: Return softplus(x) and sigmoid(x) * t. ---
     return softplus(x), jax.nn.sigmoid(x) * t
@@ -66,6 +73,13 @@ def safe_norm(x: jax.Array) -> jax.Array:
 
 @safe_norm.defjvp
 def _safe_norm_jvp(primals, tangents):
+    """`(|x|, <x, t> / |x|)`, the tangent 0 at x = 0.
+
+    Cases: x != 0 -> `sum(x * t) / |x|` (any shape of x), differentiable again, so
+    forward over reverse gives the Hessian (I - x x^T / |x|^2) / |x|; x = 0 ->
+    tangent exactly 0, with no 0/0 anywhere in the program (not even in a branch
+    `where` discards: its derivative would still be NaN).
+    """
     (x,), (t,) = primals, tangents
     # --- exercise stage 2: Tangent <x, t>/|x|, and 0 at x = 0 without ever forming 0/0. ---
     y = safe_norm(x)
@@ -162,6 +176,13 @@ def _fixed_point_fwd(params, x, max_iterations):
 
 
 def _fixed_point_bwd(max_iterations, residual, v):
+    """The cotangents `(params_bar, x_bar)` for the output cotangent `v`.
+
+    Solves the adjoint fixed point `a = v + (dg/dz)^T a` at z* with `_iterate`,
+    from `a = v`, to `solver_tolerance(v.dtype)` within `max_iterations`; then
+    returns the VJP of one step `g(params, z*, x)` with respect to `(params, x)`,
+    applied to `a`. No forward iteration is replayed.
+    """
     params, x, z = residual
     # --- exercise stage 2: Solve a = v + (dg/dz)^T a, then pull a back through one step. ---
     _, pull_z = jax.vjp(lambda zz: model.step(params, zz, x), z)

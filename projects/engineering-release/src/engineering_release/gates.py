@@ -46,7 +46,15 @@ class GatePassed:
 
 
 def thresholds(metrics: dict, policy: Policy) -> list[str]:
-    """The policy thresholds `metrics` misses, as sentences; empty when all pass."""
+    """The policy thresholds `metrics` misses, as sentences; empty when all pass.
+
+    Cases (a metric equal to its minimum passes):
+        accuracy < min_accuracy -> "Held-out accuracy <a:.4f> is below the policy's
+            <min_accuracy>."
+        min_class_recall < policy.min_class_recall -> "The lowest class recall <r:.4f>
+            is below the policy's <min_class_recall>."
+        both -> both sentences, accuracy first
+    """
     # --- exercise stage 4: Explain every metric below the policy's minimum. ---
     misses = []
     if not metrics["accuracy"] >= policy.min_accuracy:
@@ -74,7 +82,20 @@ def promotion_gate(
     now: dt.datetime | None = None,
 ) -> GatePassed:
     """Checks conditions 1-4 for `model_id` (with `approve_entry`, for that
-    approval only: a rollback re-checks the approval of its target)."""
+    approval only: a rollback re-checks the approval of its target).
+
+    Approvals are tried newest first; the first that passes every check wins.
+    Cases, for one approval (every failing one adds its sentence):
+        `verify_approval` refuses -> its message
+        approval of another model -> "Approval is for model `<id>`."
+        `policy_sha256` != the policy in force -> "Approval was signed under another
+            policy than the one in force."
+        older than `approval_valid_days` -> "Approval is <d> days old; the policy allows <n>."
+        only when none of the above: the bound report fails `load_report` or
+            `verify_report` -> "Bound evaluation refused: <its message>"
+        only when it verified: every `thresholds` sentence
+    When none passes, `GateRefused` lists "Approval `<hash>`: <sentences>" per approval.
+    """
     try:
         model_id = store.resolve(model_id)
         store.get(model_id)

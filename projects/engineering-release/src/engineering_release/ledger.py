@@ -50,7 +50,11 @@ def entry_hash(entry: dict) -> str:
 
 
 def make_entry(entries: list[dict], kind: str, body: dict) -> dict:
-    """The entry that follows `entries`: next `seq`, `prev` = last hash, own hash."""
+    """The entry that follows `entries`: next `seq`, `prev` = last hash, own hash.
+
+    `seq` is `len(entries)`; `prev` is `GENESIS` (64 zeros) for the first entry;
+    `hash` is `entry_hash` of the other four fields.
+    """
     if kind not in KINDS:
         raise LedgerError(f"Unknown entry kind `{kind}`; one of {list(KINDS)}.")
     # --- exercise stage 3: Link the entry to the last hash, then seal it with its own. ---
@@ -66,7 +70,19 @@ def make_entry(entries: list[dict], kind: str, body: dict) -> dict:
 
 
 def verify_chain(entries: list[dict]) -> list[str]:
-    """Every break in the chain, as sentences naming the entry; empty when intact."""
+    """Every break in the chain, as sentences naming the entry; empty when intact.
+
+    For each entry `i`, in this order, one sentence per failed check (ids are
+    12-digit prefixes):
+        `seq` != i -> "Entry <i> has seq `<seq>`: reordered or removed."
+        `prev` != the previous entry's RECORDED `hash` (GENESIS for entry 0) ->
+            "Entry <i> points at `<prev>`, but the entry before it hashes to `<hash>`:
+            an entry was edited, removed or reordered."
+        `hash` != `entry_hash(entry)` -> "Entry <i> (<kind>) was edited: it hashes to
+            `<actual>`, not to its recorded `<hash>`."
+    So an entry edited but not re-sealed gives one sentence (its own); edited and
+    re-sealed, one sentence about the NEXT entry's link.
+    """
     problems = []
     # --- exercise stage 3: Check each entry's seq, its link, and its own hash. ---
     prev = GENESIS

@@ -309,6 +309,15 @@ class Host:
         return backend
 
     def _switch(self, model_id: str) -> tuple[bool, str]:
+        """Moves traffic to the staged candidate `model_id`; returns `(switched, message)`.
+
+        Cases:
+            `model_id` already active -> `(True, "already serving")`, nothing moves
+            not staged, or staged but not `ready` -> `(False, "... traffic stays")`,
+                the active backend keeps serving
+            a ready candidate -> it becomes active (a switch is recorded) and the old
+                active backend is retired with `drain=True` (its in-flight requests finish)
+        """
         # --- exercise stage 4: Switch only to a ready candidate; drain the old one. ---
         if self.active is not None and self.active.model_id == model_id:
             return True, "already serving"

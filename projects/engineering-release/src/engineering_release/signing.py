@@ -198,7 +198,13 @@ def sign_approval(
     signer: str,
     signed_at: dt.datetime | None = None,
 ) -> dict:
-    """An approval of `model_id` as judged by `evaluation_id` under `policy`."""
+    """An approval of `model_id` as judged by `evaluation_id` under `policy`.
+
+    Its fields: `model_id`, `evaluation_id`, `policy` (`policy.to_dict()`),
+    `policy_sha256` (`policy.sha256()`), `key_id`, `signer`, `signed_at`
+    (`iso`: "YYYY-MM-DDTHH:MM:SSZ", now when not given), and `signature`: base64 of
+    the Ed25519 signature over `approval_payload` of the other fields.
+    """
     # --- exercise stage 3: Sign the canonical bytes of the approval's fields. ---
     approval = {
         "model_id": model_id,
@@ -243,7 +249,17 @@ def _check_approval_fields(approval: object) -> None:
 
 def verify_approval(approval: dict, keyring: dict) -> None:
     """Raises `SignatureRefused` unless `approval` is signed by a trusted key that
-    was valid when it signed, over exactly its fields."""
+    was valid when it signed, over exactly its fields.
+
+    Cases, checked in this order:
+        `key_id` not in `keyring` -> "... which is not in the trusted keyring."
+        `signed_at` outside [not_before, not_after] (both ends INCLUDED) -> "...
+            (expired or not yet valid)."
+        sha256 of the canonical `policy` != `policy_sha256` -> "The approval's
+            `policy_sha256` does not match its policy."
+        signature does not verify over `approval_payload` -> "The approval's signature
+            does not verify with key `<kid>`: ..."
+    """
     _check_approval_fields(approval)
     # --- exercise stage 3: Trusted key, valid when it signed, and a good signature. ---
     kid = approval.get("key_id")

@@ -50,6 +50,11 @@ def tree_digest(root: str | Path) -> str:
     """The content id of the directory `root` (see the module docstring).
 
     Refuses symbolic links and special files: their meaning lies outside the bytes.
+
+    Cases:
+        a symlink (to a file or a directory) or a FIFO anywhere below `root`
+            -> `StoreError`: "`<path>` is a link or a special file; only plain files."
+        file names, nesting, timestamps, order on disk -> no effect on the digest
     """
     root = Path(root)
     if not root.is_dir():
@@ -84,6 +89,13 @@ class Store:
         Storing the same content again returns the same id and writes nothing.
         If the stored copy no longer matches its id, raises `TamperedObject`
         instead of replacing it: the evidence is kept for whoever investigates.
+
+        Cases:
+            published object -> every file mode 0o444 (read-only), fsynced before the rename
+            the copy's digest differs from the source's -> scratch copy removed,
+                `StoreError`: "`<source>` changed while it was copied; nothing stored."
+            the rename fails but another writer published the same id -> its id, scratch removed
+            the rename fails and no object was published -> the `OSError` is re-raised
         """
         source = Path(source)
         # --- exercise stage 1: Copy, check, publish by one rename; never rewrite an id. ---
@@ -126,6 +138,12 @@ class Store:
         return self.objects / object_id
 
     def _check(self, object_id: str) -> None:
+        """Raises `TamperedObject` unless the object's files still hash to `object_id`.
+
+        The message, word for word (12-digit prefixes of the id and of the new digest):
+        "Object `<id>` is tampered: its files now hash to `<digest>`. It is refused;
+        restore it from a trusted copy."
+        """
         # --- exercise stage 1: Recompute the object's digest; refuse it if it is not the id. ---
         actual = tree_digest(self.objects / object_id)
         if actual != object_id:

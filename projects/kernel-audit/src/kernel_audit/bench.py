@@ -115,7 +115,17 @@ def resolve_size(name: str) -> str:
 def matmul_tiling_cost(m: int, k: int, n: int, blocks: kernels.MatmulBlocks, itemsize: int):
     """FLOPs and global-memory bytes of the tiled matmul, from the tiling alone:
     each of the ceil(M/bm) x ceil(N/bn) programs reads a (bm, K) strip of `x`, a
-    (K, bn) strip of `w` and bn bias entries, and writes one (bm, bn) tile."""
+    (K, bn) strip of `w` and bn bias entries, and writes one (bm, bn) tile.
+
+    Cases:
+        FLOPs -> `2 M N K + 2 M N` (multiply-adds, plus one op each for bias and
+            activation), independent of the blocks
+        an edge program (M or N not a multiple of its block) -> counts only its
+            in-bounds rows and columns, so in total `x` is read `ceil(N/bn)` times,
+            `w` and `b` `ceil(M/bm)` times, and the output written once
+        bytes -> those element counts times `itemsize`
+    Returns `{"flops", "bytes", "intensity"}` as floats, intensity = flops / bytes.
+    """
     # --- exercise stage 3: Count FLOPs and the bytes every program reads and writes. ---
     gm, gn = -(-m // blocks.block_m), -(-n // blocks.block_n)
     flops = 2.0 * m * n * k + 2.0 * m * n  # multiply-adds, bias, activation ~ 1 op

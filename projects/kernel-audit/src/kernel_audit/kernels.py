@@ -294,7 +294,16 @@ def _zero_past_k(xk, wk, k, block_k, k_total):
 def _matmul_kernel(x_ref, w_ref, b_ref, o_ref, *, k_total, block_k, num_k, activation, mask):
     """One `(block_m, block_n)` output tile. `x_ref` is a `(block_m, >= num_k*block_k)`
     strip, `w_ref` a `(>= num_k*block_k, block_n)` strip, `b_ref` `(1, block_n)`.
-    With `mask`, a ragged reduction edge (K not a multiple of `block_k`) is zeroed."""
+    With `mask`, a ragged reduction edge (K not a multiple of `block_k`) is zeroed.
+
+    Cases:
+        accumulator -> float32 `(block_m, block_n)`, each chunk's `jnp.dot` with
+            `preferred_element_type=jnp.float32` (never accumulated in bfloat16)
+        bias -> cast to float32 before it is added (strict dtype promotion refuses
+            bfloat16 + float32), then `activate`, then cast to `o_ref.dtype`
+        K a multiple of `block_k` -> no mask at all: `ragged` is a static Python bool,
+            so a whole-block shape traces no `iota` and no `select_n`
+    """
     block_m, block_n = o_ref.shape
     ragged = mask and k_total % block_k != 0  # Static: only a ragged K needs the mask.
 
@@ -416,7 +425,17 @@ _fused_dense.defvjp(_fused_dense_fwd, _fused_dense_bwd)
 
 def _layer_norm_kernel(x_ref, g_ref, b_ref, o_ref, mean_ref, rstd_ref, *, cols, eps, mask):
     """`block_rows` rows. `x_ref` `(block_rows, block_cols)`, `g_ref`/`b_ref`
-    `(1, block_cols)`; writes `o_ref` like `x_ref`, `mean_ref`/`rstd_ref` `(block_rows,)`."""
+    `(1, block_cols)`; writes `o_ref` like `x_ref`, `mean_ref`/`rstd_ref` `(block_rows,)`.
+
+    The region leaves `y` (float32, like `x_ref`), `mean` and `rstd` (float32
+    `(block_rows, 1)`, kept dims) for the writes after it. Cases:
+        statistics -> float32; the mean and the (population) variance divide by
+            `cols`, the true row length, not `block_cols`
+        eps -> inside the square root, `rsqrt(var + eps)`: it decides rows whose
+            variance is near or below 1e-5
+        `cols == block_cols` -> no mask at all (`ragged` is a static Python bool)
+        `gamma`, `beta` -> cast to float32 (strict dtype promotion refuses mixing)
+    """
     block_cols = x_ref.shape[1]
     ragged = mask and cols != block_cols  # Static: only a padded row needs the mask.
     # --- exercise stage 1: Row mean and variance in float32; normalize with rsqrt(var + eps). ---
@@ -516,6 +535,15 @@ def _layer_norm_fwd(x, gamma, beta, blocks, interpret):
 
 
 def _layer_norm_bwd(blocks, interpret, residuals, g):
+    """The cotangents `(dx, dgamma, dbeta)` of `_layer_norm` for the output cotangent `g`.
+
+    In float32, from the saved `mean` and `rstd` (float32 `(R,)`), with
+    `xhat = (x - mean) * rstd` and `gy = g * gamma` (row means over the C columns):
+        dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))   per row
+        dgamma = sum over rows of g * xhat;   dbeta = sum over rows of g
+    Under the tests' strict rank promotion, broadcast `(R,)` and `(C,)` explicitly
+    (`mean[:, None]`, `gamma[None, :]`). The casts back to the operands' dtypes follow.
+    """
     del blocks, interpret
     x, gamma, mean, rstd = residuals
     cols = x.shape[1]

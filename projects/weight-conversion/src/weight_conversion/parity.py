@@ -60,7 +60,13 @@ class ParityReport:
 
 def tolerance(dtype: np.dtype, cumulative_reduction: int, scale: float) -> float:
     """The largest |target - source| allowed for an output of magnitude `scale`
-    produced through `cumulative_reduction` summed terms in `dtype`."""
+    produced through `cumulative_reduction` summed terms in `dtype`.
+
+    `eps(dtype) * cumulative_reduction * max(scale, tiny(dtype))`: eps of the
+    compared dtype (float16, float32 or float64, never float64's for all), and a
+    zero or denormal scale floored at the dtype's smallest normal number, so an
+    all-zero layer still gets a bound above 0.
+    """
     # --- exercise stage 2: eps(dtype) times the reduction length times the scale. ---
     eps = float(np.finfo(np.dtype(dtype)).eps)
     return eps * cumulative_reduction * max(scale, float(np.finfo(np.dtype(dtype)).tiny))
@@ -83,7 +89,18 @@ def compare(
 ) -> ParityReport:
     """Every layer in forward order against its tolerance; the first one beyond
     it is `first_disagreement`. `source_layout` is `torch` (NCHW maps) or
-    `keras` (already NHWC)."""
+    `keras` (already NHWC).
+
+    Cases, per layer in `layer_list` order:
+        reduction -> CUMULATIVE: the sum of `layer.reduction` over this layer and
+            every one before it (errors compound through the network)
+        a `torch` source tap of a `map` layer -> NCHW transposed to NHWC first
+        shapes still differ -> `ValueError("Layer `<name>`: source output <shape> vs
+            target <shape>.")`
+        error = max |target - source|, scale = max |source|, each a Python float
+        error == tolerance -> agrees (`<=`); only the first layer beyond it is named,
+            later layers are still measured and reported
+    """
     results: list[LayerResult] = []
     first = None
     # --- exercise stage 2: In order: align layouts, measure, bound, name the first beyond. ---

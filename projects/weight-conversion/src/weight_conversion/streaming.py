@@ -134,7 +134,14 @@ def convert_file(
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Streams `src` (a source-framework safetensors file) through `rules` into
-    `dst` (an NNX safetensors file). Peak memory: about one rule's tensors."""
+    `dst` (an NNX safetensors file). Peak memory: about one rule's tensors.
+
+    The header (written first) lists the targets rule by rule, each rule's in
+    `rule.targets` order; the data must follow in exactly that order,
+    each array's raw bytes (`tobytes()`) as `apply_rule` returns it. Read a rule's
+    sources with `_read` only when the rule runs, and drop them before the next.
+    `progress(done, total)` is called after each rule, `done` from 1 to `len(rules)`.
+    """
     src, dst = Path(src), Path(dst)
     keys = _source_keys(src)
     problems = check_names(rules, keys, spec.keys())

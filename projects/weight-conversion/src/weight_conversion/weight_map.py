@@ -302,7 +302,22 @@ def check_names(
     rules: list[Rule], source_keys: Iterable[str], target_paths: Iterable[str]
 ) -> list[str]:
     """Every problem with the *names*, without reading any tensor: each source
-    key consumed by exactly one rule, each target path filled exactly once."""
+    key consumed by exactly one rule, each target path filled exactly once.
+
+    The problems, exactly in this order and wording:
+        1. per key two or more rules consume, in rule order: "map error: source key
+           `<k>` is consumed by <n> rules"
+        2. per rule, each of its keys absent from `source_keys`: "missing source tensor
+           `<k>` (expected by the map)"; a `tied` rule (`PARTIAL_OK`) with at least one
+           of its names present reports none
+        3. per source key no rule consumes, in `source_keys` order: "unexpected source
+           tensor `<k>` (no rule consumes it)", with "; renamed from `<e>`?" before the
+           ")" when `difflib.get_close_matches` finds a close expected key that is MISSING
+        4. per target path, in `target_paths` order, filled n != 1 times: "target
+           parameter `<p>` is filled <n> times"
+        5. per filled path that is not a target: "map error: target `<p>` is not a
+           parameter of the model"
+    """
     source_keys, target_paths = list(source_keys), list(target_paths)
     problems: list[str] = []
     # --- exercise stage 1: Name each key not consumed once and each target not filled once. ---

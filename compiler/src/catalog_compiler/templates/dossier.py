@@ -164,8 +164,6 @@ def _cell(text: object) -> str:
 def markdown(data: dict) -> str:
     p = data["project"]
     out = [f"# {p['title']}: dossier", "", f"> {HONESTY}", ""]
-    if data["scope_note"]:
-        out += [f"> {data['scope_note']}", ""]
     out += [f"Project `{p['id']}`, generated {data['generated_at']}.", ""]
     out += ["| Stage | Title | Status | Code hash | Last run |", "|---|---|---|---|---|"]
     for s in data["stages"]:
@@ -200,7 +198,10 @@ def markdown(data: dict) -> str:
         else:
             out.append("No evidence recorded for this stage.")
         out += [f"![{name}]({name})" for name in s["plots"]]
-    out += ["", "## Routes that cite this project", ""]
+    # The catalog's scope note speaks of "the capability map below": this section is it.
+    out += ["", "## Capability map: the routes that cite this project", ""]
+    if data["scope_note"]:
+        out += [f"> {data['scope_note']}", ""]
     if not data["roles"]:
         out.append("No route's skill evidence points at this project.")
     by_id = {s["stage"]["id"]: s for s in data["stages"]}
@@ -242,8 +243,6 @@ def html_page(data: dict) -> str:
         f"<h1>{e(p['title'])}: dossier</h1>",
         f'<p class="note" id="honesty">{e(HONESTY)}</p>',
     ]
-    if data["scope_note"]:
-        parts.append(f'<p class="note">{e(data["scope_note"])}</p>')
     parts.append(
         f"<p>Project <code>{e(p['id'])}</code>, generated {e(data['generated_at'])}. "
         'The same, as Markdown: <a href="dossier.md">dossier.md</a>.</p>'
@@ -295,7 +294,12 @@ def html_page(data: dict) -> str:
             parts.append("<p>No evidence recorded for this stage.</p>")
         parts += [f'<img src="{e(name)}" alt="{e(name)}">' for name in s["plots"]]
         parts.append("</section>")
-    parts.append('<section id="routes"><h2>Routes that cite this project</h2>')
+    parts.append(
+        '<section id="routes"><h2 id="capability-map">Capability map: the routes that cite '
+        "this project</h2>"
+    )
+    if data["scope_note"]:
+        parts.append(f'<p class="note">{e(data["scope_note"])}</p>')
     if not data["roles"]:
         parts.append("<p>No route's skill evidence points at this project.</p>")
     by_id = {s["stage"]["id"]: s for s in data["stages"]}

@@ -90,6 +90,12 @@ def _random_tokens(seed: int, shape, s: int, special_fraction: float) -> np.ndar
     special_fraction=st.sampled_from([0.0, 0.4]),
 )
 def test_corruption_invariants(s, rate, shape, seed, special_fraction):
+    """Corruption selects only real symbols, keeps labels and unselected tokens, over drawn cases.
+
+    Against NumPy invariants: rate 0 selects nothing and rate 1 every real symbol; a
+    selected input is MASK or a real symbol of the vocabulary. Drawn: vocabulary size,
+    mask rate, shape, key and the share of special tokens.
+    """
     tokens = _random_tokens(seed, shape, s, special_fraction)
     c = mlm.corrupt(jax.random.key(seed), jnp.asarray(tokens), rate, s)
     inputs, sel = np.asarray(c.inputs), np.asarray(c.loss_mask)
@@ -110,6 +116,11 @@ def test_corruption_invariants(s, rate, shape, seed, special_fraction):
 
 @pytest.mark.parametrize("s", [3, 16])
 def test_random_replacements_cover_exactly_the_symbols(s):
+    """Random replacements hit every real symbol uniformly, about 10% of the time, for 3 and 16.
+
+    Against a 5-sigma binomial bound on the share and a chi-square bound (0.1% level) on
+    the counts, with every real token of 6000 selected.
+    """
     # Every real token selected (rate 1): about 10% of 6000 become random symbols.
     tokens = _random_tokens(s, (200, 30), s, 0.0)
     c = mlm.corrupt(jax.random.key(30 + s), jnp.asarray(tokens), 1.0, s)
@@ -138,6 +149,11 @@ def _np_ce(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("rate", [0.15, 0.4])
 def test_corruption_split_matches_its_probabilities(config, corpus, evidence, rate):
+    """The selection rate and 80/10/10 split match their probabilities, at mask rates 0.15, 0.4.
+
+    Within 5 binomial standard deviations on 2048 examples; the same key gives the same
+    corruption, and unselected tokens are untouched.
+    """
     tokens = jnp.asarray(corpus.tokens[:2048])
     c = mlm.corrupt(jax.random.key(3), tokens, rate, config.num_symbols)
     again = mlm.corrupt(jax.random.key(3), tokens, rate, config.num_symbols)
@@ -178,6 +194,10 @@ def test_corruption_split_matches_its_probabilities(config, corpus, evidence, ra
 
 @pytest.mark.parametrize("count", [0, 1, 2, 5, 24])
 def test_loss_and_accuracy_at_every_mask_size(count):
+    """Masked loss and accuracy equal NumPy at 0, 1, 2, 5 and 24 counted positions (0 if none).
+
+    The empty mask, and only it, gives an all-zero gradient; every gradient is finite.
+    """
     # Boundary cases of the denominator: an empty mask, exactly one position, all.
     rng = np.random.default_rng(count)
     logits = rng.normal(size=(4, 6, 9)).astype(np.float32)
@@ -210,6 +230,7 @@ def test_loss_and_accuracy_at_every_mask_size(count):
     density=st.sampled_from([0.2, 0.7, 1.0]),
 )
 def test_accuracy_equals_numpy(seed, shape, density):
+    """Masked accuracy equals NumPy's over drawn logits, shapes and mask densities (0 if empty)."""
     rng = np.random.default_rng(seed)
     logits = rng.normal(size=shape).astype(np.float32)
     labels = rng.integers(0, shape[-1], shape[:-1]).astype(np.int32)
@@ -224,6 +245,7 @@ def test_accuracy_equals_numpy(seed, shape, density):
 
 @pytest.mark.parametrize("shape", [(4, 1), (4, 14), (5, 13), (3, 13), (4,), (4, 13, 1)], ids=str)
 def test_masks_of_every_other_shape_are_refused(config, corpus, shape):
+    """Masks of any shape but the labels' are refused (never broadcast) by loss and check_mask."""
     labels = jnp.asarray(corpus.tokens[:4])
     assert labels.shape == (4, 13)
     logits = jnp.zeros((4, 13, 8))
@@ -235,6 +257,7 @@ def test_masks_of_every_other_shape_are_refused(config, corpus, shape):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.int32, jnp.uint8, jnp.bfloat16])
 def test_masks_of_every_other_dtype_are_refused(corpus, dtype):
+    """A mask of float32, int32, uint8 or bfloat16 is refused by name, and a bool mask passes."""
     labels = jnp.asarray(corpus.tokens[:4])
     with pytest.raises(ValueError, match=r"`m` must be bool"):
         mlm.check_mask(jnp.ones(labels.shape, dtype), labels, "m")
@@ -243,6 +266,10 @@ def test_masks_of_every_other_dtype_are_refused(corpus, dtype):
 
 @pytest.mark.parametrize("rate,pattern", CONDITIONS)
 def test_loss_equals_float64_enumeration(config, corpus, encoder, evidence, rate, pattern):
+    """The masked loss equals a float64 per-position enumeration, at two mask rates and paddings.
+
+    Padding and special tokens are never selected.
+    """
     tokens = jnp.asarray(_tokens(corpus, pattern))
     c = mlm.corrupt(jax.random.key(1), tokens, rate, config.num_symbols)
     logits = _encode(encoder, c.inputs)
@@ -265,6 +292,11 @@ def test_loss_equals_float64_enumeration(config, corpus, encoder, evidence, rate
 def test_labels_outside_the_mask_change_neither_loss_nor_gradient(
     config, corpus, encoder, loss_and_grad, evidence, rate, pattern
 ):
+    """Labels changed off the mask leave loss and gradients bitwise equal; one on it moves the loss.
+
+    Unselected real and padded positions are changed; mask rates 0.15 and 0.4 with two
+    padding patterns.
+    """
     tokens = jnp.asarray(_tokens(corpus, pattern))
     c = mlm.corrupt(jax.random.key(2), tokens, rate, config.num_symbols)
     mask = np.asarray(c.loss_mask)
@@ -302,6 +334,7 @@ def test_labels_outside_the_mask_change_neither_loss_nor_gradient(
 
 
 def test_bad_masks_are_refused_by_name(config, corpus):
+    """A float mask and a (4, 1) mask are refused by the loss, naming the dtype or the shape."""
     tokens = jnp.asarray(corpus.tokens[:4])
     logits = jnp.zeros((4, tokens.shape[1], 8))
     with pytest.raises(ValueError, match=r"`loss_mask` must be bool, but its dtype is `float32`"):

@@ -81,6 +81,10 @@ _BOUNDARY_MASKS = {
 
 @pytest.mark.parametrize("name", list(_BOUNDARY_MASKS))
 def test_reductions_at_mask_boundaries(name):
+    """Per-token and per-sequence means equal NumPy on five boundary masks (0 where nothing counts).
+
+    Empty, one token, one sequence, single-token sequences beside longer ones, full.
+    """
     mask = np.asarray(_BOUNDARY_MASKS[name], bool)
     losses = np.asarray(jax.random.uniform(jax.random.key(61), mask.shape, minval=0.5, maxval=3))
     tok = float(reductions.per_token_mean(jnp.asarray(losses), jnp.asarray(mask)))
@@ -96,6 +100,7 @@ def test_reductions_at_mask_boundaries(name):
     density=st.sampled_from([0.0, 0.15, 0.6, 1.0]),
 )
 def test_reductions_equal_numpy(seed, shape, density):
+    """Per-token and per-sequence means equal NumPy over drawn losses, shapes and mask densities."""
     rng = np.random.default_rng(seed)
     losses = rng.uniform(0.1, 4.0, shape).astype(np.float32)
     mask = rng.random(shape) < density
@@ -120,6 +125,11 @@ def _toy_grad(w: np.ndarray, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("counted", [0, 1, 2, 9])
 def test_accumulated_and_sharded_gradients_at_small_counts(counted):
+    """Accumulated and 2-device sharded gradients equal a hand-derived one at 0, 1, 2 and 9 tokens.
+
+    The toy loss (w . x)^2 has the gradient 2 (w . x) x, summed here over the counted
+    tokens and divided by their global count; four micro-batches of one sequence.
+    """
     rng = np.random.default_rng(counted)
     w = rng.normal(size=3).astype(np.float32)
     x = rng.normal(size=(4, 5, 3)).astype(np.float32)
@@ -142,6 +152,10 @@ def test_accumulated_and_sharded_gradients_at_small_counts(counted):
 
 @pytest.mark.parametrize("ragged", [True, False])
 def test_per_token_and_per_sequence_means(corpus, setup, evidence, ragged):
+    """Both means equal float64 loops, and differ exactly when the batch is ragged.
+
+    A ragged batch (with one sequence counting nothing) against one of equal lengths.
+    """
     token_loss_fn, params, batch = setup
     if not ragged:  # every sequence of one length: the two means coincide
         rows = np.flatnonzero(corpus.prompt_len == 3)[:8]
@@ -181,6 +195,11 @@ def _tolerance(full) -> float:
 
 @pytest.mark.parametrize("micro", [2, 4])
 def test_accumulation_matches_the_full_batch_only_with_the_global_count(setup, evidence, micro):
+    """Accumulation equals the full-batch gradient with the global count; a mean of means does not.
+
+    Micro-batches of 2 and 4 sequences of a ragged batch; the count is recounted from
+    token types, and the mean of means misses by over 100 times the float32 tolerance.
+    """
     token_loss_fn, params, batch = setup
     n = batch["tokens"].shape[0]
     micros = [{k: v[i : i + micro] for k, v in batch.items()} for i in range(0, n, micro)]
@@ -214,6 +233,7 @@ def test_accumulation_matches_the_full_batch_only_with_the_global_count(setup, e
 
 
 def test_sharded_accumulation_over_two_devices(setup, evidence):
+    """The batch split over 2 devices, count psum'ed, gives the full-batch gradient and count."""
     if len(jax.devices()) < 2:
         pytest.skip(f"needs 2 CPU devices, JAX has {len(jax.devices())}")
     token_loss_fn, params, batch = setup

@@ -22,6 +22,7 @@ from training_methods.train import Ledger, fit
 @pytest.mark.parametrize("length", [0, 1, 2, 3, 5, 7])
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_ngrams_are_every_window_in_order(length, n):
+    """ngrams gives every contiguous window in order, repeats kept, for lengths 0-7 and n 1-4."""
     seq = tuple(range(10, 10 + length))
     windows = []
     for start in range(length):
@@ -34,6 +35,7 @@ def test_ngrams_are_every_window_in_order(length, n):
 
 @pytest.mark.parametrize("config_kw", [{}, {"num_train": 100, "num_heldout": 17}])
 def test_split_ids_are_the_two_documented_ranges(config, config_kw):
+    """split_ids gives 0..num_train-1 and the next num_heldout ids as int32, for two configs."""
     cfg = config.replace(**config_kw)
     split = split_ids(cfg)
     assert split["train"].tolist() == list(range(cfg.num_train))
@@ -42,6 +44,11 @@ def test_split_ids_are_the_two_documented_ranges(config, config_kw):
 
 
 def test_audit_boundaries_n_and_truncation(splits, corpus):
+    """The audit lists at most ten leaked ids per objective, and handles n = 1, long n and bad n.
+
+    Hand-computed answers: n = 1 sees every prompt symbol (overlap 1); n longer than every
+    prompt gives no n-gram and overlap 0; the default n is 3; 0, -1 and 2.5 are refused.
+    """
     train, held = _split_corpora(corpus, splits)
     held_ids = [int(i) for i in splits["heldout"]]
     leaky = Ledger()
@@ -100,6 +107,10 @@ def _split_corpora(corpus, splits):
 
 
 def test_no_heldout_id_enters_any_objective(splits, corpus, ledger, evidence):
+    """No held-out id is in the SFT or masked-LM ledger; a planted one is flagged.
+
+    Against the split's own held-out ids; the data pipeline also refuses to batch them.
+    """
     train, held = _split_corpora(corpus, splits)
     report = heldout.audit(ledger, train, held)
     planted = Ledger()
@@ -134,6 +145,7 @@ def _prompt_matrix(c):
 
 @pytest.mark.parametrize("n", [3, 4])
 def test_duplicates_and_ngram_overlap_vs_brute_force(splits, corpus, ledger, evidence, n):
+    """The audit's duplicates and n-gram overlap equal a brute-force NumPy search, n = 3 and 4."""
     train, held = _split_corpora(corpus, splits)
     report = heldout.audit(ledger, train, held, n=n)
     tm, hm = _prompt_matrix(train), _prompt_matrix(held)
@@ -186,6 +198,10 @@ def _greedy_accuracy(model, c) -> float:
 
 
 def test_heldout_metrics_live_in_their_own_namespace(splits, corpus, ledger, sft_run, evidence):
+    """Held-out answer accuracy equals real greedy decoding, and every metric is under `heldout/`.
+
+    The de-duplicated count is the held-out count less the audit's exact duplicates.
+    """
     _, trained, _, _ = sft_run
     train, held = _split_corpora(corpus, splits)
     report = heldout.audit(ledger, train, held)

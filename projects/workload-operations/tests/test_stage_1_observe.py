@@ -32,6 +32,7 @@ from workload_operations.supervisor import Supervisor, resources, resources_of
 
 @pytest.mark.parametrize("batch", [16, 5])
 def test_heartbeat_reports_what_the_loop_counted(batch, evidence):
+    """Heartbeat and Prometheus counts equal a Python tally of the steps, for batch sizes 16, 5."""
     observer = Observer(10.0, out=io.StringIO(), serve=False)
     losses = [0.9, 0.7, 0.6, 0.55, 0.5, 0.45, 0.4]
     for step, loss in enumerate(losses, 1):
@@ -91,9 +92,12 @@ _beats = st.lists(
 @settings(max_examples=60, derandomize=True, deadline=None, database=None)
 @given(start=st.floats(0.0, 5000.0, allow_nan=False) | st.just(0.0), beats=_beats)
 def test_heartbeat_rate_is_examples_over_elapsed_time(start, beats):
-    """Each heartbeat's rate = examples since the previous heartbeat / seconds since it
-    (the observer's creation for the first), on a clock set by hand; a zero interval
-    divides by 1e-9 s instead of zero."""
+    """A heartbeat's rate is examples over seconds on a hand-set clock, over drawn batches and gaps.
+
+    Examples since the previous heartbeat over the seconds since it (the observer's
+    creation for the first); a zero interval divides by 1e-9 s instead of zero. Drawn:
+    clock origins, batch sizes, 0 to 50 s between heartbeats.
+    """
     clock = _Clock(start)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(observe, "time", SimpleNamespace(monotonic=clock.monotonic))
@@ -157,6 +161,11 @@ _CHILD = (
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("threads", [1, 4])
 def test_resource_signals_match_proc(threads, evidence):
+    """psutil's memory, CPU and thread figures equal /proc read directly, for 1 and 4 threads.
+
+    Resident memory to one page (VmRSS), CPU seconds to one tick (utime + stime, with
+    system time really spent), threads exactly (/proc/<pid>/task).
+    """
     with subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(threads)], stdout=subprocess.PIPE, text=True
     ) as proc:
@@ -196,8 +205,11 @@ def test_resource_signals_match_proc(threads, evidence):
 
 
 def test_resource_totals_skip_a_process_that_is_gone():
-    """A group member that exited between the listing and the reading is skipped,
-    and the members after it still count: the totals equal the live ones' /proc."""
+    """Group totals skip a member that has exited and equal the live member's /proc figures.
+
+    The gone member comes first, so the members after it must still count; a group of
+    only gone members totals zero.
+    """
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone_proc = psutil.Process(gone.pid)
     gone.wait()
@@ -222,6 +234,13 @@ def _supervised(config: Config, workdir: Path, cache: Path, results: dict, key: 
 
 
 def test_scraped_counters_agree_with_the_jobs_own_count(tmp_path, jax_cache, evidence):
+    """A supervised job's final scrape equals its own count and num_steps, at two batch sizes.
+
+    Batch 16 with 1 s heartbeats and batch 8 with 0.25 s ones. Steps, examples and
+    heartbeats against the job's `finished` record, `num_steps`,
+    `num_steps * batch_size` and the heartbeat lines counted in its log; mid-run scrapes
+    never go back and never lag a step a heartbeat had already reported.
+    """
     configs = {
         "batch16-h1": Config.tiny(),
         "batch8-h0.25": Config.tiny().replace(
@@ -285,7 +304,11 @@ def test_scraped_counters_agree_with_the_jobs_own_count(tmp_path, jax_cache, evi
 
 
 def test_observation_cost_bench_runs_on_a_tiny_size(tmp_path, evidence):
-    """The bench works end to end on a tiny size; speed is the bench's business."""
+    """The bench's ratios are reciprocal and each measurement has 3 repetitions (no speed asserted).
+
+    Speed is the bench's business (README); this checks only that it runs end to end on
+    a tiny size and reports consistent figures.
+    """
     from workload_operations.bench import observation_cost
 
     result = observation_cost(Config.tiny(), reps=3, chunk=20)
@@ -305,6 +328,10 @@ def test_observation_cost_bench_runs_on_a_tiny_size(tmp_path, evidence):
 
 
 def test_heartbeat_interval_not_shorter_than_timeout_is_refused(tmp_path):
+    """A heartbeat interval not shorter than a timeout is refused by name, by the API and the CLI.
+
+    The CLI exits with status 2 and writes nothing under `runs/`.
+    """
     with pytest.raises(ConfigError, match="`heartbeat_interval_s` = `7.0` is not shorter"):
         Config.tiny().replace(heartbeat_interval_s=7.0)
     bad = tmp_path / "bad.json"

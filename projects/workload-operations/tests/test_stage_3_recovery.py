@@ -41,6 +41,7 @@ def _ledger(workdir: Path, requested, verdicts, committed) -> None:
 
 
 def test_latest_accepted_follows_the_verdicts(tmp_path, evidence):
+    """The latest accepted step equals the enumerated answer, before and after 9 is accepted."""
     # 6 was accepted but its directory is gone; 12's latest verdict rejects it; 15
     # was never requested; 9 has no verdict yet.
     _ledger(
@@ -62,6 +63,7 @@ def test_latest_accepted_follows_the_verdicts(tmp_path, evidence):
 
 
 def test_a_step_without_a_request_is_not_accepted(tmp_path):
+    """A committed step with no request record is rejected; the reason names the missing request."""
     config = Config.tiny_recovery()
     _ledger(tmp_path, requested=[3], verdicts=[], committed=[3, 6])
     verdict = verifier.judge(tmp_path, 6, config, dataset={})
@@ -87,6 +89,7 @@ def _write_ledger(workdir: Path, kind: str, records: list[dict]) -> None:
 def test_latest_accepted_needs_a_verdict_no_older_than_the_request(
     tmp_path, request_t, verdict_t, expected
 ):
+    """A verdict counts only if no older than the step's latest request (after, at, before it)."""
     _write_ledger(
         tmp_path,
         "requested",
@@ -108,6 +111,7 @@ def test_latest_accepted_needs_a_verdict_no_older_than_the_request(
 
 
 def test_ledger_by_step_keeps_the_last_record_of_each_step(tmp_path):
+    """by_step keeps each step's last record, int keys in first-seen order; no file gives {}."""
     records = [
         {"step": 3, "t": 1.0, "accepted": True, "reasons": []},
         {"step": 6, "t": 2.0, "accepted": True, "reasons": []},
@@ -122,6 +126,7 @@ def test_ledger_by_step_keeps_the_last_record_of_each_step(tmp_path):
 
 
 def test_is_committed_needs_the_step_directory_and_its_metadata_file(tmp_path):
+    """is_committed holds only for a step folder with its metadata file, in six layouts."""
     root = checkpoint.checkpoint_dir(tmp_path)
     (root / "3").mkdir(parents=True)
     (root / "3" / "_CHECKPOINT_METADATA").write_text("{}")
@@ -136,6 +141,7 @@ def test_is_committed_needs_the_step_directory_and_its_metadata_file(tmp_path):
 
 
 def test_a_requested_step_never_committed_is_rejected_without_a_restore(tmp_path, monkeypatch):
+    """A requested step Orbax never committed is rejected as not completed, without a restore."""
     _ledger(tmp_path, requested=[3, 6], verdicts=[], committed=[3])
     (checkpoint.checkpoint_dir(tmp_path) / "6.orbax-checkpoint-tmp-2").mkdir()
 
@@ -175,6 +181,10 @@ def _sha(array: np.ndarray) -> str:
 @settings(max_examples=40, derandomize=True, deadline=None, database=None)
 @given(tree=_trees())
 def test_checksums_hash_dtype_shape_and_bytes_of_every_leaf(tree):
+    """Each leaf's checksum equals SHA-256 of dtype, shape and C-order bytes, over drawn arrays.
+
+    Drawn: five dtypes, 0-d, empty and transposed (non-contiguous) arrays.
+    """
     got = checkpoint.checksums(tree)
     expected = {f"['params']['{k}']": _sha(v) for k, v in tree["params"].items()}
     expected["['step']"] = _sha(np.asarray(tree["step"]))
@@ -182,8 +192,11 @@ def test_checksums_hash_dtype_shape_and_bytes_of_every_leaf(tree):
 
 
 def test_checksums_change_with_each_field():
-    """Field by field: the same bytes under another dtype or shape, and one flipped
-    byte, each give another digest; equal arrays give equal digests."""
+    """A digest changes with the dtype, the shape or one byte alone, and not for an equal array.
+
+    The same bytes under another dtype or shape, and one flipped byte, each give another
+    digest; a copy and a JAX array of the same values give the same one.
+    """
     a = np.arange(12, dtype=np.int32)
     base = checkpoint.checksums({"w": a})["['w']"]
     variants = {
@@ -202,6 +215,10 @@ def test_checksums_change_with_each_field():
     [b"", b"grain-state\x00\xff", {"b": 1, "a": [1, 2]}, {}],
 )
 def test_data_state_digest_is_sha256_of_bytes_or_sorted_json(state):
+    """The data state digest equals SHA-256 of the bytes or of key-sorted JSON, for four states.
+
+    A reordered dict gives the same digest; an added key gives another.
+    """
     if isinstance(state, bytes):
         expected = hashlib.sha256(state).hexdigest()
     else:
@@ -250,13 +267,15 @@ def finished_copy(saved_run, tmp_path):
     ],
 )
 def test_a_request_whose_checksums_differ_in_any_way_is_rejected(finished_copy, forgery):
-    """The request record of step 12 is edited: one array's SHA-256 replaced by a
-    value below or above the true digest (as hex strings compare), one array left
-    out, one array the state does not hold added (with a digest, or with null, which
-    no restored array's digest equals), or the Grain state digest or the recorded
-    held-out predictions digest replaced by a value below or above the true one. The
-    step itself is intact; it is rejected on that record, with that one reason.
-    Step 9, untouched, is accepted."""
+    """A request record edited in one digest or its array set is rejected for that one reason alone.
+
+    The request record of step 12 is edited: one array's SHA-256 replaced by a value below
+    or above the true digest (as hex strings compare), one array left out, one array the
+    state does not hold added (with a digest, or with null, which no restored array's
+    digest equals), or the Grain state digest or the recorded held-out predictions digest
+    replaced by a value below or above the true one. The step itself is intact; it is
+    rejected on that record, with that one reason. Step 9, untouched, is accepted.
+    """
     config, workdir = finished_copy
     dataset = data.make_dataset(config)
     ledger = checkpoint.Ledger(workdir)
@@ -299,8 +318,11 @@ def test_a_request_whose_checksums_differ_in_any_way_is_rejected(finished_copy, 
 
 
 def test_corrupted_completed_steps_are_rejected(finished_copy, jax_cache, evidence):
-    """Bytes flipped in two committed steps; the verifier process judges every step
-    (a restore that fails on damage is best kept out of the test process)."""
+    """Two committed steps with flipped bytes are rejected by the verifier; steps 3 to 9 stay.
+
+    Both steps were accepted before the damage; the verifier process judges every step (a
+    restore that fails on damage is best kept out of the test process).
+    """
     config, workdir = finished_copy
     dataset = data.make_dataset(config)
     before = {step: verifier.judge(workdir, step, config, dataset)["accepted"] for step in (12, 15)}
@@ -325,6 +347,11 @@ def test_corrupted_completed_steps_are_rejected(finished_copy, jax_cache, eviden
 def test_a_degraded_artifact_with_regenerated_checksums_is_rejected(
     finished_copy, scale, jax_cache, evidence
 ):
+    """A state scaled by 0.5 or 0.999, checksums regenerated, is rejected by its held-out check.
+
+    Judged in this process for both scales, and for 0.5 also by the verifier process,
+    after which the latest accepted step is the one before.
+    """
     config, workdir = finished_copy
     dataset = data.make_dataset(config)
     step = 15
@@ -394,6 +421,12 @@ def _records(workdir: Path) -> list[dict]:
 
 
 def test_continuation_equals_an_uninterrupted_run_bitwise(recovery, reference, evidence):
+    """Continued runs equal an uninterrupted run bitwise, after a kill and a kill during a save.
+
+    Loss bits and sample IDs of every continued step against the reference run (the IDs
+    also computed without any iterator); the continuation starts at the latest accepted
+    step and ends with the reference's held-out figures.
+    """
     config, root, results = recovery
     reference, reference_heldout = reference
     for name in SCENARIOS:
@@ -425,8 +458,12 @@ def test_continuation_equals_an_uninterrupted_run_bitwise(recovery, reference, e
 
 
 def test_only_completed_steps_are_accepted(recovery, evidence):
-    """Acceptances against Orbax's own list of committed steps and the job's own
-    completion records; the save cut by a kill left only a temporary directory."""
+    """Only steps Orbax lists as committed are accepted; a save cut by a kill is rejected.
+
+    Against Orbax's own list of committed steps and the job's own completion records;
+    every checkpoint of the continuation is accepted; the save cut by a kill left only a
+    temporary directory and was rejected as not completed.
+    """
     import orbax.checkpoint as ocp
 
     config, root, results = recovery
@@ -471,6 +508,7 @@ def test_only_completed_steps_are_accepted(recovery, evidence):
 
 
 def test_missing_or_damaged_checkpoint_folder_is_a_clear_error(tmp_path):
+    """A missing checkpoint folder or a non-JSON ledger line is refused by name, nothing changed."""
     runner = CliRunner()
     result = runner.invoke(main, ["verify", "--workdir", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "holds no checkpoint folder" in result.output

@@ -22,12 +22,16 @@ from flax import nnx
 
 
 def info_nce(a: jax.Array, b: jax.Array, temperature: float) -> jax.Array:
-    """Symmetric InfoNCE of embeddings `a`, `b` `(N, D)` (normalised here)."""
+    """Symmetric InfoNCE of embeddings `a`, `b` `(N, D)` (normalised here).
+
+    The tests raise on implicit rank promotion: divide `(N, D)` by norms taken
+    with `keepdims=True` `(N, 1)`, never by `(N,)`.
+    """
     if a.shape != b.shape or a.ndim != 2:
         raise ValueError(f"`a` and `b` must both be `(N, D)`, got `{a.shape}` and `{b.shape}`.")
     if not temperature > 0:
         raise ValueError(f"`temperature` must be positive, got `{temperature}`.")
-    # --- exercise stage 2: Cosine logits over temperature; mean of row and column CE. ---
+    # --- exercise stage 2: Cosine logits / temperature (strict ranks); mean of row, column CE. ---
     a = a / jnp.linalg.norm(a, axis=-1, keepdims=True)
     b = b / jnp.linalg.norm(b, axis=-1, keepdims=True)
     logits = (a @ b.T) / jnp.asarray(temperature, a.dtype)

@@ -127,11 +127,15 @@ def train_dpo(
 def sequence_logps(
     model, tokens: jax.Array, prompt_len: jax.Array, normalize: bool = False
 ) -> jax.Array:
-    """`(B,)` log-probability of each response (and EOS) given its prompt."""
+    """`(B,)` log-probability of each response (and EOS) given its prompt.
+
+    With `normalize`, each sum is divided by its response length, an int count
+    cast to the log-probabilities' dtype (the tests' strict dtype promotion).
+    """
     logits = model(tokens[:, :-1])
     targets = tokens[:, 1:]
     mask = response_mask(targets, prompt_len)
-    # --- exercise stage 5: Sum target log-probs over response positions (mean if normalize). ---
+    # --- exercise stage 5: Sum response target log-probs (mean if normalize; strict dtypes). ---
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], axis=-1)[..., 0]
     total = jnp.sum(jnp.where(mask, logp, 0.0), axis=1)
     if normalize:

@@ -39,9 +39,13 @@ def check_mask(mask: jax.Array, like: jax.Array, name: str = "mask") -> None:
 
 @jax.jit(static_argnums=3)
 def corrupt(key: jax.Array, tokens: jax.Array, mask_rate: float, num_symbols: int) -> Corrupted:
-    """BERT corruption of int32 `tokens` `(B, T)`; special tokens are never selected."""
+    """BERT corruption of int32 `tokens` `(B, T)`; special tokens are never selected.
+
+    One key per draw (`k_select`, `k_kind`, `k_random`): the tests run with
+    `jax_debug_key_reuse`, so a key used for two draws is an error.
+    """
     k_select, k_kind, k_random = jax.random.split(key, 3)
-    # --- exercise stage 1: Select real symbols at mask_rate; 80% MASK, 10% random, 10% kept. ---
+    # --- exercise stage 1: Real symbols at mask_rate; 80% MASK, 10% random; keys never reused. ---
     candidate = tokens >= NUM_SPECIAL
     selected = candidate & jax.random.bernoulli(k_select, mask_rate, tokens.shape)
     u = jax.random.uniform(k_kind, tokens.shape)
@@ -59,9 +63,12 @@ def mlm_loss(logits: jax.Array, labels: jax.Array, loss_mask: jax.Array) -> jax.
 
     `logits` `(B, T, V)`, `labels` int32 `(B, T)`, `loss_mask` bool `(B, T)`.
     Denominator: the number of selected positions in the batch (at least 1).
+    Under the tests' strict dtype promotion a float never mixes with an int or a
+    bool: `ce * mask` and `sum / count` are errors; mask with `jnp.where` and
+    cast the count to the loss dtype.
     """
     check_mask(loss_mask, labels, "loss_mask")
-    # --- exercise stage 1: Average the cross-entropy over the selected positions only. ---
+    # --- exercise stage 1: Mean CE over selected positions only (strict dtypes: cast count). ---
     per_token = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     per_token = jnp.where(loss_mask, per_token, 0.0)
     return jnp.sum(per_token) / jnp.maximum(jnp.sum(loss_mask), 1).astype(per_token.dtype)

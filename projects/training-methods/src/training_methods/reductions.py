@@ -29,9 +29,12 @@ from training_methods.mlm import check_mask
 
 
 def per_token_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean over every counted token of the batch (`mask` bool, `losses`' shape)."""
+    """Mean over every counted token of the batch (`mask` bool, `losses`' shape).
+
+    Strict dtype promotion in the tests: cast the int count to `losses.dtype`.
+    """
     check_mask(mask, losses)
-    # --- exercise stage 6: Sum of counted losses over the number of counted tokens. ---
+    # --- exercise stage 6: Sum of counted losses over the counted-token count (strict dtypes). ---
     return jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(jnp.sum(mask), 1).astype(
         losses.dtype
     )
@@ -39,9 +42,12 @@ def per_token_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def per_sequence_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean over sequences (with a counted token) of each sequence's token mean."""
+    """Mean over sequences (with a counted token) of each sequence's token mean.
+
+    Strict dtype promotion in the tests: cast both int counts to `losses.dtype`.
+    """
     check_mask(mask, losses)
-    # --- exercise stage 6: Mean per sequence over its tokens, then over non-empty sequences. ---
+    # --- exercise stage 6: Mean per sequence, then over non-empty sequences (strict dtypes). ---
     count = jnp.sum(mask, axis=1)
     seq = jnp.sum(jnp.where(mask, losses, 0.0), axis=1) / jnp.maximum(count, 1).astype(losses.dtype)
     has = count > 0
@@ -61,9 +67,13 @@ def sum_and_count(token_loss_fn: Callable, params, batch):
 
 
 def accumulate_global(token_loss_fn: Callable, params, micro_batches: list) -> tuple:
-    """Accumulated gradient normalized by the global count; also returns the count."""
+    """Accumulated gradient normalized by the global count; also returns the count.
+
+    The count is an int array: cast it to each gradient's dtype before dividing
+    (the tests' strict dtype promotion).
+    """
     step = jax.jit(lambda p, b: sum_and_count(token_loss_fn, p, b))
-    # --- exercise stage 6: Add micro-batch gradient sums and counts; divide by the total. ---
+    # --- exercise stage 6: Add micro-batch grad sums and counts, then divide (strict dtypes). ---
     total, count = None, 0
     for batch in micro_batches:
         g, n = step(params, batch)
@@ -97,7 +107,9 @@ def full_batch_grad(token_loss_fn: Callable, params, batch):
 
 def sharded_grad(token_loss_fn: Callable, params, batch, mesh: Mesh):
     """Per-token-mean gradient with the batch split over the `data` axis of `mesh`:
-    each device sums its shard; the gradient sum and the count are `psum`med."""
+    each device sums its shard; the gradient sum and the count are `psum`med. The
+    summed count is an int array: cast it to each gradient's dtype before dividing
+    (the tests' strict dtype promotion)."""
 
     def local(p, b):
         # Mark the replicated parameters as device-varying, so that `grad` gives
@@ -105,7 +117,7 @@ def sharded_grad(token_loss_fn: Callable, params, batch, mesh: Mesh):
         # already sum the gradient over devices and the psum below would double it.
         p = jax.tree.map(lambda x: jax.lax.pcast(x, "data", to="varying"), p)
         g, n = sum_and_count(token_loss_fn, p, b)
-        # --- exercise stage 6: psum the gradient sums and counts; divide by the global count. ---
+        # --- exercise stage 6: psum grad sums and counts, then divide (strict dtypes). ---
         g = jax.lax.psum(g, "data")
         n = jax.lax.psum(n, "data")
         return jax.tree.map(lambda x: x / jnp.maximum(n, 1).astype(x.dtype), g), n

@@ -36,9 +36,13 @@ def response_mask(targets: jax.Array, prompt_len: jax.Array) -> jax.Array:
 
 
 def sft_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
-    """Per-token mean cross-entropy over the counted targets of the batch."""
+    """Per-token mean cross-entropy over the counted targets of the batch.
+
+    Under the tests' strict dtype promotion the int count must be cast to the
+    loss dtype, and a float is masked with `jnp.where`, not multiplied by a bool.
+    """
     check_mask(mask, targets)
-    # --- exercise stage 3: Sum cross-entropy over counted targets; divide by their number. ---
+    # --- exercise stage 3: Sum CE over counted targets; divide by their number (strict dtypes). ---
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     total = jnp.sum(jnp.where(mask, ce, 0.0))
     return total / jnp.maximum(jnp.sum(mask), 1).astype(total.dtype)

@@ -71,8 +71,47 @@ def window_rate(pairs: list[tuple[int, float]], window: int, batch_size: int) ->
 
 
 def classify(s: Symptoms, config: Config) -> str | None:
-    """The diagnosis, or None while the job looks healthy (or finished cleanly)."""
-    # --- exercise stage 2: Exit, then memory, heartbeat age, progress age, rate. ---
+    """The diagnosis, or None while the job looks healthy (or finished cleanly).
+
+    Rules, the first that applies wins; every limit is strict (a figure equal to
+    its limit is not over it):
+
+    1. Exited: status 0 is None; a signal (`returncode < 0`) is `killed`; else a
+       stderr line starting `Traceback (most recent call last)` is `exception`,
+       none is `exited`.
+    2. `rss_mb` over `memory_limit_mb` is `memory`.
+    3. Start-up allowance: before the first heartbeat (`last_heartbeat_t` None),
+       `hang` only once `now - started` exceeds `startup_timeout_s`, else None.
+    4. `now - last_heartbeat_t` over `hang_timeout_s` is `hang`.
+    5. Start-up allowance: heartbeats but no step yet (`last_step_t` None) is
+       `stall` only once `now - started` exceeds `startup_timeout_s`, else None.
+       Importing and compiling can take far longer than `stall_timeout_s`, so a
+       first step that arrives late but inside the allowance is no stall.
+    6. `last_heartbeat_t - last_step_t` over `stall_timeout_s` is `stall` (a
+       heartbeat after the stall window proves the process alive: a job silent
+       since its last step is not yet a stall, it becomes a hang).
+    7. `rate` under `min_examples_per_s` is `slow` (None before a full window).
+
+    Cases (times in heartbeat intervals h from `started`; hang 6, stall 8,
+    start-up allowance 300, memory 512 MB, rate 80; healthy: `now` 100, last
+    heartbeat 99.5, last step 99.4, rate 300):
+        healthy                                              -> None
+        returncode 0                                         -> None
+        returncode -9 or -15                                 -> "killed"
+        returncode 1, stderr "Traceback (most recent call last):" -> "exception"
+        returncode 3, stderr "error: bad"                    -> "exited"
+        rss 520 MB / 512 MB exactly / 520 MB and returncode -9 -> "memory" / None / "killed"
+        last heartbeat 5.5 / 6 / 6.5 intervals ago           -> None / None / "hang"
+        heartbeat 0.5 ago, step 7.5 / 8 / 8.5 before it      -> None / None / "stall"
+        heartbeat 10 ago, step 15 ago                        -> "hang"
+        heartbeat 5 ago, step 9 ago                          -> None
+        rate 79 / 80 / 81 / None                             -> "slow" / None / None / None
+        no heartbeat, no step, now 100 / 300 / 301           -> None / None / "hang"
+        heartbeats, no step yet, now 100 / 300 / 301         -> None / None / "stall"
+        heartbeats from 1, first step at 37, allowance 40    -> None (late, inside it)
+        heartbeats from 1, no step by 40, allowance 40       -> "stall" just after 40
+    """
+    # --- exercise stage 2: Exit, memory, hang, stall, slow; first beat/step: startup_timeout_s. ---
     if s.returncode is not None:
         if s.returncode == 0:
             return None

@@ -23,8 +23,9 @@ stage with more mutants than `SAMPLE` is scored on a random sample of
 `stage_hash` is the identity of what a report scored: the code of the
 target files, the stage's test files and the project's `tests/conftest.py`
 (their syntax trees without docstrings, so a comment or a docstring edit does
-not change it, while any change to what runs does), and the bytes of
-`mutation.toml`. A report whose hash differs from the code on disk is stale.
+not change it, while any change to what runs does), and the stage's part of
+`mutation.toml` (its targets and its declared equivalents). A report whose
+hash differs from the code on disk is stale.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import ast
 import difflib
 import hashlib
+import json
 import random
 import re
 import tomllib
@@ -323,10 +325,22 @@ def code_identity(text: str) -> bytes:
     return ast.dump(tree).encode()
 
 
+def stage_config(project: Path, stage: str) -> bytes:
+    """The part of `mutation.toml` that bears on ``stage``: its targets and the
+    equivalents declared for it (another stage's entries do not)."""
+    config = load_config(project)
+    mine = {
+        "stage": config.get("stages", {}).get(stage, {}),
+        "equivalent": [e for e in config.get("equivalent", []) if str(e.get("stage")) == stage],
+    }
+    return json.dumps(mine, sort_keys=True).encode()
+
+
 def stage_hash(project: Path, stage: str, tests: list[str], targets: list[Target]) -> str:
     """sha256 over what the stage's score depends on (module docstring)."""
-    paths = sorted({t.path for t in targets} | set(tests) | {"tests/conftest.py", CONFIG})
+    paths = sorted({t.path for t in targets} | set(tests) | {"tests/conftest.py"})
     digest = hashlib.sha256(f"stage {stage}\n".encode())
+    digest.update(b"config\n" + stage_config(project, stage))
     for rel in paths:
         path = project / rel
         digest.update(f"{rel}\n".encode())

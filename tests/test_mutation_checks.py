@@ -130,7 +130,12 @@ def test_a_report_goes_stale_when_a_covered_file_changes_and_only_then(toy: Path
     second = hashes()
     assert second["2"] != first["2"] and second["1"] == first["1"]
     (toy / "mutation.toml").write_text("# nothing declared\n", encoding="utf-8")
-    assert all(hashes()[s] != second[s] for s in ("1", "2")), "the config covers every stage"
+    assert hashes() == second, "a config that declares nothing changes no stage"
+    (toy / "mutation.toml").write_text(
+        '[[equivalent]]\nstage = "2"\nkey = "k"\nwhy = "w"\n', encoding="utf-8"
+    )
+    third = hashes()
+    assert third["2"] != second["2"] and third["1"] == second["1"], "stage 2's entry only"
 
 
 def test_the_rerun_of_reported_kills_fails_on_one_that_does_not_reproduce(

@@ -15,8 +15,8 @@ Per starter (every region stripped), in one pass:
 - a save under `src/` makes `watch` run the stage again; it then exits (its
   `--runs 2`) with stage 1 still failing.
 Each starter's seconds (pytest alone; progress's first run, its tests and its
-own time, as it prints them) are written to `build/evidence/learner_loop.json`:
-figures to read, never a verdict.
+own time, as it prints them) are written to `learner_loop.json` in the system's
+temporary folder: figures to read, never a verdict.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ from scratch import stage_tests  # noqa: E402
 pytestmark = pytest.mark.learner_loop
 PROJECTS = ready_projects()
 FIGURES: dict[str, dict] = {}
+FIGURES_FILE = Path(tempfile.gettempdir()) / "learner_loop.json"
 
 
 def environment(folder: Path) -> dict[str, str]:
@@ -193,9 +195,7 @@ def test_progress_hint_and_watch_in_the_starter(project: Path, tmp_path: Path):
         "progress_tests_s": float(own.group(1)),
         "progress_itself_s": float(own.group(2)),
     }
-    out = ROOT / "build" / "evidence"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "learner_loop.json").write_text(json.dumps(FIGURES, indent=1) + "\n", encoding="utf-8")
+    FIGURES_FILE.write_text(json.dumps(FIGURES, indent=1) + "\n", encoding="utf-8")
 
 
 def refusal(folder: Path, python: list[str], env: dict[str, str]) -> str:

@@ -338,3 +338,160 @@ def test_sigkill_at_seeded_moments_leaves_old_or_new(released_template, evidence
         state = release.State(first_old["root"])
         outcome = release.release(state, models[1])
         assert outcome.model_id == models[1] and release.verify(state) == []
+
+
+def test_an_approval_of_another_model_is_refused_naming_that_model(released, evidence):
+    """B's approval offered for A is refused naming B's 12-character id prefix; offered for B, it
+    passes."""
+    from engineering_release import gates
+
+    state, models, _ = released
+    a, b = models[0], models[1]
+    entries = state.entries()
+    b_approval = ledger.approvals(entries, b)[-1]
+    keyring = signing.read_keyring(state.keys)
+    with pytest.raises(gates.GateRefused) as info:
+        gates.promotion_gate(
+            state.store, entries, keyring, state.policy(), a, approve_entry=b_approval
+        )
+    expected = "Approval is for model `" + b[0:12] + "`."
+    assert evidence.record(
+        "approval of another model refused",
+        "B's approval for A",
+        {"message": str(info.value)[:400]},
+        {"expected": expected},
+        expected in str(info.value),
+    )
+    passed = gates.promotion_gate(
+        state.store, entries, keyring, state.policy(), b, approve_entry=b_approval
+    )
+    assert passed.model_id == b
+
+
+class GoldenModel:
+    """What `golden_check` reads of a loaded model: its stored golden inputs and logits."""
+
+    def __init__(self, golden_logits: np.ndarray):
+        self.graphdef = self.params = None
+        self.artifact = type(
+            "Golden",
+            (),
+            {
+                "golden_inputs": np.zeros((len(golden_logits), 4), np.float32),
+                "golden_logits": golden_logits,
+            },
+        )()
+
+
+def golden_verdict(monkeypatch, golden: np.ndarray, served: np.ndarray, atol: float) -> dict:
+    from engineering_release import gates, train
+
+    monkeypatch.setattr(train, "predict", lambda graphdef, params, inputs: served)
+    return gates.golden_check(GoldenModel(golden), atol=atol)
+
+
+def test_golden_check_decides_each_condition_on_its_own(monkeypatch, evidence):
+    """The golden self-test fails on a shape change either way, on one flipped prediction whose
+    logits stay within atol, and on a logit off by just over atol; it reports the true max error."""
+    atol = 1e-3
+    rng = np.random.default_rng(7)
+    golden = rng.normal(size=(6, 3)).astype(np.float64)
+    golden[0] = [1.0, 1.0 + 0.4 * atol, -2.0]  # A near tie: column 1 wins by 0.4 atol.
+    delta = np.zeros_like(golden)
+    delta[2, 1], delta[4, 0] = 0.5 * atol, -0.75 * atol
+    within = golden + delta
+    verdict = golden_verdict(monkeypatch, golden, within.astype(np.float32), atol)
+    true_max = np.abs(within.astype(np.float32).astype(np.float64) - golden).max()
+    cases = {
+        "within atol, same predictions": (verdict, True, 0, true_max),
+    }
+    flipped = within.copy()
+    flipped[0] = [1.0 + 0.3 * atol, 1.0 - 0.2 * atol, -2.0]  # |change| <= 0.6 atol, argmax flips.
+    cases["one flipped prediction within atol"] = (
+        golden_verdict(monkeypatch, golden, flipped.astype(np.float32), atol),
+        False,
+        1,
+        np.abs(flipped.astype(np.float32).astype(np.float64) - golden).max(),
+    )
+    over = within.copy()
+    over[3, 2] += 1.5 * atol
+    cases["one logit 1.5 atol off"] = (
+        golden_verdict(monkeypatch, golden, over.astype(np.float32), atol),
+        False,
+        0,
+        np.abs(over.astype(np.float32).astype(np.float64) - golden).max(),
+    )
+    for label, (got, passed, mismatched, max_err) in cases.items():
+        assert evidence.record(
+            "golden self-test verdict",
+            label,
+            {k: got[k] for k in ("passed", "max_abs_error", "mismatched_predictions")},
+            {"atol": atol},
+            got["passed"] is passed
+            and got["mismatched_predictions"] == mismatched
+            and got["max_abs_error"] == pytest.approx(max_err, rel=1e-9, abs=0),
+        )
+    for label, rows in (("one row fewer", 5), ("one row more", 7)):
+        served = rng.normal(size=(rows, 3)).astype(np.float32)
+        got = golden_verdict(monkeypatch, golden, served, atol)
+        assert evidence.record(
+            "golden self-test refuses a shape change",
+            label,
+            {"result": str(got)},
+            None,
+            got["passed"] is False and "shape" in got.get("reason", ""),
+        )
+
+
+class StagedBackend:
+    """A staged candidate as `Host._switch` sees it: an id, a status, nothing in flight."""
+
+    def __init__(self, model_id: str, status: str):
+        self.model_id, self.status, self.inflight, self.client = model_id, status, 0, None
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_switch_moves_traffic_only_to_a_ready_candidate_and_retires_the_old_one(tmp_path):
+    """Traffic stays on an unstaged or not-ready candidate; the first switch retires nothing, the
+    next retires (drains) the previous active one; a repeat says already serving."""
+    import asyncio
+
+    host = Host(tmp_path, follow_log=False)
+    a, b = StagedBackend("a" * 64, "ready"), StagedBackend("b" * 64, "starting")
+    host.candidates = {a.model_id: a, b.model_id: b}
+
+    async def settle() -> None:
+        for _ in range(200):  # Let the retire tasks run; a hang guard, not a verdict.
+            await asyncio.sleep(0.01)
+            if all(not t for t in asyncio.all_tasks() - {asyncio.current_task()}):
+                break
+
+    async def scenario() -> list:
+        seen = []
+        seen.append(("unstaged", host._switch("c" * 64), host.active))
+        seen.append(("starting", host._switch(b.model_id), host.active))
+        seen.append(("first ready", host._switch(a.model_id), host.active))
+        await settle()
+        seen.append(("retired after first", list(host.retired)))
+        b.status = "ready"
+        seen.append(("second ready", host._switch(b.model_id), host.active))
+        await settle()
+        seen.append(("retired after second", list(host.retired), a.stopped))
+        seen.append(("repeat", host._switch(b.model_id), len(host.switches)))
+        return seen
+
+    try:
+        seen = asyncio.run(scenario())
+    finally:
+        host._server.sock.close()  # Bound when the host was made; never served here.
+    assert seen[0][1][0] is False and "not staged" in seen[0][1][1] and seen[0][2] is None
+    assert seen[1][1][0] is False and "starting" in seen[1][1][1] and seen[1][2] is None
+    assert b.model_id in host.candidates or host.active is b
+    assert seen[2][1] == (True, "switched") and seen[2][2] is a
+    assert seen[3][1] == [], "nothing was active before the first switch"
+    assert seen[4][1] == (True, "switched") and seen[4][2] is b
+    assert seen[5][1] == [{"model_id": a.model_id, "inflight_at_stop": 0}] and seen[5][2] is True
+    assert seen[6][1] == (True, "already serving") and seen[6][2] == 2

@@ -5,8 +5,9 @@ Per starter (every region stripped), in one pass:
   test pytest itself reports as stage 1's first failure (a separate
   `pytest -x -rf` run read from pytest's own summary, not from the JUnit
   report `progress.py` reads), that test's "proves" sentence (its docstring,
-  read here with `inspect`-free AST), and the file:line and hint of stage 1's
-  first region, found by the compiler's region parser in the starter's text.
+  read here from its AST), and the file:line and hint of the region to write:
+  the one whose hint that failure quotes, else stage 1's first, found by the
+  compiler's region parser in the starter's text.
 - `hint` three times gives levels 1, 2 and 3 in order, and a fourth time
   stays at 3. Level 1 is the region's hint; level 2 the function's contract
   and the stage's checks; level 3 a diff whose added lines are the region's
@@ -65,8 +66,9 @@ def progress(folder: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def pytest_first_failure(folder: Path, tests: list[str]) -> str:
-    """The node id of the first failure, from pytest's own short summary."""
+def pytest_first_failure(folder: Path, tests: list[str]) -> tuple[str, str]:
+    """The node id of the first failure and the rest of its line, from pytest's own
+    short summary."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", *tests],
         cwd=folder,
@@ -76,7 +78,7 @@ def pytest_first_failure(folder: Path, tests: list[str]) -> str:
         timeout=600,
     )
     assert done.returncode == 1, done.stdout[-2000:]
-    found = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.M)
+    found = re.findall(r"^(?:FAILED|ERROR) (\S+)(.*)$", done.stdout, re.M)
     assert found, done.stdout[-2000:]
     return found[0]
 
@@ -92,8 +94,11 @@ def first_sentence_of(folder: Path, node_id: str) -> str:
     raise AssertionError(f"{node_id}: no such test function")
 
 
-def first_region(project: Path, folder: Path, stage: str):
-    """(starter region, reference region, reference file lines) of ``stage``'s first region."""
+def region_to_write(project: Path, folder: Path, stage: str, failure_line: str):
+    """(starter region, reference region, reference file lines) of the region the
+    failure's line quotes (a stripped region's error names its hint), else of
+    ``stage``'s first region in file order."""
+    found = []
     for source in source_files(project):
         rel = source.relative_to(project).as_posix()
         starter = find_regions((folder / rel).read_text(encoding="utf-8"), rel)
@@ -101,8 +106,10 @@ def first_region(project: Path, folder: Path, stage: str):
         reference = find_regions(reference_text, rel)
         for mine, theirs in zip(starter, reference, strict=True):
             if mine.stage == stage:
-                return mine, theirs, reference_text.splitlines()
-    raise AssertionError(f"{project.name}: no region of stage {stage}")
+                found.append((mine, theirs, reference_text.splitlines()))
+    assert found, f"{project.name}: no region of stage {stage}"
+    named = [f for f in found if f"exercise: {f[0].hint}" in failure_line]
+    return (named or found)[0]
 
 
 class Watch:
@@ -144,7 +151,7 @@ def test_progress_hint_and_watch_in_the_starter(project: Path, tmp_path: Path):
     folder = write_starter(project, tmp_path / project.name)
     tests = stage_tests(project, "1")
     started = time.perf_counter()
-    expected_test = pytest_first_failure(folder, tests)
+    expected_test, failure_line = pytest_first_failure(folder, tests)
     pytest_seconds = time.perf_counter() - started
 
     watch = Watch(folder)
@@ -160,7 +167,7 @@ def test_progress_hint_and_watch_in_the_starter(project: Path, tmp_path: Path):
         proves = first_sentence_of(folder, expected_test)
         assert proves, f"{expected_test} has no docstring saying what it proves"
         assert f"it proves: {proves}" in report, (proves, report)
-        mine, theirs, reference = first_region(project, folder, "1")
+        mine, theirs, reference = region_to_write(project, folder, "1", failure_line)
         assert f"write: {mine.path}:{mine.start}: {mine.hint}" in report, report
 
         levels = [progress(folder, "hint") for _ in range(4)]

@@ -202,11 +202,15 @@ def hint(stage_id: str | None, folder: Path = progress.HERE) -> int:
     if not regions:
         print(f"progress.py hint: {HINTS} holds no region of stage {stage_id}", file=sys.stderr)
         return 2
-    left = {
-        (rel, hint_text)
-        for rel, _, hint_text in progress.unwritten_regions(folder).get(stage_id, [])
-    }
-    region = next((r for r in regions if (r["path"], r["hint"]) in left), regions[0])
+    todo = progress.unwritten_regions(folder).get(stage_id, [])
+    record = progress.load_state(folder)["stages"].get(stage_id) or {}
+    failure = record.get("failure")
+    if failure:  # The region the last run's failure named comes first.
+        todo = progress.failing_region_first(
+            todo, progress.Failure(failure["test"], failure["assertion"], "")
+        )
+    left = [(rel, hint_text) for rel, _, hint_text in todo]
+    region = next((r for key in left for r in regions if (r["path"], r["hint"]) == key), regions[0])
     source = folder / region["path"]
     text = source.read_text(encoding="utf-8").splitlines()
     try:

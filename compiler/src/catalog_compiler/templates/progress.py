@@ -244,7 +244,9 @@ def first_failure(report: Path, tests: list[str], folder: Path = HERE) -> Failur
         path, owner = test_file_of(classname, tests)
         message = problem.get("message") or (problem.text or "").strip()
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-        assertion = " | ".join(lines[:2])
+        # The error's first line, and pytest's rewritten `assert ...` line when there is one.
+        shown = lines[:1] + [ln for ln in lines[1:] if ln.startswith("assert ")][:1]
+        assertion = " | ".join(shown)
         where = f"{path}::{owner + '::' if owner else ''}{name}" if path else f"{classname}::{name}"
         proves = docstring_sentence(folder / path, owner, name) if path else ""
         return Failure(where, assertion[:300], proves)
@@ -339,6 +341,11 @@ def _run_stages(run_all: bool, folder: Path) -> Outcome:
         run = run_stage(stage["tests"], folder)
         runs.append(run)
         state["stages"][sid] = stamp(folder, stage, run.status)
+        if run.failure is not None:  # `hint` starts from the region this failure names.
+            state["stages"][sid]["failure"] = {
+                "test": run.failure.test,
+                "assertion": run.failure.assertion,
+            }
         save_state(state, folder)
         rows.append((sid, stage["title"], todo, run.status, run.summary))
         if run.status != "passed" and current is None:
@@ -367,6 +374,7 @@ def report_failure(stage: dict, failure: Failure | None, todo: list[tuple[str, i
         if failure.proves:
             print(f"  it proves: {failure.proves}")
     if todo:
+        todo = failing_region_first(todo, failure)
         rel, number, hint = todo[0]
         print(f"  write: {rel}:{number}: {hint}")
         for rel, number, hint in todo[1:]:
@@ -377,6 +385,17 @@ def report_failure(stage: dict, failure: Failure | None, todo: list[tuple[str, i
             "  Every region of this stage is written; its tests still fail: "
             f"run `pytest -m stage{sid}` and read the first failure."
         )
+
+
+def failing_region_first(
+    todo: list[tuple[str, int, str]], failure: Failure | None
+) -> list[tuple[str, int, str]]:
+    """``todo`` with the region the failure names (its starter error quotes the
+    region's hint) moved to the front; otherwise in file order."""
+    if failure is None:
+        return todo
+    named = [r for r in todo if f"exercise: {r[2]}" in failure.assertion]
+    return named[:1] + [r for r in todo if r not in named[:1]]
 
 
 def main(argv: list[str]) -> int:

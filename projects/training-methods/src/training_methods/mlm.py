@@ -41,6 +41,13 @@ def check_mask(mask: jax.Array, like: jax.Array, name: str = "mask") -> None:
 def corrupt(key: jax.Array, tokens: jax.Array, mask_rate: float, num_symbols: int) -> Corrupted:
     """BERT corruption of int32 `tokens` `(B, T)`; special tokens are never selected.
 
+    Real symbols are the ids `NUM_SPECIAL .. NUM_SPECIAL + num_symbols - 1`; ids below
+    `NUM_SPECIAL` (PAD, BOS, SEP, EOS, MASK) are special. Each real token is selected
+    with probability `mask_rate`; a selected one becomes `MASK` with probability 0.8,
+    a random real symbol (uniform over those ids) with probability 0.1, and stays
+    itself otherwise. Returns the corrupted inputs, the original tokens as labels
+    and the selection as a bool `loss_mask`.
+
     One key per draw (`k_select`, `k_kind`, `k_random`): the tests run with
     `jax_debug_key_reuse`, so a key used for two draws is an error.
     """

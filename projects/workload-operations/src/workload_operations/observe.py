@@ -75,7 +75,13 @@ class Observer:
         self._thread.start()
 
     def step_done(self, step: int, examples: int, loss: Any) -> None:
-        """Called by the training loop after step `step` consumed `examples` examples."""
+        """Called by the training loop after step `step` consumed `examples` examples.
+
+        Under `self.lock`: `step` becomes the step, `examples` grows by the examples,
+        `step_t` is `time.monotonic()`, `loss` the loss as given (not converted: the
+        reporter reads it). Then the `steps_total` counter grows by 1 and
+        `examples_total` by the examples.
+        """
         # --- exercise stage 1: Update step, examples, time, loss; count. ---
         with self.lock:
             self.step = step
@@ -87,7 +93,17 @@ class Observer:
         # --- end exercise ---
 
     def heartbeat(self) -> dict:
-        """One heartbeat record (and the matching metric updates)."""
+        """One heartbeat record (and the matching metric updates).
+
+        Takes (step, examples, step_t, loss) under `self.lock` in one snapshot, then
+        returns `{"event": "heartbeat", "seq", "t", "step", "examples", "step_t",
+        "examples_per_s", "loss"}`: `seq` counts heartbeats from 1; `t` is
+        `time.monotonic()` now; `examples_per_s` is the examples since the previous
+        heartbeat over the seconds since it (since the observer was made, for the first),
+        with the seconds floored at 1e-9; `loss` is `float(loss)`, or None before the
+        first step. Counts one heartbeat (`heartbeats_total`) and sets the loss gauge
+        (when there is a loss) and the rate gauge.
+        """
         # --- exercise stage 1: Snapshot progress, compute the rate, count. ---
         with self.lock:
             step, examples, step_t, loss = self.step, self.examples, self.step_t, self.loss

@@ -132,6 +132,22 @@ def test_the_first_differing_step_is_named(direction):
     assert compared == 3
 
 
+@pytest.mark.parametrize(
+    "before, after",
+    [(0.0, -0.0), (-0.0, 0.0), (float("nan"), -float("nan"))],
+    ids=["zero-to-negative-zero", "negative-zero-to-zero", "nan-sign"],
+)
+def test_values_equal_as_floats_but_not_in_bits_are_a_difference(before, after):
+    """0.0 against -0.0, and NaNs of two sign bits, differ in float64 bits: the first such step is
+    named."""
+    assert np.float64(before).view(np.uint64) != np.float64(after).view(np.uint64)
+    old = [(1, 0.5), (2, before), (3, 0.3)]
+    new = [(1, 0.5), (2, after), (3, 0.3)]
+    mismatches, compared = reproduce.compare_metrics({"loss": old}, {"loss": new})
+    assert mismatches == {"loss": f"step 2: recorded {before!r}, now {after!r}"}
+    assert compared == 3
+
+
 def test_every_series_and_step_is_compared_both_ways():
     """compare_metrics names missing series and differing steps both ways, counting values.
 

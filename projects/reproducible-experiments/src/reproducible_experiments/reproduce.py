@@ -71,7 +71,9 @@ def compare_metrics(
         the re-run"; neither counts values.
       step lists differ -> "steps differ (<n> recorded, <m> now)".
       a float64 bit pattern differs -> "step <s>: recorded <old!r>, now <new!r>" at
-        the first differing step (one ulp is a difference).
+        the first differing step (one ulp is a difference, and so are 0.0 and -0.0,
+        or two NaNs with other payloads: values that compare equal, or unequal, as
+        floats do not decide).
       compared -> `min(len(recorded), len(now))` for every series on both sides,
         those whose steps differ included.
     """
@@ -88,7 +90,7 @@ def compare_metrics(
         if [s for s, _ in old] != [s for s, _ in new]:
             mismatches[name] = f"steps differ ({len(old)} recorded, {len(new)} now)"
         elif _bits(old) != _bits(new):
-            first = next(i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b)
+            first = next(i for i, (a, b) in enumerate(zip(_bits(old), _bits(new))) if a != b)
             mismatches[name] = (
                 f"step {old[first][0]}: recorded {old[first][1]!r}, now {new[first][1]!r}"
             )

@@ -495,3 +495,27 @@ def test_switch_moves_traffic_only_to_a_ready_candidate_and_retires_the_old_one(
     assert seen[4][1] == (True, "switched") and seen[4][2] is b
     assert seen[5][1] == [{"model_id": a.model_id, "inflight_at_stop": 0}] and seen[5][2] is True
     assert seen[6][1] == (True, "already serving") and seen[6][2] == 2
+
+
+def test_thresholds_pass_at_the_minimum_and_name_each_miss():
+    """A metric equal to its minimum passes; one a step below, or NaN, is named with the exact
+    sentence, accuracy first."""
+    from engineering_release import gates
+
+    policy = Policy(min_accuracy=0.75, min_class_recall=0.5)
+    below_a, below_r = float(np.nextafter(0.75, 0)), float(np.nextafter(0.5, 0))
+    acc = f"Held-out accuracy {below_a:.4f} is below the policy's 0.75."
+    rec = f"The lowest class recall {below_r:.4f} is below the policy's 0.5."
+    cases = [
+        ({"accuracy": 0.75, "min_class_recall": 0.5}, []),
+        ({"accuracy": 0.9, "min_class_recall": 0.9}, []),
+        ({"accuracy": below_a, "min_class_recall": 0.5}, [acc]),
+        ({"accuracy": 0.75, "min_class_recall": below_r}, [rec]),
+        ({"accuracy": below_a, "min_class_recall": below_r}, [acc, rec]),
+        (
+            {"accuracy": float("nan"), "min_class_recall": 0.5},
+            ["Held-out accuracy nan is below the policy's 0.75."],
+        ),
+    ]
+    for metrics, expected in cases:
+        assert gates.thresholds(metrics, policy) == expected, metrics

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from catalog_compiler.exercises import find_regions, source_files
+from catalog_compiler.portfolio import progress_module
 from cosmic_ray.commands.init import _all_work_items
 from cosmic_ray.mutating import mutate_code
 from cosmic_ray.plugins import get_operator
@@ -306,23 +307,10 @@ def equivalents(project: Path, stage: str) -> dict[str, str]:
 
 
 def code_identity(text: str) -> bytes:
-    """What a Python file runs: its syntax tree without comments or docstrings.
-    Text that does not parse is taken as it is."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return text.encode()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree).encode()
+    """What a Python file runs (its syntax tree without comments or docstrings): the
+    identity the learner's `progress.py` stamps use too, so both agree on what counts
+    as a change."""
+    return progress_module().code_identity(text)
 
 
 def stage_config(project: Path, stage: str) -> bytes:

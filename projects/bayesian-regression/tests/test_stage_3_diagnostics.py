@@ -260,3 +260,63 @@ def test_diagnostics_refuse_what_they_cannot_judge():
         diagnostics.rhat(np.ones((2, 10)))
     with pytest.raises(diagnostics.DiagnosticError, match=r"shape `\(chains, draws\)`"):
         diagnostics.ess_tail(np.zeros(10))
+
+
+@pytest.mark.parametrize("n", [401, 400])
+def test_split_halves_of_one_chain_match_arviz(n, evidence):
+    """One AR(1) chain of odd and even length splits into its first and last halves (the middle
+    draw dropped), whose ESS equals ArviZ's mean-ESS of that chain."""
+    x = _ar1(jax.random.key(11), 1, n, 0.6, [0.3])
+    halves = diagnostics.split_chains(x)
+    first, last = x[0, : n // 2], x[0, n - n // 2 :]
+    assert halves.shape == (2, n // 2) and np.array_equal(halves, np.stack([first, last]))
+    assert evidence.allclose(
+        "ESS of two split halves vs ArviZ",
+        f"1 chain x {n}",
+        diagnostics.basic_ess(halves),
+        array_stats.ess(x, method="mean"),
+        rtol=1e-9,
+        atol=0.0,
+    )
+
+
+def test_constant_draws_have_the_full_sample_size():
+    """Draws that never move give ESS = chains x n, for 3 x 5 and 1 x 8."""
+    assert diagnostics.basic_ess(np.full((3, 5), 2.5)) == 15.0
+    assert diagnostics.basic_ess(np.full((1, 8), -1.0)) == 8.0
+
+
+def _chi_square_by_hand(ranks: list[int], num_ranks: int, num_bins: int):
+    """Pearson's statistic, its degrees of freedom and p-value, binned with a Python loop."""
+    from scipy import stats
+
+    width = (num_ranks + 1) // num_bins
+    counts = [0] * num_bins
+    for r in ranks:
+        counts[r // width] += 1
+    result = stats.chisquare(counts)
+    return float(result.statistic), num_bins - 1, float(result.pvalue), counts
+
+
+@pytest.mark.parametrize("num_bins", [None, 5, 2])
+def test_uniformity_test_equals_scipy_chisquare(num_bins):
+    """The rank test's statistic, dof, p-value and counts equal SciPy's chisquare of hand-binned
+    counts, for the default 10 bins, 5 and 2; one rank alone is testable."""
+    rng = np.random.default_rng(3)
+    ranks = [int(r) for r in rng.integers(0, 10, size=97)]
+    result = calibration.uniformity_test(np.array(ranks), 9, num_bins)
+    statistic, dof, pvalue, counts = _chi_square_by_hand(ranks, 9, num_bins or 10)
+    assert result.dof == dof and list(result.counts) == counts
+    assert result.statistic == pytest.approx(statistic, rel=1e-12)
+    assert result.p_value == pytest.approx(pvalue, rel=1e-9)
+    single = calibration.uniformity_test(np.array([4]), 9, num_bins)
+    assert single.dof == dof and sum(single.counts) == 1
+
+
+def test_uniformity_test_refuses_bins_that_do_not_divide_the_ranks():
+    """Bins that do not divide num_ranks + 1 are refused in the exact sentence; empty ranks too."""
+    with pytest.raises(ValueError) as info:
+        calibration.uniformity_test(np.array([0, 1, 2]), 9, 3)
+    assert str(info.value) == "`num_bins` `3` must divide `num_ranks + 1` = `10`."
+    with pytest.raises(Exception, match="is empty"):
+        calibration.uniformity_test(np.array([], dtype=np.int64), 9)

@@ -145,6 +145,7 @@ def basic_ess(draws: np.ndarray) -> float:
             initial monotone sequence (no pair sum above the one before)
         tau = -1 + 2 sum of the kept rho + the last positive even term, floored at
             1 / log10(S); ESS = S / tau with S = chains x n
+    Draws that are all equal carry no autocorrelation to estimate: their ESS is S.
     """
     chains, n = draws.shape
     if np.ptp(draws) == 0.0:

@@ -24,6 +24,7 @@ import statistics
 import tempfile
 import time
 import tomllib
+from copy import deepcopy
 from pathlib import Path
 
 import yaml
@@ -88,7 +89,8 @@ def synthesize(source: Path, dest: Path, scale: int) -> dict[str, int]:
     for j in range(scale):
         out_phases += [{**p, "id": sfx(p["id"], j)} for p in phases]
         out_lessons += [
-            {**x, "id": lesson(x["id"], j), "phase": sfx(x["phase"], j)} for x in lessons
+            {**deepcopy(x), "id": lesson(x["id"], j), "phase": sfx(x["phase"], j)}
+            for x in lessons
         ]
         for m in manifests:
             copy = {**m, "id": sfx(m["id"], j), "status": "planned"}

@@ -184,6 +184,7 @@ class _Page(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.links: list[str] = []
+        self.external: list[str] = []
         self.icons: list[str] = []
         self.ids: set[str] = set()
         self.tags: list[str] = []
@@ -200,6 +201,8 @@ class _Page(HTMLParser):
         if values.get("href") is not None:
             if tag == "link" and values.get("rel") == "icon":
                 self.icons.append(values["href"])
+            elif tag == "a" and "external" in (values.get("rel") or "").split():
+                self.external.append(values["href"])  # Official documentation, off-site.
             elif tag in ("a", "link"):
                 self.links.append(values["href"])
         if tag in self.HIDDEN:
@@ -266,6 +269,8 @@ def test_every_relative_link_resolves(tmp_path: Path, inputs: dict) -> None:
             if parts.fragment:
                 assert parts.fragment in pages[target].ids, f"{path}: {href} has no target id"
             checked += 1
+        for href in page.external:
+            assert urlsplit(href).scheme == "https", f"{path}: external link {href} is not https"
     assert checked
 
 

@@ -299,7 +299,7 @@ def test_lesson_documentation_links_only_as_the_lesson_data_holds_them(tmp_path:
     ]
     write_site(tmp_path, **inputs)
     docs = _section(tmp_path / "lessons" / "alpha-01.html", "documentation")
-    assert docs.links == ["https://docs.jax.dev/en/latest/grad.html"]
+    assert docs.links == [] and docs.external == ["https://docs.jax.dev/en/latest/grad.html"]
     assert docs.text() == "Documentation to read\nThe grad tutorial"
 
 

@@ -10,8 +10,17 @@ List files (``lessons.yaml`` and the like) are validated item by item by
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 Text = Annotated[str, StringConstraints(min_length=1)]
 """Non-empty text; ids are checked further by the rules pass (kebab-case)."""
@@ -111,10 +120,58 @@ class Track(Strict):
     title: Text
 
 
+def _https_url(value: str) -> str:
+    """Accept ``value`` only as an absolute ``https://`` address with a host name.
+
+    Anything else (``http://``, a relative path, a bare host, whitespace inside)
+    is refused with a message that names the rule, so a lesson page never links
+    an insecure or broken address.
+    """
+    parts = urlsplit(value)
+    if parts.scheme != "https" or not parts.hostname or any(c.isspace() for c in value):
+        raise PydanticCustomError(
+            "https_url",
+            "it must be an absolute https:// address with a host name "
+            "(for example https://docs.jax.dev/en/latest/)",
+        )
+    return value
+
+
+HttpsUrl = Annotated[str, AfterValidator(_https_url)]
+"""Text that is an absolute ``https://`` URL with a host name (see ``_https_url``)."""
+
+
+class LessonDoc(Strict):
+    """One documentation page a lesson page links: its title and https address."""
+
+    title: Text
+    url: HttpsUrl
+
+
 class Lesson(Strict):
+    """A ``lessons.yaml`` entry; ``docs`` lists the documentation to read (optional).
+
+    Contract: ``docs`` entries are :class:`LessonDoc` and no two of them share a
+    URL; an entry without a title or with a non-https URL is refused.
+    """
+
     id: Text
     phase: Text
     title: Text
+    docs: list[LessonDoc] = []
+
+    @field_validator("docs")
+    @classmethod
+    def _distinct_urls(cls, docs: list[LessonDoc]) -> list[LessonDoc]:
+        urls = [doc.url for doc in docs]
+        repeated = sorted({url for url in urls if urls.count(url) > 1})
+        if repeated:
+            raise PydanticCustomError(
+                "duplicate_doc_url",
+                "each documentation link must appear once, but {urls} repeats",
+                {"urls": ", ".join(repeated)},
+            )
+        return docs
 
 
 class Stage(Strict):

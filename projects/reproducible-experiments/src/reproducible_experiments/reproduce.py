@@ -90,7 +90,8 @@ def compare_metrics(
         if [s for s, _ in old] != [s for s, _ in new]:
             mismatches[name] = f"steps differ ({len(old)} recorded, {len(new)} now)"
         elif _bits(old) != _bits(new):
-            first = next(i for i, (a, b) in enumerate(zip(_bits(old), _bits(new))) if a != b)
+            pairs = zip(_bits(old), _bits(new), strict=True)  # Same steps: same lengths.
+            first = next(i for i, (a, b) in enumerate(pairs) if a != b)
             mismatches[name] = (
                 f"step {old[first][0]}: recorded {old[first][1]!r}, now {new[first][1]!r}"
             )

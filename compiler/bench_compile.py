@@ -89,8 +89,7 @@ def synthesize(source: Path, dest: Path, scale: int) -> dict[str, int]:
     for j in range(scale):
         out_phases += [{**p, "id": sfx(p["id"], j)} for p in phases]
         out_lessons += [
-            {**deepcopy(x), "id": lesson(x["id"], j), "phase": sfx(x["phase"], j)}
-            for x in lessons
+            {**deepcopy(x), "id": lesson(x["id"], j), "phase": sfx(x["phase"], j)} for x in lessons
         ]
         for m in manifests:
             copy = {**m, "id": sfx(m["id"], j), "status": "planned"}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mlp_classifier import bench
+from mlp_classifier import bench, bench_paths
 from mlp_classifier.config import Config
 
 JAX_PATHS = ("nnx_jit", "split_jit", "scan", "scan_aa")
@@ -54,6 +54,7 @@ def test_every_path_is_measured_with_finite_positive_times(report):
         assert "torch is not importable" in data["torch_skipped"]
     expected = {f"{s}/{p}" for s in ("small", "large") for p in paths}
     expected |= {"small/train_step", "large/gemm_ceiling"}
+    expected |= {f"large/{p}" for p in bench.LIMIT_PATHS}
     assert set(data["measurements"]) == expected
     for name, m in data["measurements"].items():
         for key in MEASUREMENT_KEYS:
@@ -67,8 +68,43 @@ def test_every_path_is_measured_with_finite_positive_times(report):
         assert math.isfinite(value) and value > 0, (name, value)
     assert "large/scan_vs_gemm_ceiling" in data["ratios"]
     for setting in ("small", "large"):
-        for pair in ("scan_vs_nnx_jit", "split_jit_vs_nnx_jit", "scan_vs_scan_aa"):
+        for pair in (
+            "scan_vs_per_step",
+            "scan_vs_nnx_jit",
+            "split_jit_vs_nnx_jit",
+            "scan_vs_scan_aa",
+        ):
             assert f"{setting}/{pair}" in data["ratios"]
+
+
+def test_every_ratio_names_its_baseline_aa_and_spread(report):
+    """`ratio_details`: one entry per ratio with a baseline sentence, the
+    setting's A/A control and the per-round ratios, recomputed here from the
+    recorded times (the per-step baseline is the split_jit loop)."""
+    data, _out, _result = report
+    details = data["ratio_details"]
+    assert set(details) == set(data["ratios"])
+    for name, d in details.items():
+        setting = name.split("/", 1)[0]
+        assert isinstance(d["baseline"], str) and len(d["baseline"]) > 20, name
+        assert d["aa"] == data["ratios"][f"{setting}/scan_vs_scan_aa"], name
+        assert len(d["rounds"]) == data["repeats"], name
+        assert d["min"] <= d["median"] <= d["max"], name
+        assert d["min"] == min(d["rounds"]) and d["max"] == max(d["rounds"]), name
+    m = data["measurements"]
+    for setting in ("small", "large"):
+        d = details[f"{setting}/scan_vs_per_step"]
+        assert d["baseline"].startswith("split_jit")
+        want = [
+            b / a
+            for a, b in zip(
+                m[f"{setting}/scan"]["times_s"], m[f"{setting}/split_jit"]["times_s"], strict=True
+            )
+        ]
+        assert d["rounds"] == pytest.approx(want, rel=1e-12)
+        ratio = m[f"{setting}/split_jit"]["median_s"] / m[f"{setting}/scan"]["median_s"]
+        assert data["ratios"][f"{setting}/scan_vs_per_step"] == pytest.approx(ratio, rel=1e-12)
+    assert details["small/scan_vs_nnx_jit"]["baseline"].startswith("nnx_jit")
 
 
 def test_loops_never_recompile(report):
@@ -99,6 +135,7 @@ def test_plot_and_table_are_written(report):
     _data, out, result = report
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "small/scan_vs_per_step" in result.stdout
     assert "small/scan_vs_nnx_jit" in result.stdout
     assert "[small]" in result.stderr  # Progress goes to stderr.
 
@@ -171,3 +208,41 @@ def test_unknown_size_is_refused():
     result = CliRunner().invoke(bench.bench, ["--size", "huge"])
     assert result.exit_code != 0
     assert "huge" in result.output
+
+
+def test_large_setting_reports_its_limits(report):
+    """The bounds of the large setting: each has a `*_vs_gemm_ceiling` ratio
+    with details, and the per-step cost split adds up to the step."""
+    data, _out, _result = report
+    for path in ("scan", *bench.LIMIT_PATHS):
+        name = f"large/{path}_vs_gemm_ceiling"
+        assert name in data["ratios"], name
+        assert "gemm_ceiling" in data["ratio_details"][name]["baseline"]
+    costs = data["flops"]["large"]["limits_ms_per_step"]
+    parts = costs["dropout"] + costs["adamw_over_sgd"] + costs["other_non_matmul"]
+    assert parts + costs["matmuls"] == pytest.approx(costs["step"], rel=1e-9)
+    m = data["measurements"]
+    steps = data["flops"]["large"]["steps_per_epoch"]
+    assert costs["matmuls"] == pytest.approx(m["large/matmul_floor"]["median_s"] * 1e3 / steps)
+
+
+def test_matmul_flops_counts_forward_and_backward_products():
+    """Widths (4, 3, 2), batch 5: kernels 4x3 and 3x2 cost 2*5*4*3 = 120 and
+    2*5*3*2 = 60 FLOPs a product; each appears forward and in its weight
+    gradient, and the second also in its input gradient: 2 * 180 + 60."""
+    assert bench_paths.matmul_flops([4, 3, 2], 5) == 420.0
+
+
+def test_matmul_floor_keeps_every_product():
+    """XLA may not simplify the floor's products away: its executable's FLOPs
+    (one scan body) are at least the products' count for one step."""
+    setting = bench.bench_size("tiny").large
+    batches = bench.make_batches(setting)
+    path = bench_paths.MatmulFloorPath("matmul_floor", setting, batches)
+    path.prepare()
+    widths = [setting.in_features, *setting.config.hidden_sizes, 10]
+    assert path.cost["flops"] >= bench_paths.matmul_flops(widths, setting.config.batch_size)
+    before = [np.array(k) for k in path.kernels]  # Copies: the kernels are donated.
+    path.run_epoch()
+    after = [np.asarray(k) for k in path.kernels]
+    assert all(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))

@@ -80,3 +80,29 @@ def test_bench_smoke(tmp_path):
     for lim in report["limits"].values():
         assert lim["flop_per_s"] > 0 and 0 < lim["fraction_of_matmul_rate"]
     assert "batch-independent part" in result.output
+
+    # Every ratio names its baseline, its A/A control and its spread.
+    m = report["measurements"]
+    threads = m["threads"]
+    assert threads["torch_candidates"][0] == 1
+    assert threads["torch_best"] in threads["torch_candidates"]
+    assert m["torch_eager_step"]["threads"] == threads["torch_best"]
+    by_threads = m["torch_eager_step_by_threads"]
+    assert set(by_threads) == {str(n) for n in threads["torch_candidates"]}
+    assert m["torch_eager_step"]["median_s"] == min(x["median_s"] for x in by_threads.values())
+    assert set(report["ratio_details"]) == set(report["ratios"])
+    for name, d in report["ratio_details"].items():
+        assert isinstance(d["baseline"], str) and d["baseline"], name
+        assert math.isfinite(d["aa"]) and d["aa"] > 0, name
+        assert d["min"] <= d["median"] <= d["max"], name
+        assert d["min"] == min(d["rounds"]) and d["max"] == max(d["rounds"]), name
+    series = m["series_s"]
+    assert len(series["jax_a"]) == len(series["jax_b"]) == 2
+    # The per-repetition ratios pair the calls of one repetition, recomputed here.
+    best = threads["torch_best"]
+    want = [t / a for t, a in zip(series[f"torch_{best}"], series["jax_a"], strict=True)]
+    assert report["ratio_details"]["jax_vs_torch_step"]["rounds"] == pytest.approx(want)
+    assert report["ratio_details"]["jax_vs_jax_control"]["aa"] == pytest.approx(
+        report["ratios"]["jax_vs_jax_control"]
+    )
+    assert report["ratio_details"]["full_vs_lora_optimizer_bytes"]["aa"] == 1.0

@@ -9,17 +9,24 @@ and times these paths, every call ending in `jax.block_until_ready`:
   `native_b1_aa`   a second jitted copy of the same: the A/A control
   `exported_b1`    `jax.jit(exported.call)` on the deserialized bytes, batch 1
                    (jitted: `exported.call` outside `jax.jit` is several times slower)
+  `exported_b1_aa` a second jitted copy of `exported_b1`: the A/A of the unbatched side
   `native_b64`, `exported_b64`   the same at batch 64
+  `native_b64_aa`  a second jitted copy of `native_b64`: the A/A at batch 64
 Each path is lowered and compiled ahead of time (`lower_s`, `compile_s`),
 called once (`first_call_s`), then timed in interleaved rounds (A B C ...,
 starting from another path each round); one timed value is a path's mean
 over `calls_per_round` blocked calls. Compiles are
 counted through `jax.monitoring`: the timed rounds must compile nothing.
 
-Ratios (above 1 means the first is faster):
+Ratios (above 1 means the first is faster), from the median rounds:
   `exported_vs_native`     native_b1 / exported_b1 time (target >= 0.83)
   `batched_vs_unbatched`   rows/s of exported_b64 over exported_b1 (target >= 8)
   `native_vs_native_aa`    the noise floor
+`ratio_details` gives, per ratio: the baseline (a sentence), the A/A control
+of the baseline's side (the baseline against its second jitted copy, timed in
+the same rounds), the per-round ratio (each round times every path once) with
+its min, median and max, and `from_fastest`: the ratio of the two paths' fastest
+rounds (the least disturbed by other work on the machine).
 With the load part (default), a `deployment-audit load` run adds
 `p99_over_p50_at_highest_sustained` (target <= 5) from a real server.
 """
@@ -124,7 +131,9 @@ def run_bench(size: str, with_load: bool, log: Any) -> dict[str, Any]:
             "native_b1": _path(native, x1),
             "native_b1_aa": _path(native_aa, x1),
             "exported_b1": _path(exported.call, x1),
+            "exported_b1_aa": _path(lambda x: exported.call(x), x1),
             "native_b64": _path(native, x64),
+            "native_b64_aa": _path(native_aa, x64),
             "exported_b64": _path(exported.call, x64),
         }
         prepare_compiles = counter.count
@@ -164,6 +173,7 @@ def run_bench(size: str, with_load: bool, log: Any) -> dict[str, Any]:
         "native_vs_native_aa": med["native_b1_aa"] / med["native_b1"],
         "exported_b64_vs_native_b64": med["native_b64"] / med["exported_b64"],
     }
+    details = ratio_details(times)
     checks = {
         "exported_equals_native_b1_bitwise": bool(
             np.array_equal(paths["exported_b1"]["output"], paths["native_b1"]["output"])
@@ -179,6 +189,7 @@ def run_bench(size: str, with_load: bool, log: Any) -> dict[str, Any]:
         "size": size,
         "measurements": measurements,
         "ratios": ratios,
+        "ratio_details": details,
         "targets": {**TARGETS, "p99_over_p50_at_highest_sustained": "<= 5"},
         "checks": checks,
     }
@@ -217,6 +228,73 @@ def run_bench(size: str, with_load: bool, log: Any) -> dict[str, Any]:
     return result
 
 
+# name: (faster side, baseline side, rows factor, A/A of the baseline side, baseline sentence)
+RATIO_SIDES = {
+    "exported_vs_native": (
+        "exported_b1",
+        "native_b1",
+        1,
+        "native_b1_aa",
+        "The in-process model under `jax.jit` (compiled ahead of time), batch 1: what a "
+        "practitioner serves without an exported artifact.",
+    ),
+    "batched_vs_unbatched": (
+        "exported_b64",
+        "exported_b1",
+        64,
+        "exported_b1_aa",
+        "The same exported artifact called once per row (batch 1, jitted, compiled ahead of "
+        "time), back to back: rows/s of batch 64 over rows/s of batch 1.",
+    ),
+    "native_vs_native_aa": (
+        "native_b1",
+        "native_b1_aa",
+        1,
+        "native_b1",
+        "A/A: the in-process model at batch 1 against a second jitted copy of itself.",
+    ),
+    "exported_b64_vs_native_b64": (
+        "exported_b64",
+        "native_b64",
+        1,
+        "native_b64_aa",
+        "The in-process model under `jax.jit` at batch 64.",
+    ),
+}
+
+
+def ratio_details(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """Per ratio of `RATIO_SIDES`: baseline, A/A, per-round ratios, min/median/max,
+    and the ratio of the fastest rounds. A ratio is `rows * t(baseline) / t(faster)`
+    (above 1: the first-named path is faster); the A/A is `t(baseline) / t(its copy)`
+    at the medians (1 is no difference; its distance from 1 is the noise)."""
+
+    def ratio(fast: float, base: float, rows: int) -> float:
+        return rows * base / fast
+
+    out = {}
+    for name, (fast, base, rows, aa, sentence) in RATIO_SIDES.items():
+        per_round = [ratio(f, b, rows) for f, b in zip(times[fast], times[base], strict=True)]
+        aa_rounds = [b / c for b, c in zip(times[base], times[aa], strict=True)]
+        out[name] = {
+            "baseline": sentence,
+            "paths": {"faster": fast, "baseline": base, "aa_copy": aa},
+            "value": ratio(float(np.median(times[fast])), float(np.median(times[base])), rows),
+            "from_fastest": ratio(min(times[fast]), min(times[base]), rows),
+            "aa": float(np.median(times[base]) / np.median(times[aa])),
+            "aa_rounds_min_median_max": [
+                min(aa_rounds),
+                float(np.median(aa_rounds)),
+                max(aa_rounds),
+            ],
+            "rounds": per_round,
+            "min": min(per_round),
+            "median": float(np.median(per_round)),
+            "max": max(per_round),
+        }
+    return out
+
+
 def _identity(config: Config) -> dict[str, Any]:
     try:
         commit = (
@@ -241,6 +319,8 @@ def _identity(config: Config) -> dict[str, Any]:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "commit": commit,
         "config_sha256": hashlib.sha256(config.to_json().encode()).hexdigest(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_end": list(os.getloadavg()),
     }
 
 
@@ -285,9 +365,15 @@ def bench(out: str, size: str, with_load: bool) -> None:
             f"{name:<14} {m['compile_s']:>9.3f} {m['first_call_s']:>8.4f} "
             f"{1e6 * m['median_s']:>10.1f} {1e6 * m['p90_s']:>8.1f}"
         )
+    click.echo(f"{'ratio':<28} {'median':>7} {'fastest':>8} {'rounds min-max':>15} {'A/A':>5}")
     for name, value in result["ratios"].items():
         target = result["targets"].get(name)
-        click.echo(f"{name:<36} {value:8.2f}" + (f"   (target >= {target})" if target else ""))
+        d = result["ratio_details"][name]
+        click.echo(
+            f"{name:<28} {value:7.2f} {d['from_fastest']:8.2f} "
+            f"{d['min']:7.2f}-{d['max']:<7.2f} {d['aa']:5.2f}"
+            + (f"   (target >= {target})" if target else "")
+        )
     if "load" in result:
         load = result["load"]
         click.echo(

@@ -8,7 +8,7 @@
     engineering-release rollback [--to ENTRY]                  back to an earlier release
     engineering-release status [--json]
     engineering-release verify                                 exit 1 if anything is wrong
-    engineering-release serve [--port P]                       the serving host (127.0.0.1)
+    engineering-release serve [--port P] [--candidate-nice N]  the serving host (127.0.0.1)
     engineering-release set-policy FILE
     engineering-release bench [--out FILE.json]
 
@@ -41,6 +41,7 @@ from engineering_release.config import (
 )
 
 DEFAULT_KEY = "release-manager"
+CANDIDATE_NICE = 0  # `serve --candidate-nice`: see `engineering_release.candidate`.
 
 
 class BadInput(click.ClickException):
@@ -350,8 +351,16 @@ def verify(ctx: click.Context) -> None:
     show_default=True,
     help="Router port on 127.0.0.1 (0: a free port).",
 )
+@click.option(
+    "--candidate-nice",
+    type=click.IntRange(0, 19),
+    default=CANDIDATE_NICE,
+    show_default=True,
+    help="How much lower (nice value) each candidate server's start-up runs: its imports, "
+    "load, self-test and compile; serving afterwards keeps normal priority.",
+)
 @click.pass_context
-def serve(ctx: click.Context, port: int) -> None:
+def serve(ctx: click.Context, port: int, candidate_nice: int) -> None:
     """Run the serving host until SIGINT/SIGTERM; it follows the release log."""
     from engineering_release.serve import Host
 
@@ -360,7 +369,7 @@ def serve(ctx: click.Context, port: int) -> None:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise BadInput(f"Cannot use `{root}` as the release state: {err.strerror}.") from None
-    host = Host(root, port=port).start(host_file=root / "host.json")
+    host = Host(root, port=port, candidate_nice=candidate_nice).start(host_file=root / "host.json")
     click.echo(
         f"serving host on http://127.0.0.1:{host.port} (follows {root / 'ledger.jsonl'})", err=True
     )
@@ -394,7 +403,14 @@ def set_policy(ctx: click.Context, path: str) -> None:
 @click.option("--switches", type=click.IntRange(2, 100), default=10, show_default=True)
 @click.option("--clients", type=click.IntRange(1, 32), default=4, show_default=True)
 @click.option("--verify-entries", type=click.IntRange(2, 10_000), default=100, show_default=True)
-def bench(out: str, switches: int, clients: int, verify_entries: int) -> None:
+@click.option(
+    "--candidate-nice",
+    type=click.IntRange(0, 19),
+    default=CANDIDATE_NICE,
+    show_default=True,
+    help="The serving host's `serve --candidate-nice`.",
+)
+def bench(out: str, switches: int, clients: int, verify_entries: int, candidate_nice: int) -> None:
     """Failed requests and p99 latency during switches vs steady state; verify time."""
     target = Path(out).resolve()
     if target.suffix != ".json":
@@ -412,6 +428,7 @@ def bench(out: str, switches: int, clients: int, verify_entries: int) -> None:
         switches=switches,
         clients=clients,
         verify_entries=verify_entries,
+        candidate_nice=candidate_nice,
         echo=lambda s: click.echo(s, err=True),
     )
     for name, value in report["ratios"].items():

@@ -1,12 +1,15 @@
 """Serving: a router in front of candidate servers, and the traffic switch.
 
 A candidate server (`Backend`) is a Starlette app on uvicorn, on its own
-free port of 127.0.0.1, running in its own thread and event loop. At start it
-loads its model from the store (digest checked), runs the golden self-test
-and compiles the forward pass; `GET /readyz` answers 200 only after all of
-that passed, 503 with the reason before (`loading`) or forever after a
-failure (`failed`). `POST /predict` takes `{"inputs": [[64 pixels 0..16], ...]}`
-and answers `{"model_id", "predictions", "logits"}`.
+free port of 127.0.0.1, running in a process of its own
+(`engineering_release.candidate`), so that its start-up never holds the
+router's interpreter lock. At start it loads its model from the store (digest
+checked), runs the golden self-test and compiles the forward pass;
+`GET /readyz` answers 200 only after all of that passed, 503 with the reason
+before (`loading`) or forever after a failure (`failed`). `POST /predict`
+takes `{"inputs": [[64 pixels 0..16], ...]}` and answers
+`{"model_id", "predictions", "logits"}`. The candidate's process ends when the
+host stops it or when the host's process ends.
 
 The serving host (`Host`) is the router clients talk to (127.0.0.1, one
 port). `POST /predict` forwards to the ACTIVE backend. Admin endpoints (same
@@ -31,6 +34,8 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -101,97 +106,90 @@ def parse_inputs(payload: Any) -> np.ndarray:
 
 
 class Backend:
-    """One model's server. `status`: `loading` -> `ready`, or `loading` -> `failed`."""
+    """One model's candidate server, in a process of its own (`engineering_release.candidate`).
 
-    def __init__(self, store_root: str | Path, model_id: str):
+    The host binds the candidate's loopback socket (so `port` is known at once) and
+    hands it to the process. `status`: `loading` -> `ready`, or `loading` -> `failed`
+    (load, digest or self-test failed, or the process exited); the process reports
+    each change on a pipe, read here by a thread. `inflight` and `served` are counted
+    by the router, which is the only way requests reach the candidate.
+    """
+
+    def __init__(self, store_root: str | Path, model_id: str, load_nice: int = 0):
         self.store_root, self.model_id = Path(store_root), model_id
-        self.status, self.reason = "loading", "loading the model and running its self-test"
+        self.load_nice = load_nice
+        self.status, self.reason = "loading", "starting its process"
         self.self_test: dict = {}
-        self.loaded = None
         self.inflight = 0
         self.served = 0
         self.client = None  # the router's httpx.AsyncClient to this backend
         self.started_at = time.monotonic()
-        app = Starlette(
-            routes=[
-                Route("/readyz", self.readyz),
-                Route("/predict", self.predict, methods=["POST"]),
-            ],
-            lifespan=self._lifespan,
-        )
-        self._server = _Server(app, name=f"backend-{model_id[:8]}")
-        self.port = self._server.port
-
-    def _load(self) -> None:
-        from engineering_release import gates, train
-
-        loaded, check = gates.prepare_candidate(self.store_root, self.model_id)
-        self.self_test = check
-        if not check["passed"]:
-            raise RuntimeError(
-                f"golden self-test failed: {check}; this is not the model the golden "
-                f"outputs came from"
-            )
-        train.predict(loaded.graphdef, loaded.params, np.zeros((1, data.NUM_FEATURES), np.float32))
-        self.loaded = loaded
-
-    async def _start(self) -> None:
-        try:
-            await asyncio.to_thread(self._load)
-        except Exception as err:  # noqa: BLE001 - any failure keeps the candidate unready.
-            self.status, self.reason = "failed", f"{type(err).__name__}: {err}"
-            return
-        self.status, self.reason = "ready", ""
-
-    def _lifespan(self, app: Starlette):
-        from contextlib import asynccontextmanager
-
-        @asynccontextmanager
-        async def span(app: Starlette):
-            task = asyncio.create_task(self._start())
-            yield
-            task.cancel()
-
-        return span(app)
-
-    async def readyz(self, request: Request) -> JSONResponse:
-        body = {
-            "status": self.status,
-            "reason": self.reason,
-            "model_id": self.model_id,
-            "self_test": self.self_test,
-        }
-        return JSONResponse(body, status_code=200 if self.status == "ready" else 503)
-
-    async def predict(self, request: Request) -> JSONResponse:
-        from engineering_release import train
-
-        if self.status != "ready":
-            return JSONResponse({"error": f"not ready: {self.reason}"}, status_code=503)
-        try:
-            x = parse_inputs(json.loads(await request.body()))
-        except ValueError as err:
-            return JSONResponse({"error": str(err)}, status_code=422)
-        logits = np.asarray(train.predict(self.loaded.graphdef, self.loaded.params, x))
-        self.served += 1
-        return JSONResponse(
-            {
-                "model_id": self.model_id,
-                "predictions": logits.argmax(axis=1).tolist(),
-                "logits": logits.tolist(),
-            }
-        )
+        self.sock = bind_localhost()
+        self.port = self.sock.getsockname()[1]
+        self.proc: subprocess.Popen | None = None
+        self._stopping = False
 
     def start(self) -> None:
-        self._server.start()
+        read_fd, write_fd = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "engineering_release.candidate",
+                    str(self.store_root),
+                    self.model_id,
+                    str(self.sock.fileno()),
+                    str(write_fd),
+                    str(self.load_nice),
+                ],
+                stdin=subprocess.PIPE,
+                pass_fds=(self.sock.fileno(), write_fd),
+            )
+        except OSError as err:
+            os.close(read_fd)
+            self.status, self.reason = "failed", f"its process did not start: {err}"
+            return
+        finally:
+            os.close(write_fd)
+        name = f"candidate-{self.model_id[:8]}"
+        threading.Thread(target=self._follow, args=(read_fd,), name=name, daemon=True).start()
+
+    def _follow(self, read_fd: int) -> None:
+        with os.fdopen(read_fd, "rb") as pipe:
+            for line in pipe:
+                try:
+                    message = json.loads(line)
+                    status = str(message["status"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                self.self_test = message.get("self_test") or {}
+                self.reason = str(message.get("reason", ""))
+                self.status = status  # Last: a reader that sees `ready` sees the rest.
+        code = self.proc.wait()
+        if not self._stopping:
+            self.reason = f"its process exited (code {code}) while {self.status}"
+            self.status = "failed"
 
     def stop(self) -> None:
-        self._server.stop()
+        self._stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # End of file: the candidate shuts its server down.
+            except OSError:
+                pass
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.sock.close()
 
     def describe(self) -> dict:
         return {
             "model_id": self.model_id,
             "port": self.port,
+            "pid": None if self.proc is None else self.proc.pid,
             "status": self.status,
             "reason": self.reason,
             "served": self.served,
@@ -200,12 +198,22 @@ class Backend:
 
 
 class Host:
-    """The router and its backends; follows the release log under `root`."""
+    """The router and its backends; follows the release log under `root`.
+
+    `candidate_nice`: how much lower each candidate's start-up work runs (its
+    imports, load, self-test and compile; see `engineering_release.candidate`)."""
 
     def __init__(
-        self, root: str | Path, *, port: int = 0, reconcile_s: float = 0.25, follow_log: bool = True
+        self,
+        root: str | Path,
+        *,
+        port: int = 0,
+        reconcile_s: float = 0.25,
+        follow_log: bool = True,
+        candidate_nice: int = 0,
     ):
         self.root = Path(root)
+        self.candidate_nice = candidate_nice
         self.store_root = self.root / "store"
         self.ledger_path = self.root / "ledger.jsonl"
         self.reconcile_s, self.follow_log = reconcile_s, follow_log
@@ -273,6 +281,7 @@ class Host:
                     base_url=f"http://127.0.0.1:{backend.port}", timeout=30.0
                 )
             upstream = await backend.client.post("/predict", content=await request.body())
+            backend.served += 1
             return Response(upstream.content, upstream.status_code, media_type="application/json")
         finally:
             backend.inflight -= 1
@@ -303,7 +312,7 @@ class Host:
         if existing is not None:
             self.candidates.pop(model_id)
             asyncio.get_running_loop().create_task(self._retire(existing, drain=False))
-        backend = Backend(self.store_root, model_id)
+        backend = Backend(self.store_root, model_id, load_nice=self.candidate_nice)
         backend.start()
         self.candidates[model_id] = backend
         return backend

@@ -129,3 +129,68 @@ def cost_analysis(compiled: Any) -> dict[str, float]:
         "flops": float(analysis.get("flops", float("nan"))),
         "bytes_accessed": float(analysis.get("bytes accessed", float("nan"))),
     }
+
+
+def copy_ceilings(elements: int, repeats: int) -> dict[str, Any]:
+    """Bytes/s of a float32 read+write of `elements`, four ways, interleaved:
+
+      `xla_reused`   `x + 1` under `jax.jit` with `x` donated: XLA writes into the
+                     input's own buffer, pre-touched and reused every call (the
+                     ceiling: no page faults, only memory traffic);
+      `xla_fresh`    `x + 1` into a fresh output buffer each call (what a plain jitted
+                     call does; on a CPU its first write to each new page faults);
+      `numpy_copy`   `np.copyto(dst, src)` into a pre-touched, reused `dst`;
+      `numpy_copy_aa` the same again: the A/A control of the NumPy copy.
+    Every path moves `2 * 4 * elements` bytes per call. Returns per path its median,
+    min and max bytes/s and per-call times, plus `xla_reused_buffer` (whether the
+    donated output aliased the input, checked by buffer address)."""
+    import jax.numpy as jnp
+
+    nbytes = 2 * 4 * elements
+    add_one = jax.jit(lambda s: s + jnp.float32(1.0))
+    in_place = jax.jit(lambda s: s + jnp.float32(1.0), donate_argnums=0)
+    src = jax.block_until_ready(jnp.ones((elements,), jnp.float32))
+    reused = jax.block_until_ready(jnp.zeros((elements,), jnp.float32))
+    address = reused.unsafe_buffer_pointer()
+    reused = jax.block_until_ready(in_place(reused))  # Compile; the buffer is touched.
+    aliased = reused.unsafe_buffer_pointer() == address
+    jax.block_until_ready(add_one(src))
+    np_src = np.ones(elements, np.float32)
+    np_dst = np.zeros(elements, np.float32)  # Touched: np.zeros pages are written below.
+    np.copyto(np_dst, np_src)
+    state = {"reused": reused}
+
+    def xla_reused() -> None:
+        state["reused"] = jax.block_until_ready(in_place(state["reused"]))
+
+    def xla_fresh() -> None:
+        jax.block_until_ready(add_one(src))
+
+    def numpy_copy() -> None:
+        np.copyto(np_dst, np_src)
+
+    paths = {
+        "xla_reused": xla_reused,
+        "xla_fresh": xla_fresh,
+        "numpy_copy": numpy_copy,
+        "numpy_copy_aa": numpy_copy,
+    }
+    names = list(paths)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for round_index in range(repeats):
+        gc.collect()
+        shift = round_index % len(names)
+        for name in [*names[shift:], *names[:shift]]:
+            times[name].append(_timed(paths[name]))
+    out: dict[str, Any] = {"bytes_per_call": nbytes, "xla_reused_buffer": aliased}
+    for name, values in times.items():
+        arr = np.asarray(values)
+        out[name] = {
+            "bytes_per_s": nbytes / float(np.median(arr)),
+            "bytes_per_s_min": nbytes / float(arr.max()),
+            "bytes_per_s_max": nbytes / float(arr.min()),
+            "median_s": float(np.median(arr)),
+            "n": len(values),
+            "times_s": [float(v) for v in values],
+        }
+    return out

@@ -11,6 +11,8 @@ bool `(S, B)`), and has the interface `bench_timing.TimedPath`:
       inside one `jax.jit`, the state donated.
   `TrainStepPath`: the project's own `train.train_step` in a Python loop.
   `GemmPath`: one large f32 matmul per call, the FLOP/s ceiling.
+  `MatmulFloorPath`: the matrix products of an epoch's steps alone, in one
+      scan: what the epoch would cost if everything but its GEMMs were free.
 The PyTorch eager path (d) is in `bench_torch.py`.
 """
 
@@ -291,6 +293,67 @@ class GemmPath:
 
     def losses(self) -> None:
         return None
+
+
+class MatmulFloorPath:
+    """The GEMMs of one epoch of training steps, and (almost) nothing else.
+
+    Per step, with the model's kernels `W_0 .. W_L` (the head last) and the
+    step's `(B, F)` images: the forward products `h_i = relu(h_{i-1} @ W_i)`
+    (no relu on the logits), then the backward ones, `h_{i-1}^T @ g_i` for
+    every kernel and `g_i @ W_i^T` for every layer but the first, with the
+    logits standing in for their gradient; each kernel then moves by
+    `1e-6 * dW` so that every product is needed. That is `3L + 2` matrix
+    products of the model's shapes per step, plus one relu per hidden layer
+    and one scaled add per kernel: no bias, no dropout, no softmax, no
+    optimizer state. The kernels are donated, as in the scan path.
+    """
+
+    def __init__(self, name: str, setting: "Setting", batches: dict[str, np.ndarray]):
+        self.name = name
+        model, _optimizer = init_train_state(setting)
+        self.kernels = [jnp.array(layer.kernel[...]) for layer in [*model.hidden, model.head]]
+        self.images = jax.device_put(batches["image"])
+        self.epoch = jax.jit(_matmul_epoch, donate_argnums=0)
+        self.cost: dict[str, float] = {}
+
+    def prepare(self) -> dict[str, float]:
+        compiled, times = compile_timed(self.epoch, self.kernels, self.images)
+        self.cost = cost_analysis(compiled)
+        return times
+
+    def run_epoch(self) -> None:
+        self.kernels = jax.block_until_ready(self.epoch(self.kernels, self.images))
+
+    def losses(self) -> None:
+        return None
+
+
+def matmul_flops(widths: list[int], batch_size: int) -> float:
+    """The FLOPs of the `3L + 2` products of one `MatmulFloorPath` step (also
+    those of one training step's forward and backward matmuls): with `widths =
+    [in, *hidden, classes]`, each kernel `(d_in, d_out)` costs `2 B d_in d_out`
+    forward and again for its gradient, and every kernel but the first once
+    more for the gradient of its input."""
+    pairs = list(zip(widths[:-1], widths[1:], strict=True))
+    per_kernel = [2.0 * batch_size * d_in * d_out for d_in, d_out in pairs]
+    return 2 * sum(per_kernel) + sum(per_kernel[1:])
+
+
+def _matmul_epoch(kernels: list[jax.Array], images: jax.Array) -> list[jax.Array]:
+    def step(kernels: list[jax.Array], x: jax.Array) -> tuple[list[jax.Array], None]:
+        hs = [x]
+        for w in kernels[:-1]:
+            hs.append(jnp.maximum(hs[-1] @ w, 0.0))
+        g = hs[-1] @ kernels[-1]
+        new = list(kernels)
+        for i in reversed(range(len(kernels))):
+            new[i] = kernels[i] - 1e-6 * (hs[i].T @ g)
+            if i > 0:
+                g = g @ kernels[i].T
+        return new, None
+
+    return jax.lax.scan(step, kernels, images)[0]
 
 
 def _param_arrays(model: MLP) -> dict[str, np.ndarray]:

@@ -4,16 +4,28 @@ Two questions, each with an A/A control (the same path timed twice) to show
 the noise of the machine:
 
 1. Metric logging: `values` metric values written with `log_batch` (1000 per
-   call at most) vs one `log_metric` call per value, into a fresh SQLite store.
-   Every call writes values at steps the run has not seen yet, as training
-   does. `batched_vs_per_metric` = median(per metric) / median(batched).
+   call at most) vs one `log_metric` call per value (`batched_vs_per_metric`)
+   and vs one `log_batch` per training step of `STEP_METRICS` values, what
+   `mlflow.log_metrics(dict, step)` once per epoch sends
+   (`batched_vs_per_step`), into a fresh SQLite store. Every call writes
+   values at steps the run has not seen yet, as training does.
 2. Tracking overhead on training: `train_and_evaluate(config)` untracked vs
    the same training with every epoch's metrics going to MLflow through
    `MetricBuffer` (batches of up to 300 values), timed until the store holds
-   every value. `untracked_vs_tracked` = median(untracked) / median(tracked): 1.0
-   means free, 0.98 means tracking added 2%. The run's set-up and close
-   (identities, params, artifacts, end state) happen once per run, outside the
-   loop; they are timed and reported apart (`run_setup_s`).
+   every value (`untracked_vs_tracked`: 1.0 means free, 0.98 means tracking
+   added 2%); and the same with the buffer sending every 30 or 90 values in
+   the background (`untracked_vs_tracked_flush_30`, `_flush_90`). The run's
+   set-up and close (identities, params, artifacts, end state) happen once
+   per run, outside the loop; they are timed and reported apart.
+
+A ratio is the median of its per-round ratios: for the logging ratios round
+r's baseline time over round r's time of `log_batch` (above 1: batching is
+faster), for the training ratios round r's untracked time over round r's
+tracked time (1.0: tracking is free; 0.98: it added 2%). `ratio_details`
+records per ratio its baseline, the per-round ratios with min, median and
+max, and the A/A control of the first-named path (timed twice in every round). Every path runs
+in this one process: training on JAX's one CPU device, MLflow's writes on the
+calling thread (the flush variants add MLflow's one background writer).
 
 Compilation is timed apart: the first call compiles `train_epoch` and
 `eval_split`; later calls must reuse the executables (the compile cache size
@@ -36,7 +48,14 @@ import numpy as np
 from mlflow.entities import Metric
 
 from reproducible_experiments import identity, plots, record, tracking, train
+from reproducible_experiments.bench_stats import per_round, ratio_detail
 from reproducible_experiments.config import Config
+
+# Metric values a training step logs at once (the default run: loss, train and
+# validation accuracy per epoch).
+STEP_METRICS = 3
+# `MetricBuffer.flush_every` of the flush variants of the tracked training.
+FLUSH_VARIANTS = (30, 90)
 
 
 def _p90(values: list[float]) -> float:
@@ -103,10 +122,22 @@ def bench(
                 client.log_metric(log_run, m.key, m.value, timestamp=m.timestamp, step=m.step)
             return time.perf_counter() - start
 
+        def per_step() -> float:
+            batch = new_metrics()
+            start = time.perf_counter()
+            for i in range(0, values, STEP_METRICS):
+                client.log_batch(log_run, metrics=batch[i : i + STEP_METRICS])
+            return time.perf_counter() - start
+
         say(f"metric logging: {values} values, {reps} interleaved repetitions")
-        batched(), per_metric()  # Warm-up: first SQL statements, connection pool.
+        batched(), per_metric(), per_step()  # Warm-up: first SQL statements, connection pool.
         log_times = _interleaved(
-            {"log/batched": batched, "log/per_metric": per_metric, "log/batched_aa": batched},
+            {
+                "log/batched": batched,
+                "log/per_metric": per_metric,
+                "log/per_step": per_step,
+                "log/batched_aa": batched,
+            },
             reps,
         )
         client.set_terminated(log_run)
@@ -122,10 +153,12 @@ def bench(
         def untracked() -> float:
             return _train_time(lambda: train.train_and_evaluate(config))
 
-        def tracked() -> float:
+        def tracked(flush_every: int | None = None) -> float:
             start = time.perf_counter()
             with tracking.TrackedRun(client, exp_id, "bench tracked") as run:
                 setup_times.append(time.perf_counter() - start)
+                if flush_every is not None:
+                    run.metrics = tracking.MetricBuffer(client, run.run_id, flush_every)
 
                 def go() -> None:
                     train.train_and_evaluate(
@@ -143,6 +176,7 @@ def bench(
             {
                 "train/untracked": untracked,
                 "train/tracked": tracked,
+                **{f"train/tracked_flush_{n}": (lambda n=n: tracked(n)) for n in FLUSH_VARIANTS},
                 "train/untracked_aa": untracked,
             },
             reps,
@@ -157,12 +191,11 @@ def bench(
     measurements = {name: _summary(t) for name, t in {**log_times, **train_times}.items()}
     measurements["train/untracked"]["first_call_s"] = first_call_s
     med = {name: m["median_s"] for name, m in measurements.items()}
-    ratios = {
-        "batched_vs_per_metric": med["log/per_metric"] / med["log/batched"],
-        "aa_batched": med["log/batched_aa"] / med["log/batched"],
-        "untracked_vs_tracked": med["train/untracked"] / med["train/tracked"],
-        "aa_untracked": med["train/untracked_aa"] / med["train/untracked"],
-    }
+    all_times = {**log_times, **train_times}
+    details = _details(all_times, values)
+    ratios = {name: d["median"] for name, d in details.items()}
+    ratios["aa_batched"] = details["batched_vs_per_metric"]["aa"]
+    ratios["aa_untracked"] = details["untracked_vs_tracked"]["aa"]
     ident = identity.runtime_identity()
     code = identity.code_identity()
     report = {
@@ -182,16 +215,23 @@ def bench(
         "values_logged": values,
         "measurements": measurements,
         "ratios": ratios,
+        "ratio_details": details,
         "extra": {
             "recompiled_during_timing": cache_before != cache_after,
             "run_setup_median_s": statistics.median(setup_times),
             "full_tracked_run_s": full_run_s,
             "tracking_overhead_fraction": med["train/tracked"] / med["train/untracked"] - 1.0,
+            **{
+                f"tracking_overhead_fraction_flush_{n}": med[f"train/tracked_flush_{n}"]
+                / med["train/untracked"]
+                - 1.0
+                for n in FLUSH_VARIANTS
+            },
         },
         "definitions": {
-            "batched_vs_per_metric": "median(per-metric calls) / median(log_batch); > 1: batched "
-            "is faster",
-            "untracked_vs_tracked": "median(untracked training) / median(tracked training); "
+            "batched_vs_per_metric": "median over rounds of (per-metric calls / log_batch); "
+            "> 1: batched is faster",
+            "untracked_vs_tracked": "median over rounds of (untracked / tracked training); "
             "1 - it is the share of time tracking adds",
         },
     }
@@ -199,6 +239,43 @@ def bench(
     _plot(report, out.with_suffix(".png"))
     report["report_sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
     return report
+
+
+def _details(times: dict[str, list[float]], values: int) -> dict[str, dict[str, Any]]:
+    """`ratio_detail` of every ratio from the per-round times of its paths."""
+    aa_log = per_round(times["log/batched_aa"], times["log/batched"])
+    aa_train = per_round(times["train/untracked_aa"], times["train/untracked"])
+    details = {
+        "batched_vs_per_metric": ratio_detail(
+            f"one MlflowClient.log_metric call per value ({values} calls)",
+            per_round(times["log/per_metric"], times["log/batched"]),
+            aa_log,
+            "log/batched",
+        ),
+        "batched_vs_per_step": ratio_detail(
+            f"one log_batch per training step of {STEP_METRICS} values, what "
+            "mlflow.log_metrics(dict, step) sends once per epoch",
+            per_round(times["log/per_step"], times["log/batched"]),
+            aa_log,
+            "log/batched",
+        ),
+        "untracked_vs_tracked": ratio_detail(
+            "the same training with every epoch's metrics sent through MetricBuffer "
+            "(every 300 values) and flushed before the clock stops",
+            per_round(times["train/untracked"], times["train/tracked"]),
+            aa_train,
+            "train/untracked",
+        ),
+    }
+    for n in FLUSH_VARIANTS:
+        details[f"untracked_vs_tracked_flush_{n}"] = ratio_detail(
+            f"the same tracked training with MetricBuffer sending every {n} values in the "
+            "background (MLflow's writer thread) and flushed before the clock stops",
+            per_round(times["train/untracked"], times[f"train/tracked_flush_{n}"]),
+            aa_train,
+            "train/untracked",
+        )
+    return details
 
 
 def _train_time(fn: Callable[[], Any]) -> float:

@@ -4,7 +4,7 @@
     sharded-training launch  [--config FILE] [--workdir DIR] --processes N --devices-per-process K
     sharded-training worker  --coordinator HOST:PORT --process-id I --num-processes N ...
     sharded-training profile [--config FILE] [--out DIR]
-    sharded-training bench   [--out FILE.json]      (the profile's measurements and ratios)
+    sharded-training bench   [--out FILE.json]      (the optimization at batch 96 and 16, A/A)
 
 With no `--config`, `train` and `launch` run `Config.default()` (300 steps of a
 32-256-8 MLP on a (4, 2) mesh of 8 simulated CPU devices), output under `runs/`.
@@ -220,8 +220,15 @@ def profile(config_path: str | None, out_dir: str | None, steps: int) -> None:
     help="JSON report; a PNG is written next to it.",
 )
 @click.option("--steps", default=40, show_default=True, type=click.IntRange(8, 10_000))
-def bench(out_path: str, steps: int) -> None:
-    """The profile's measurements as a report: identity, measurements, ratios."""
+@click.option(
+    "--rounds",
+    default=20,
+    show_default=True,
+    type=click.IntRange(2, 10_000),
+    help="Interleaved timing rounds per path.",
+)
+def bench(out_path: str, steps: int, rounds: int) -> None:
+    """The optimization at the default batch and at 16, and checkpoint blocking, with A/A."""
     import jax
 
     out = Path(out_path)
@@ -229,16 +236,8 @@ def bench(out_path: str, steps: int) -> None:
         raise BadInput(f"`--out {out}` is where the plot goes; give the JSON report another name.")
     _output_dir(out.parent, "The folder of `--out`")
     jax.config.update("jax_num_cpu_devices", 8)
-    from sharded_training import profile as profile_mod
+    from sharded_training import bench as bench_mod
 
-    report = profile_mod.run_profile(
-        profile_mod.profile_config(),
-        out.parent / (out.stem + "-profile"),
-        steps=steps,
-        progress=_echo,
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(profile_mod.bench_view(report), indent=1) + "\n")
-    (out.parent / (out.stem + "-profile") / "step_breakdown.png").replace(out.with_suffix(".png"))
-    click.echo(profile_mod.summary_text(report))
+    report = bench_mod.run_bench(out, steps=steps, rounds=rounds, progress=_echo)
+    click.echo(bench_mod.summary_text(report))
     click.echo(f"report: {out}, {out.with_suffix('.png')}")

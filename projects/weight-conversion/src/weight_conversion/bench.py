@@ -1,22 +1,30 @@
 """`weight-conversion bench`: peak memory and throughput of converting a
 200 MB source, eager vs streaming, against a plain file copy.
 
-Run: `weight-conversion bench [--out runs/bench.json] [--layers 48 --width 1024]`
-(about 40 s on a 2-core CPU). The source is `synthetic.linear_stack`
-(48 x 1024 x 1024 float32 = 201.5 MB), written once under the report's folder.
-Each measurement is a fresh process (`bench_child`) so that peak resident
-memory (`VmHWM`) belongs to that conversion alone; the three modes run
-interleaved (eager, streaming, copy, eager, ...) for `--rounds` rounds, all
+Run: `weight-conversion bench [--out runs/bench.json] [--layers 48 --width 1024]
+[--rounds 3]` (about 2 minutes on a shared 2-core CPU). The source is
+`synthetic.linear_stack` (48 x 1024 x 1024 float32 = 201.5 MB), written once
+under the report's folder. Each measurement is a fresh process
+(`bench_child`) so that peak resident memory (`VmHWM`) belongs to that
+conversion alone. Four modes run interleaved for `--rounds` rounds, all
 reading the same file from the same disk (the page cache warms in round 1,
-for all three alike). Nothing here is jitted, so there is no compile time to
-separate; the seconds are the conversion call alone, imports excluded.
+for all alike): eager, streaming, copy, and `streaming_aa`, a second
+streaming child (the A/A control: the same code timed twice in every round).
+The order is reversed on every other round (eager, streaming, copy,
+streaming_aa, then streaming_aa, copy, streaming, eager), so no mode always
+follows the same neighbour. Nothing here is jitted, so there is no compile
+time to separate; the seconds are the conversion call alone, imports excluded.
 
-Ratios (`<a>_vs_<b>`):
+Ratios (`<a>_vs_<b>`, above 1 means `a` is smaller or faster):
   eager_vs_streaming_peak_memory = eager's added peak / streaming's (target >= 2:
       how many times less memory streaming needs);
   streaming_vs_copy_throughput = streaming MB/s / copy MB/s (the cost of the
       transforms and checks over moving the bytes; below 1);
-  eager_vs_copy_throughput, streaming_vs_eager_throughput likewise.
+  eager_vs_copy_throughput, streaming_vs_eager_throughput likewise;
+  streaming_vs_streaming_aa_throughput, _peak_memory: the A/A controls (~1).
+`ratio_details` gives each ratio's baseline (a sentence), its A/A control and
+the per-round ratios with their min, median and max (both modes of a round
+ran back to back, so a round's ratio shares that round's load).
 """
 
 import hashlib
@@ -33,18 +41,41 @@ import numpy as np
 
 from weight_conversion import synthetic
 
-MODES = ("eager", "streaming", "copy")
+MODES = ("eager", "streaming", "copy", "streaming_aa")
 TARGETS = {"eager_vs_streaming_peak_memory": 2.0}
+
+# What each mode is, as a baseline a practitioner would recognize.
+BASELINES = {
+    "eager": "eager conversion: safetensors.numpy.load_file of the whole source, every "
+    "rule applied in memory, safetensors.numpy.save_file; the plain way to convert a file",
+    "copy": "shutil.copyfile of the same source on the same disk (sendfile, no Python "
+    "touches the bytes): the floor for moving 201.5 MB, not a conversion",
+    "streaming_aa": "a second streaming child in every round: streaming timed twice, "
+    "interleaved; its ratio to streaming shows the noise",
+}
+
+# name -> (kind, a, b): kind `peak` compares added peak memory (b's / a's
+# reversed: a_vs_b = a's peak / b's peak, above 1 when b needs less), kind
+# `throughput` compares MB/s (a's / b's, i.e. b's seconds / a's seconds).
+RATIOS = {
+    "eager_vs_streaming_peak_memory": ("peak", "eager", "streaming"),
+    "streaming_vs_copy_throughput": ("throughput", "streaming", "copy"),
+    "eager_vs_copy_throughput": ("throughput", "eager", "copy"),
+    "streaming_vs_eager_throughput": ("throughput", "streaming", "eager"),
+    "streaming_vs_streaming_aa_throughput": ("throughput", "streaming", "streaming_aa"),
+    "streaming_vs_streaming_aa_peak_memory": ("peak", "streaming_aa", "streaming"),
+}
 
 
 def _child(mode: str, src: Path, dst: Path, layers: int, width: int) -> dict:
+    child_mode = "streaming" if mode == "streaming_aa" else mode
     env = dict(os.environ)
     out = subprocess.run(
         [
             sys.executable,
             "-m",
             "weight_conversion.bench_child",
-            mode,
+            child_mode,
             str(src),
             str(dst),
             str(layers),
@@ -84,6 +115,8 @@ def _identity(config: dict) -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
+        "threads": "each child is one Python process; NumPy's transposes and the "
+        "safetensors reads and writes run on one thread, the copy in the kernel",
         "commit": commit,
         "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(),
     }
@@ -100,6 +133,42 @@ def _summary(values: list[float]) -> dict:
         "n": len(values),
         "values": values,
     }
+
+
+def round_ratios(runs: dict[str, list[dict]], kind: str, a: str, b: str) -> list[float]:
+    """The ratio `a_vs_b` of each round: for `peak`, a's added peak bytes over
+    b's (b floored at 1 byte); for `throughput`, b's seconds over a's."""
+    pairs = zip(runs[a], runs[b], strict=True)
+    if kind == "peak":
+        return [x["added_bytes"] / max(y["added_bytes"], 1) for x, y in pairs]
+    return [y["seconds"] / x["seconds"] for x, y in pairs]
+
+
+def ratio_details(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per ratio: the baseline (the `b` mode, or `a` for the peak ratios whose
+    baseline is the larger side), the A/A control of the same kind, and the
+    per-round ratios with min, median and max."""
+    details = {}
+    for name, (kind, a, b) in RATIOS.items():
+        rounds = round_ratios(runs, kind, a, b)
+        aa_name = (
+            "streaming_vs_streaming_aa_peak_memory"
+            if kind == "peak"
+            else "streaming_vs_streaming_aa_throughput"
+        )
+        aa = statistics.median(round_ratios(runs, *RATIOS[aa_name]))
+        baseline_mode = a if kind == "peak" else b
+        details[name] = {
+            "baseline": BASELINES[baseline_mode],
+            "baseline_mode": baseline_mode,
+            "aa": aa,
+            "aa_ratio": aa_name,
+            "rounds": rounds,
+            "min": min(rounds),
+            "median": statistics.median(rounds),
+            "max": max(rounds),
+        }
+    return details
 
 
 def bench(
@@ -119,11 +188,11 @@ def bench(
     say(f"source: {size / 1e6:.1f} MB ({layers} x {width}x{width} float32) at {src}")
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(rounds):
-        for mode in MODES:
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
             result = _child(mode, src, work / f"out-{mode}.safetensors", layers, width)
             runs[mode].append(result)
             say(
-                f"round {r + 1}/{rounds} {mode:>9}: {result['seconds']:.2f} s, "
+                f"round {r + 1}/{rounds} {mode:>12}: {result['seconds']:.2f} s, "
                 f"+{result['added_bytes'] / 1e6:.1f} MB peak"
             )
     src.unlink(missing_ok=True)
@@ -137,6 +206,8 @@ def bench(
             "first_call_s": seconds[0],
             "median_s": s["median"],
             "p90_s": s["p90"],
+            "min_s": s["min"],
+            "max_s": s["max"],
             "n": s["n"],
             "seconds": seconds,
             "peak_added_mb": _summary(peak),
@@ -144,12 +215,12 @@ def bench(
         }
     peak = {m: measurements[m]["peak_added_mb"]["median"] for m in MODES}
     tput = {m: measurements[m]["throughput_mb_s"] for m in MODES}
-    ratios = {
-        "eager_vs_streaming_peak_memory": peak["eager"] / max(peak["streaming"], 1e-9),
-        "streaming_vs_copy_throughput": tput["streaming"] / tput["copy"],
-        "eager_vs_copy_throughput": tput["eager"] / tput["copy"],
-        "streaming_vs_eager_throughput": tput["streaming"] / tput["eager"],
-    }
+    ratios = {}
+    for name, (kind, a, b) in RATIOS.items():
+        if kind == "peak":
+            ratios[name] = peak[a] / max(peak[b], 1e-9)
+        else:
+            ratios[name] = tput[a] / tput[b]
     config = {"layers": layers, "width": width, "rounds": rounds, "source_bytes": size}
     verdicts = {
         name: {"target": target, "observed": ratios[name], "met": ratios[name] >= target}
@@ -160,7 +231,13 @@ def bench(
         "config": config,
         "measurements": measurements,
         "ratios": ratios,
+        "ratio_details": ratio_details(runs),
         "targets": verdicts,
+        "notes": [
+            "ratios use the medians over rounds; ratio_details.*.rounds are per-round "
+            "ratios (both modes from the same round).",
+            "order of the modes reversed on every other round.",
+        ],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
@@ -169,14 +246,16 @@ def bench(
 
 def table(report: dict) -> str:
     """The short table `bench` prints."""
-    lines = [f"{'mode':>10} {'median s':>9} {'MB/s':>8} {'peak +MB':>9}"]
+    lines = [f"{'mode':>12} {'median s':>9} {'MB/s':>8} {'peak +MB':>9}"]
     for mode, m in report["measurements"].items():
         lines.append(
-            f"{mode:>10} {m['median_s']:>9.3f} {m['throughput_mb_s']:>8.1f} "
+            f"{mode:>12} {m['median_s']:>9.3f} {m['throughput_mb_s']:>8.1f} "
             f"{m['peak_added_mb']['median']:>9.1f}"
         )
+    lines.append(f"{'ratio':<40} {'median':>8} {'rounds min-max':>16} {'A/A':>6}")
     for name, value in report["ratios"].items():
-        lines.append(f"{name}: {value:.3f}")
+        d = report["ratio_details"][name]
+        lines.append(f"{name:<40} {value:>8.3f} {d['min']:>7.3f}-{d['max']:<8.3f} {d['aa']:>6.3f}")
     for name, v in report["targets"].items():
         lines.append(
             f"target {name} >= {v['target']}: {'met' if v['met'] else 'NOT met'} "

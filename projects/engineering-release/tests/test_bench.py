@@ -39,4 +39,9 @@ def test_bench_smoke(tmp_path):
     assert main_ratio["max"] == max(main_ratio["rounds"])
     assert not any(math.isnan(v) for v in main_ratio["rounds"])
     assert "process" in report["settings"]["candidates"]
+    assert report["settings"]["candidate_nice"] == 0
+    for op in report["serving"]["operations"]:  # Each release's candidate start-up, measured.
+        startup = op["candidate_startup"]
+        assert startup["load_nice"] == 0 and startup["threads_left_lowered"] is None
+        assert 0 < startup["cpu_s_jax_and_model_imports"] < startup["cpu_s_total"]
     assert len(report["identity"]["loadavg_at_start"]) == 3

@@ -225,7 +225,10 @@ def _serving(
                     "model_id": outcome["model_id"][:12],
                     "seconds": t2 - t1,
                     **{k: round(v, 4) for k, v in outcome["timings"].items()},
-                    "candidate_startup": {k: round(v, 4) for k, v in outcome["startup"].items()},
+                    "candidate_startup": {
+                        k: round(v, 4) if isinstance(v, float) else v
+                        for k, v in outcome["startup"].items()
+                    },
                 }
             )
             echo(

@@ -1,0 +1,163 @@
+"""Ranges of a project's bench ratios over several runs, and whether a rerun
+lands inside them.
+
+    python scripts/bench_summary.py RUN.json RUN.json RUN.json [--check RERUN.json ...]
+    python scripts/bench_summary.py --readme projects/<id>   # rewrite the README block
+    python scripts/bench_summary.py --readme projects/<id> --verify   # exit 1 if stale
+
+Every `<project> bench` writes a JSON report with `ratios` (name -> float) and
+`ratio_details` (name -> {"aa": the A/A control, "min"/"median"/"max" of the
+per-round ratios, ...}). This prints, per ratio, its value in each run, the
+range over the runs and the range of its A/A control: the figures a README
+states as "range over N runs". Three runs rarely span where a fourth lands, so
+each ratio also gets an expected range for a rerun: the observed range widened
+on both sides by the largest deviation of its A/A control from 1 in those runs
+(a factor: an A/A of 0.8 or 1.25 widens by 1.25x), since a difference smaller
+than the A/A's is noise on that machine. A ratio without an A/A control is
+expected inside its observed range when it is the same in every run (a count,
+a deterministic figure), and otherwise widened by the largest A/A factor of
+the runs. With `--check`, each rerun's ratios are compared with the expected
+ranges; the exit status is 1 when any ratio falls outside, 2 on a report that
+cannot be read. Ratios present in only some reports are listed with the runs
+that have them.
+
+`--readme` renders the same table into the project's README, between
+`<!-- bench-runs:begin -->` and `<!-- bench-runs:end -->` (placed at the end of
+its Performance section the first time), from the reports the project keeps in
+`benchmarks/`: `run-<n>.json` are the stated runs, `rerun-<n>.json` later runs
+checked against them. The README's figures are then reproducible from files in
+the project's own folder, and the contract test fails when the block and the
+files disagree.
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def read_ratios(path: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """(ratio name -> value, ratio name -> its A/A value) of one report."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SystemExit(f"error: cannot read bench report {path}: {error}") from None
+    if not isinstance(report.get("ratios"), dict):
+        raise SystemExit(f"error: {path} has no `ratios` object; is it a bench report?")
+    ratios = {
+        k: float(v)
+        for k, v in report["ratios"].items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+    details = report.get("ratio_details") or {}
+    aa = {
+        k: float(d["aa"])
+        for k, d in details.items()
+        if isinstance(d, dict) and isinstance(d.get("aa"), int | float) and k in ratios
+    }
+    return ratios, aa
+
+
+def fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """One ratio over the stated runs: its `values` (runs that have it, in
+    order), its A/A controls `aas`, and the expected range `low`..`high` for a
+    rerun (the observed one widened by `noise`, the A/A's largest deviation
+    from 1 as a factor; 1 without an A/A)."""
+
+    values: tuple[float, ...]
+    aas: tuple[float, ...]
+    noise: float
+
+    @property
+    def low(self) -> float:
+        return min(self.values) / self.noise
+
+    @property
+    def high(self) -> float:
+        return max(self.values) * self.noise
+
+    def holds(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+def ranges(reports: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, Range]:
+    """Ratio name -> its `Range` over `reports` (each as `read_ratios` returns it).
+
+    The noise factor of a ratio is its A/A control's largest deviation from 1,
+    either way. A ratio without an A/A control: if it is the same in every run
+    it is a deterministic figure (factor 1); if it moves, it gets the largest
+    factor of any A/A in these runs, the machine's noise as far as they show it.
+    """
+    names = sorted({k for ratios, _ in reports for k in ratios})
+    values = {n: tuple(r[n] for r, _ in reports if n in r) for n in names}
+    aas = {n: tuple(a[n] for _, a in reports if n in a) for n in names}
+
+    def factor(xs: tuple[float, ...]) -> float:
+        return max((max(x, 1 / x) for x in xs if x > 0), default=1.0)
+
+    machine = max((factor(a) for a in aas.values()), default=1.0)
+    out = {}
+    for name in names:
+        if aas[name]:
+            noise = factor(aas[name])
+        elif len(set(values[name])) == 1:
+            noise = 1.0
+        else:
+            noise = machine
+        out[name] = Range(values[name], aas[name], noise)
+    return out
+
+
+def summarize(runs: list[Path], checks: list[Path]) -> int:
+    """Prints the table; returns the exit status (1 when a rerun is outside)."""
+    table = ranges([read_ratios(p) for p in runs])
+    rerun = [read_ratios(p) for p in checks]
+    outside = 0
+    print(f"{len(runs)} runs: " + ", ".join(p.name for p in runs))
+    for name, r in table.items():
+        line = f"{name}: {fmt(min(r.values))} to {fmt(max(r.values))}"
+        line += " (" + ", ".join(fmt(v) for v in r.values) + ")"
+        if len(r.values) < len(runs):
+            line += f" [in {len(r.values)} of {len(runs)} runs]"
+        if r.aas:
+            line += f"; A/A {fmt(min(r.aas))} to {fmt(max(r.aas))}"
+        if r.noise != 1.0:
+            line += f"; expected in a rerun {fmt(r.low)} to {fmt(r.high)}"
+        for path, (ratios, _) in zip(checks, rerun, strict=True):
+            if name not in ratios:
+                line += f"; {path.name}: absent"
+                continue
+            inside = r.holds(ratios[name])
+            outside += not inside
+            line += f"; {path.name}: {fmt(ratios[name])} {'inside' if inside else 'OUTSIDE'}"
+        print(line)
+    if checks:
+        print(f"{outside} ratio(s) outside the expected range")
+    return 1 if outside else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="*", type=Path, help="bench reports of the stated runs")
+    parser.add_argument("--check", nargs="*", type=Path, default=[], help="reruns to compare")
+    parser.add_argument("--readme", type=Path, help="a project folder: rewrite its README block")
+    parser.add_argument("--verify", action="store_true", help="with --readme: only compare")
+    args = parser.parse_args(argv)
+    if args.readme:
+        from bench_readme import update_readme
+
+        return update_readme(args.readme, verify=args.verify)
+    if not args.runs:
+        parser.error("give bench reports, or --readme PROJECT")
+    return summarize(args.runs, args.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

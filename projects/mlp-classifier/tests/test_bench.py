@@ -55,6 +55,7 @@ def test_every_path_is_measured_with_finite_positive_times(report):
     expected = {f"{s}/{p}" for s in ("small", "large") for p in paths}
     expected |= {"small/train_step", "large/gemm_ceiling"}
     expected |= {f"large/{p}" for p in bench.LIMIT_PATHS}
+    expected.add("large/scan_partitionable_bits")
     assert set(data["measurements"]) == expected
     for name, m in data["measurements"].items():
         for key in MEASUREMENT_KEYS:
@@ -208,6 +209,17 @@ def test_unknown_size_is_refused():
     result = CliRunner().invoke(bench.bench, ["--size", "huge"])
     assert result.exit_code != 0
     assert "huge" in result.output
+
+
+def test_large_setting_runs_with_original_threefry_bits(report):
+    """The large setting is a bench-only choice: `threefry_partitionable` False
+    for its paths, JAX's default kept for one named comparison path."""
+    data, _out, _result = report
+    assert data["settings"]["large"]["threefry_partitionable"] is False
+    assert data["settings"]["small"]["threefry_partitionable"] is None
+    d = data["ratio_details"]["large/scan_vs_scan_partitionable_bits"]
+    assert "threefry_partitionable(True)" in d["baseline"]
+    assert "large/scan_partitionable_bits_vs_gemm_ceiling" in data["ratios"]
 
 
 def test_large_setting_reports_its_limits(report):

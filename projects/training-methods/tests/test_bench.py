@@ -87,9 +87,10 @@ def test_bench_smoke(tmp_path):
     assert threads["torch_candidates"][0] == 1
     assert threads["torch_best"] in threads["torch_candidates"]
     assert m["torch_eager_step"]["threads"] == threads["torch_best"]
-    by_threads = m["torch_eager_step_by_threads"]
+    by_threads = m["thread_trial"]["torch_eager_step_by_threads"]
     assert set(by_threads) == {str(n) for n in threads["torch_candidates"]}
-    assert m["torch_eager_step"]["median_s"] == min(x["median_s"] for x in by_threads.values())
+    best = min(by_threads.values(), key=lambda x: x["median_s"])
+    assert best["threads"] == threads["torch_best"]
     assert set(report["ratio_details"]) == set(report["ratios"])
     for name, d in report["ratio_details"].items():
         assert isinstance(d["baseline"], str) and d["baseline"], name
@@ -97,11 +98,17 @@ def test_bench_smoke(tmp_path):
         assert d["min"] <= d["median"] <= d["max"], name
         assert d["min"] == min(d["rounds"]) and d["max"] == max(d["rounds"]), name
     series = m["series_s"]
-    assert len(series["jax_a"]) == len(series["jax_b"]) == 2
+    assert len(series["jax_a"]) == len(series["jax_b"]) == len(series["torch"]) == 2
     # The per-repetition ratios pair the calls of one repetition, recomputed here.
-    best = threads["torch_best"]
-    want = [t / a for t, a in zip(series[f"torch_{best}"], series["jax_a"], strict=True)]
+    want = [t / a for t, a in zip(series["torch"], series["jax_a"], strict=True)]
     assert report["ratio_details"]["jax_vs_torch_step"]["rounds"] == pytest.approx(want)
+    # Every thread count of the trial has its named ratio, its torch calls each
+    # paired with the JAX call after it (all but possibly the last torch call).
+    for n in threads["torch_candidates"]:
+        label = f"{n}thread" if n == 1 else f"{n}threads"
+        assert f"jax_vs_torch_step_{label}" in report["ratios"]
+        pairs = m["thread_trial"]["pairs"][str(n)]
+        assert len(pairs) >= by_threads[str(n)]["n"] - 1
     assert report["ratio_details"]["jax_vs_jax_control"]["aa"] == pytest.approx(
         report["ratios"]["jax_vs_jax_control"]
     )

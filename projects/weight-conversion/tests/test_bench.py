@@ -40,6 +40,7 @@ def test_every_ratio_has_baseline_aa_and_round_spread(report):
     for name, d in details.items():
         assert isinstance(d["baseline"], str) and len(d["baseline"]) > 20, name
         assert d["aa_ratio"] in data["ratios"], name
+        assert d["aa"] == data["ratios"][d["aa_ratio"]], name
         assert math.isfinite(d["aa"]) and d["aa"] > 0, name
         assert len(d["rounds"]) == data["config"]["rounds"] == 2, name
         assert d["min"] <= d["median"] <= d["max"], name

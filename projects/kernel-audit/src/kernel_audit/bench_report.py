@@ -49,6 +49,7 @@ def identity(size_name: str, size: Any, interpret: bool) -> dict[str, Any]:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "commit": _git_commit(),
         "config_sha256": hashlib.sha256(blob.encode()).hexdigest(),
+        "loadavg_at_end": list(os.getloadavg()),  # Written when the run ends.
     }
 
 

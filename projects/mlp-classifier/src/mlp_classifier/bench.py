@@ -37,15 +37,14 @@ stops the epoch short of the ceiling.
 Ratios are `<setting>/<a>_vs_<b>` = median time of b / median time of a:
 above 1 means a is faster. `ratio_details` gives each one's baseline, the
 A/A control and the per-round ratios (min, median, max); see `bench_report`.
-The timed paths are in `bench_paths.py` (the PyTorch one in `bench_torch.py`),
-the timing harness in `bench_timing.py`, the report helpers in
-`bench_report.py`; this file holds the settings, runs them and writes the report.
+The settings and their batches are in `bench_settings.py`, the timed paths in
+`bench_paths.py` (the PyTorch one in `bench_torch.py`), the timing harness in
+`bench_timing.py`, the ratio and report helpers in `bench_report.py`; this
+file runs the settings and writes the report.
 """
 
 import dataclasses
-import functools
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -62,11 +61,23 @@ from mlp_classifier.bench_paths import (
     MatmulFloorPath,
     NnxJitPath,
     ScanPath,
+    ScopedPath,
     SplitJitPath,
     TrainStepPath,
     init_train_state,
 )
-from mlp_classifier.bench_report import identity, plot, ratio, ratio_entry, round_ratios, table
+from mlp_classifier.bench_report import (
+    BASELINES,
+    LIMIT_PATHS,
+    identity,
+    limit_costs,
+    plot,
+    ratio,
+    ratio_entry,
+    round_ratios,
+    table,
+)
+from mlp_classifier.bench_settings import Setting, bench_size, make_batches
 from mlp_classifier.bench_timing import CompileCounter, TimedPath, measure
 from mlp_classifier.config import Config
 
@@ -81,142 +92,6 @@ TARGETS = {
     "large/scan_vs_gemm_ceiling": 0.85,
 }
 
-# The baseline of each ratio `<a>_vs_<b>`, named by its `b` path.
-BASELINES = {
-    "split_jit": "split_jit: the lean per-step loop a practitioner writes, nnx.split once, "
-    "a Python loop over one jax.jit step on (graphdef, state) with the state donated, "
-    "nnx.merge when the weights are read",
-    "nnx_jit": "nnx_jit: a Python loop over an nnx.jit step, which walks the object graph "
-    "in Python on every call (the slowest per-step loop, kept to show that cost)",
-    "scan_aa": "scan_aa: a second copy of the scan path (same executable, own state), "
-    "interleaved with it: the A/A control",
-    "torch": "torch: the same MLP, loss, AdamW, weights and batches in PyTorch eager, "
-    "a Python loop over optimizer steps",
-    "train_step": "train_step: the project's own train.train_step (split + jax.jit, no "
-    "donation) in a Python loop, what `mlp-classifier train` runs",
-    "gemm_ceiling": "gemm_ceiling: one jitted f32 n x n @ n x n matmul timed in the same "
-    "rounds; the ratio is the epoch's FLOP/s (cost analysis) over the GEMM's",
-}
-
-
-# --- SIZES -------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """One workload, run identically by every path.
-
-    name: `small` or `large`; prefixes the setting's measurement and ratio keys.
-    config: the project config that fixes the model, optimizer, dropout and
-      batch size (`Config.seed` fixes the initial weights and data order).
-    source: `digits` (the project's train split, padded to whole batches) or
-      `synthetic` (uniform [0, 1) features, uniform labels, no padding).
-    in_features: input width; 64 for `digits`.
-    num_steps: steps per epoch; for `digits`, None means the whole train split.
-    """
-
-    name: str
-    config: Config
-    source: str
-    in_features: int
-    num_steps: int | None
-
-    def describe(self) -> dict[str, Any]:
-        """The setting as JSON-ready data (also what the config hash covers)."""
-        return {
-            "config": self.config.model_dump(mode="json"),
-            "source": self.source,
-            "in_features": self.in_features,
-            "num_steps": self.num_steps,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchSize:
-    """A full bench run: both settings, `repeats` timed epochs per path, and a
-    `gemm_n`-cubed f32 matmul for the FLOP/s ceiling."""
-
-    small: Setting
-    large: Setting
-    repeats: int
-    gemm_n: int
-
-
-def bench_size(size: str) -> BenchSize:
-    """`default`: the measured run (1-3 minutes). `tiny`: the same code on
-    toy shapes and 3 repeats, a few seconds, for tests only."""
-    base = Config.default()
-    if size == "tiny":
-        small = Config(**{**base.model_dump(), "hidden_sizes": (16,), "dropout_rate": 0.1})
-        large = Config(**{**base.model_dump(), "hidden_sizes": (32, 32), "batch_size": 64})
-        return BenchSize(
-            small=Setting("small", small, "digits", data.NUM_FEATURES, num_steps=4),
-            large=Setting("large", large, "synthetic", 32, num_steps=3),
-            repeats=3,
-            gemm_n=128,
-        )
-    if size == "default":
-        # The project default, widened: same depth as its (256, 128), width 512.
-        large_hidden = tuple(512 for _ in base.hidden_sizes) or (512,)
-        large = Config(**{**base.model_dump(), "hidden_sizes": large_hidden, "batch_size": 512})
-        return BenchSize(
-            small=Setting("small", base, "digits", data.NUM_FEATURES, num_steps=None),
-            large=Setting("large", large, "synthetic", 512, num_steps=16),
-            repeats=25,
-            gemm_n=2048,
-        )
-    raise click.BadParameter(f"Unknown bench size `{size}`; use `tiny` or `default`.")
-
-
-# --- DATA --------------------------------------------------------------------
-
-
-def make_batches(setting: Setting) -> dict[str, np.ndarray]:
-    """One epoch of batches, stacked: `image` float32 `(S, B, F)`, `label`
-    int32 `(S, B)`, `mask` bool `(S, B)`. Same setting, same arrays."""
-    config = setting.config
-    batch_size = config.batch_size
-    rng = np.random.default_rng(config.seed)
-    if setting.source == "digits":
-        digits, ids = _digits_train_split(
-            config.split_seed, config.val_fraction, config.test_fraction
-        )
-        ids = rng.permutation(ids)
-        num_steps = math.ceil(len(ids) / batch_size)
-        if setting.num_steps is not None:
-            num_steps = min(num_steps, setting.num_steps)
-        ids = ids[: num_steps * batch_size]
-        # The last batch is padded and masked, as in the project's pipeline.
-        padded = np.full(num_steps * batch_size, -1)
-        padded[: len(ids)] = ids
-        images = np.where(padded[:, None] >= 0, digits.images[padded], 0.0).astype(np.float32)
-        labels = np.where(padded >= 0, digits.labels[padded], 0).astype(np.int32)
-        mask = padded >= 0
-    elif setting.source == "synthetic":
-        n = setting.num_steps * batch_size
-        images = rng.random((n, setting.in_features), dtype=np.float32)
-        labels = rng.integers(0, data.NUM_CLASSES, n).astype(np.int32)
-        mask = np.ones(n, dtype=bool)
-    else:
-        raise ValueError(f"Unknown data source `{setting.source}`; use `digits` or `synthetic`.")
-    return {
-        "image": images.reshape(-1, batch_size, setting.in_features),
-        "label": labels.reshape(-1, batch_size),
-        "mask": mask.reshape(-1, batch_size),
-    }
-
-
-@functools.cache
-def _digits_train_split(
-    split_seed: int, val_fraction: float, test_fraction: float
-) -> tuple[data.Digits, np.ndarray]:
-    """The digits and the project's train IDs; cached because `split_ids`
-    compiles a permutation per class size, seconds on a busy 2-core machine."""
-    digits = data.load()
-    key = jax.random.key(split_seed)
-    return digits, data.split_ids(digits.labels, key, val_fraction, test_fraction)["train"]
-
-
 # --- ONE SETTING ---------------------------------------------------------------
 
 
@@ -229,19 +104,10 @@ def _pairs(measurements: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str]
         "scan_vs_scan_aa": ("scan", "scan_aa"),
         "scan_vs_torch": ("scan", "torch"),
         "scan_vs_train_step": ("scan", "train_step"),
+        "scan_vs_scan_partitionable_bits": ("scan", "scan_partitionable_bits"),
+        "scan_vs_scan_original_bits": ("scan", "scan_original_bits"),
     }
     return {k: v for k, v in pairs.items() if v[0] in measurements and v[1] in measurements}
-
-
-# The bounds timed in the large setting: what the epoch would cost if a part
-# of its work were free. Their `*_vs_gemm_ceiling` ratios use the real
-# model's epoch FLOPs, so they read "the fraction of the ceiling the epoch
-# would reach without ...".
-LIMIT_PATHS = {
-    "scan_no_dropout": "the scan epoch with dropout_rate 0 (no random bits, no masks)",
-    "scan_sgd_no_dropout": "also with optax.sgd (momentum 0.9) instead of AdamW",
-    "matmul_floor": "the epoch's 8 matrix products per step alone (bench_paths.MatmulFloorPath)",
-}
 
 
 def limit_paths(setting: Setting, batches: dict[str, np.ndarray]) -> list[TimedPath]:
@@ -259,22 +125,6 @@ def limit_paths(setting: Setting, batches: dict[str, np.ndarray]) -> list[TimedP
     ]
 
 
-def limit_costs(measurements: dict[str, dict[str, Any]], steps: int) -> dict[str, float]:
-    """Milliseconds per step, from the medians: `dropout` (scan minus
-    scan_no_dropout), `adamw_over_sgd` (scan_no_dropout minus
-    scan_sgd_no_dropout), `other_non_matmul` (scan_sgd_no_dropout minus
-    matmul_floor: biases, relu, softmax cross-entropy, SGD, copies) and
-    `matmuls` (matmul_floor). Differences of medians: noisy, can be negative."""
-    med = {k: measurements[k]["median_s"] * 1e3 / steps for k in ("scan", *LIMIT_PATHS)}
-    return {
-        "dropout": med["scan"] - med["scan_no_dropout"],
-        "adamw_over_sgd": med["scan_no_dropout"] - med["scan_sgd_no_dropout"],
-        "other_non_matmul": med["scan_sgd_no_dropout"] - med["matmul_floor"],
-        "matmuls": med["matmul_floor"],
-        "step": med["scan"],
-    }
-
-
 def run_setting(
     setting: Setting,
     repeats: int,
@@ -285,7 +135,23 @@ def run_setting(
 ) -> dict[str, Any]:
     """Builds every path for `setting`, measures them interleaved and derives
     the ratios, the loss-agreement checks and (with `gemm_n`) the FLOP rates.
-    Measurement keys are `<setting>/<path>`."""
+    Measurement keys are `<setting>/<path>`. Runs under
+    `jax.threefry_partitionable(setting.threefry_partitionable)` when that is
+    set; then a `scan_partitionable_bits` path runs under the opposite value."""
+    if setting.threefry_partitionable is None:
+        return _run_setting(setting, repeats, gemm_n, torch_module, counter, log)
+    with jax.threefry_partitionable(setting.threefry_partitionable):
+        return _run_setting(setting, repeats, gemm_n, torch_module, counter, log)
+
+
+def _run_setting(
+    setting: Setting,
+    repeats: int,
+    gemm_n: int | None,
+    torch_module: Any,
+    counter: CompileCounter,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     batches = make_batches(setting)
     # Host->device placement of one epoch, timed apart: the paths get their
     # batches on the device before the clock starts, so no step waits for data.
@@ -302,6 +168,10 @@ def run_setting(
         torch_path = torch_module.TorchPath(model, setting.config, batches, setting.config.seed)
         paths.append(torch_path)
     paths.append(ScanPath("scan_aa", setting, batches, twin_of=scan))
+    if setting.threefry_partitionable is not None:
+        other = not setting.threefry_partitionable
+        name = "scan_partitionable_bits" if other else "scan_original_bits"
+        paths.append(ScopedPath(other, lambda: ScanPath(name, setting, batches)))
     if setting.in_features == data.NUM_FEATURES:
         paths.append(TrainStepPath("train_step", setting, batches))
     gemm = None
@@ -344,6 +214,7 @@ def run_setting(
         for name, losses in first_losses.items()
         if name != "nnx_jit"
         and name not in LIMIT_PATHS
+        and name not in ("scan_partitionable_bits", "scan_original_bits")
         and (name != "torch" or setting.config.dropout_rate == 0.0)
     }
 
@@ -366,7 +237,8 @@ def run_setting(
             gemm_cost_analysis_flops=gemm.cost["flops"],
             gemm_flop_per_s=gemm_rate,
         )
-        for path in ("scan", *LIMIT_PATHS):
+        bits = [p for p in ("scan_partitionable_bits", "scan_original_bits") if p in measurements]
+        for path in ("scan", *bits, *LIMIT_PATHS):
             name = f"{path}_vs_gemm_ceiling"
             ratios[name] = flops["epoch_flops"] / measurements[path]["median_s"] / gemm_rate
             # Per round: the epoch's FLOP rate over the GEMM's, both from that round.
@@ -379,8 +251,10 @@ def run_setting(
                 )
             ]
             baseline = BASELINES["gemm_ceiling"]
-            if path != "scan":
+            if path in LIMIT_PATHS:
                 baseline += f"; {path} is a bound, not a result: {LIMIT_PATHS[path]}"
+            elif path != "scan":
+                baseline += f"; {BASELINES[path]}"
             details[name] = ratio_entry(baseline, aa, rounds)
         flops["limits_ms_per_step"] = limit_costs(measurements, steps)
 

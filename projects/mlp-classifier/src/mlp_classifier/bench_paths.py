@@ -13,6 +13,7 @@ bool `(S, B)`), and has the interface `bench_timing.TimedPath`:
   `GemmPath`: one large f32 matmul per call, the FLOP/s ceiling.
   `MatmulFloorPath`: the matrix products of an epoch's steps alone, in one
       scan: what the epoch would cost if everything but its GEMMs were free.
+  `ScopedPath`: another path under a given `jax.threefry_partitionable`.
 The PyTorch eager path (d) is in `bench_torch.py`.
 """
 
@@ -31,8 +32,8 @@ from mlp_classifier.config import Config
 from mlp_classifier.model import MLP
 from mlp_classifier.train import loss_fn
 
-if TYPE_CHECKING:  # `bench.py` imports this module, so only for annotations.
-    from mlp_classifier.bench import Setting
+if TYPE_CHECKING:  # Only for annotations.
+    from mlp_classifier.bench_settings import Setting
 
 Batch = dict[str, jax.Array]
 
@@ -354,6 +355,32 @@ def _matmul_epoch(kernels: list[jax.Array], images: jax.Array) -> list[jax.Array
         return new, None
 
     return jax.lax.scan(step, kernels, images)[0]
+
+
+class ScopedPath:
+    """A path built, compiled and run under `jax.threefry_partitionable(value)`
+    (the config is part of JAX's compile cache key, so each call re-enters
+    it; the cost, microseconds, is inside the timed epoch)."""
+
+    def __init__(self, value: bool, build: Callable[[], "ScanPath"]):
+        self.value = value
+        with jax.threefry_partitionable(value):
+            self.path = build()
+        self.name = self.path.name
+        self.cost: dict[str, float] = {}
+
+    def prepare(self) -> dict[str, float]:
+        with jax.threefry_partitionable(self.value):
+            times = self.path.prepare()
+        self.cost = self.path.cost
+        return times
+
+    def run_epoch(self) -> None:
+        with jax.threefry_partitionable(self.value):
+            self.path.run_epoch()
+
+    def losses(self) -> np.ndarray:
+        return self.path.losses()
 
 
 def _param_arrays(model: MLP) -> dict[str, np.ndarray]:

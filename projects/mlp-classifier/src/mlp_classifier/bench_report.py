@@ -19,8 +19,58 @@ import jax
 import numpy as np
 import optax
 
-if TYPE_CHECKING:  # `bench.py` imports this module, so only for annotations.
-    from mlp_classifier.bench import BenchSize
+if TYPE_CHECKING:  # Only for annotations.
+    from mlp_classifier.bench_settings import BenchSize
+
+
+# The baseline of each ratio `<a>_vs_<b>`, named by its `b` path.
+BASELINES = {
+    "split_jit": "split_jit: the lean per-step loop a practitioner writes, nnx.split once, "
+    "a Python loop over one jax.jit step on (graphdef, state) with the state donated, "
+    "nnx.merge when the weights are read",
+    "nnx_jit": "nnx_jit: a Python loop over an nnx.jit step, which walks the object graph "
+    "in Python on every call (the slowest per-step loop, kept to show that cost)",
+    "scan_aa": "scan_aa: a second copy of the scan path (same executable, own state), "
+    "interleaved with it: the A/A control",
+    "torch": "torch: the same MLP, loss, AdamW, weights and batches in PyTorch eager, "
+    "a Python loop over optimizer steps",
+    "train_step": "train_step: the project's own train.train_step (split + jax.jit, no "
+    "donation) in a Python loop, what `mlp-classifier train` runs",
+    "scan_partitionable_bits": "scan_partitionable_bits: the scan path built, compiled "
+    "and run under JAX's default jax.threefry_partitionable(True), twice the threefry "
+    "work per dropout bit (the setting itself runs with False)",
+    "scan_original_bits": "scan_original_bits: the scan path under "
+    "jax.threefry_partitionable(False), half the threefry work per dropout bit",
+    "gemm_ceiling": "gemm_ceiling: one jitted f32 n x n @ n x n matmul timed in the same "
+    "rounds; the ratio is the epoch's FLOP/s (cost analysis) over the GEMM's",
+}
+
+
+# The bounds timed in the large setting: what the epoch would cost if a part
+# of its work were free. Their `*_vs_gemm_ceiling` ratios use the real
+# model's epoch FLOPs, so they read "the fraction of the ceiling the epoch
+# would reach without ...".
+LIMIT_PATHS = {
+    "scan_no_dropout": "the scan epoch with dropout_rate 0 (no random bits, no masks)",
+    "scan_sgd_no_dropout": "also with optax.sgd (momentum 0.9) instead of AdamW",
+    "matmul_floor": "the epoch's 8 matrix products per step alone (bench_paths.MatmulFloorPath)",
+}
+
+
+def limit_costs(measurements: dict[str, dict[str, Any]], steps: int) -> dict[str, float]:
+    """Milliseconds per step, from the medians: `dropout` (scan minus
+    scan_no_dropout), `adamw_over_sgd` (scan_no_dropout minus
+    scan_sgd_no_dropout), `other_non_matmul` (scan_sgd_no_dropout minus
+    matmul_floor: biases, relu, softmax cross-entropy, SGD, copies) and
+    `matmuls` (matmul_floor). Differences of medians: noisy, can be negative."""
+    med = {k: measurements[k]["median_s"] * 1e3 / steps for k in ("scan", *LIMIT_PATHS)}
+    return {
+        "dropout": med["scan"] - med["scan_no_dropout"],
+        "adamw_over_sgd": med["scan_no_dropout"] - med["scan_sgd_no_dropout"],
+        "other_non_matmul": med["scan_sgd_no_dropout"] - med["matmul_floor"],
+        "matmuls": med["matmul_floor"],
+        "step": med["scan"],
+    }
 
 
 def ratio(measurements: dict[str, dict[str, Any]], a: str, b: str) -> float:

@@ -4,9 +4,9 @@
 Measured with lowering and XLA compilation timed apart from the first call and
 the warm calls; every timed JAX call ends in `jax.block_until_ready`; compiles
 counted through `jax.monitoring` (the timed rounds must add none); the paths
-timed interleaved (one call of each path per round, in `PATHS` order, then an
-untimed forward call that absorbs the slow first JAX call after the SciPy loop)
-for `reps` rounds, with an A/A control (`diffrax_aa`: the forward executable timed
+timed interleaved (one call of each path per round, in `PATHS` order, each JAX
+path right after an untimed call of itself, i.e. in steady state) for `reps`
+rounds, with an A/A control (`diffrax_aa`: the forward executable timed
 again as a separate path, which shows the noise); median and p90 reported; the
 identity of what ran recorded. Both solvers are explicit 5(4) Runge-Kutta
 pairs (Tsit5, Dormand-Prince RK45) at the same rtol = atol, in float64, saving
@@ -290,10 +290,13 @@ def run(size: str = "default", progress: Callable[[str], None] | None = None) ->
     compiles_before = _compiles["count"]
     for _ in range(cfg["reps"]):
         for name, fn in executables.items():
+            # Every JAX path is timed right after an untimed call of itself: in steady
+            # state, as in a loop that calls it repeatedly. Without it, the call after
+            # another executable measured slower (A/A 0.78-0.96 after the SciPy loop,
+            # 1.31 after the checkpointed gradient).
+            if name != "scipy_loop":
+                fn()
             times[name].append(_timed(fn))
-        # Untimed: the JAX call right after the SciPy loop measured slower than its
-        # A/A copy (ratio 0.78-0.96 without this call); this call takes that place.
-        executables["diffrax_forward"]()
     compiles_in_timed_rounds = _compiles["count"] - compiles_before
     for name, values in times.items():
         measurements[name].update(_stats(values))

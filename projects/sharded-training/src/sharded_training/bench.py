@@ -9,10 +9,11 @@ What runs (8 simulated CPU devices, the (4, 2) mesh, the default model):
    `before` (one training step per compiled call), `after` (8 steps per call,
    `lax.scan`) and `before_aa` (a second copy of `before`: the A/A control), at
    batch 96 and again at batch 16 (suffix `_b16`). One round runs every path
-   for `BLOCK_STEPS` training steps, in an order rotated each round; a path's
-   value for the round is seconds per training step. Compile (`lower().compile()`)
-   is timed apart; every call ends in `block_until_ready`; every path reads the
-   training pipeline with the same prefetch depth in steps.
+   for `BLOCK_STEPS` training steps, in an order shuffled each round (seeded);
+   a path's value for the round is seconds per training step. Compile
+   (`lower().compile()`) is timed apart; every call ends in
+   `block_until_ready`; every path reads the training pipeline with the same
+   prefetch depth in steps.
 3. Checkpoint blocking: how long `CheckpointManager.save` blocks the loop,
    async against sync saves, with a second sync manager as the A/A control,
    interleaved per round (order rotated), every earlier save (of any manager)
@@ -31,6 +32,7 @@ sentence), the A/A, the per-round ratios and their min, median and max.
 
 import json
 import os
+import random
 import shutil
 import statistics
 import time
@@ -102,8 +104,12 @@ def time_steps(batches: dict[str, Config], rounds: int, say) -> dict[str, dict[s
             v.iteration(i)
     names = list(paths)
     per_step: dict[str, list[float]] = {n: [] for n in names}
+    order = random.Random(0)
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        # A seeded shuffle, not a rotation: a rotation keeps each path's predecessor
+        # fixed, and a predecessor's Grain reader refilling its prefetch in the
+        # background (more work at batch 96) would then always slow the same path.
+        for name in order.sample(names, len(names)):
             v = paths[name]
             start = time.perf_counter()
             for i in range(BLOCK_STEPS // v.k):

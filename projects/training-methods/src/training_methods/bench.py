@@ -187,15 +187,62 @@ def _thread_label(n: int) -> str:
     return f"{n}thread" if n == 1 else f"{n}threads"
 
 
+def _thread_rounds(full: dict, candidates: list[int], repetitions: int) -> dict:
+    """Phase 1, the thread trial: per repetition the JAX step twice and the
+    PyTorch step once at each thread count, ordered A, torch(1), B, torch(N)
+    then B, torch(N), A, torch(1), so that each JAX copy follows each torch
+    setting in half the repetitions.
+
+    Returns `torch[n]` (the torch times at n threads), `after[n]` (the JAX
+    calls timed right after a torch call at n threads) and `pairs[n]` (each
+    torch call at n threads with the JAX call that followed it).
+    """
+    first_t, last_t = candidates[0], candidates[-1]
+    torch_t: dict[int, list[float]] = {n: [] for n in candidates}
+    after: dict[int, list[float]] = {n: [] for n in candidates}
+    pairs: dict[int, list[tuple[float, float]]] = {n: [] for n in candidates}
+    # One untimed call per thread count starts its worker pool; the last one
+    # at `first_t`, which is what precedes every other repetition.
+    for n in reversed(candidates):
+        _torch_call(full["torch"], n)
+    # The torch call just before, (n, its time); the warm-up call has no time.
+    previous: tuple[int, float | None] | None = (first_t, None)
+    for i in range(repetitions):
+        order = [("jax", None), ("torch", first_t), ("jax", None), ("torch", last_t)]
+        if i % 2:
+            order = [order[0], order[3], order[2], order[1]]
+        if len(candidates) == 1:
+            order = order[:3]
+        for kind, n in order:
+            if kind == "torch":
+                (t,) = _torch_call(full["torch"], n)
+                torch_t[n].append(t)
+                previous = (n, t)
+                continue
+            (t,) = _timed(full["jax"], 1)
+            if previous is not None:
+                after[previous[0]].append(t)
+                if previous[1] is not None:
+                    pairs[previous[0]].append((previous[1], t))
+            previous = None
+    return {"torch": torch_t, "after": after, "pairs": pairs}
+
+
+def _torch_call(fn, n: int) -> list[float]:
+    torch.set_num_threads(n)  # Outside the timed region.
+    return _timed(fn, 1)
+
+
 def step_timings(config: Config, repetitions: int = 20) -> dict:
     """Medians of the JAX and PyTorch training steps at the configured batch and
     at a quarter of it, and XLA's FLOP count of each JAX step.
 
-    Full batch: per repetition the JAX step twice (copies A and B, the A/A
-    control) and the PyTorch step once at each thread count of
-    `torch_thread_candidates()`, ordered A, torch(1), B, torch(N) then B,
-    torch(N), A, torch(1). The PyTorch thread count with the lower median is
-    PyTorch's best, the baseline of `jax_vs_torch_step`.
+    Phase 1 (`_thread_rounds`) times PyTorch at each thread count of
+    `torch_thread_candidates()` between JAX steps; the count with the lower
+    median is PyTorch's best. Phase 2, the comparison: per repetition the JAX
+    step twice (copies A and B, the A/A control) and PyTorch once at its best
+    thread count, ordered A, torch, B then B, torch, A (each JAX copy follows
+    torch in half the repetitions).
 
     The quarter batch (PyTorch at its best thread count) separates what a step
     costs whatever its size (launching its many small kernels, the optimizer's
@@ -209,40 +256,16 @@ def step_timings(config: Config, repetitions: int = 20) -> dict:
     quarter_size = max(1, config.batch_size // 4)
     quarter = _steps(config, quarter_size)
 
-    def torch_call(fn, n: int) -> list[float]:
-        torch.set_num_threads(n)  # Outside the timed region.
-        return _timed(fn, 1)
-
-    first_t, last_t = candidates[0], candidates[-1]
-    jax_a, jax_b = [], []
-    torch_t: dict[int, list[float]] = {n: [] for n in candidates}
-    # after[n]: the JAX calls (either copy) timed right after torch at n threads.
-    after: dict[int, list[float]] = {n: [] for n in candidates}
-    # One untimed call per thread count starts its worker pool; the last one
-    # at `first_t`, which is what precedes every other repetition.
-    for n in reversed(candidates):
-        torch_call(full["torch"], n)
-    previous: int | None = first_t  # Thread count of the torch call just before; None: JAX.
-    for i in range(repetitions):
-        order = (
-            [("A", None), ("T", first_t), ("B", None), ("T", last_t)]
-            if i % 2 == 0
-            else [("B", None), ("T", last_t), ("A", None), ("T", first_t)]
-        )
-        if len(candidates) == 1:
-            order = order[:3]
-        for kind, n in order:
-            if kind == "T":
-                torch_t[n] += torch_call(full["torch"], n)
-                previous = n
-                continue
-            (t,) = _timed(full["jax"], 1)
-            (jax_a if kind == "A" else jax_b).append(t)
-            if previous is not None:
-                after[previous].append(t)
-            previous = None
-    best = min(candidates, key=lambda n: float(np.median(torch_t[n])))
+    trial = _thread_rounds(full, candidates, repetitions)
+    best = min(candidates, key=lambda n: float(np.median(trial["torch"][n])))
     torch.set_num_threads(best)
+    _timed(full["torch"], 1)  # Untimed: the first call at the kept thread count.
+    jax_a, jax_b, torch_t = [], [], []
+    for i in range(repetitions):
+        first, second = (jax_a, jax_b) if i % 2 == 0 else (jax_b, jax_a)
+        first += _timed(full["jax"], 1)
+        torch_t += _timed(full["torch"], 1)
+        second += _timed(full["jax"], 1)
     # The quarter batch: JAX and torch alternate, each first in half the repetitions.
     jax_q, torch_q = [], []
     for i in range(repetitions):
@@ -254,27 +277,28 @@ def step_timings(config: Config, repetitions: int = 20) -> dict:
     matmul["torch_threads"] = best
     torch.set_num_threads(previous_threads)
 
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "threads": {
-            "jax": "XLA CPU default: one intra-op thread per visible core "
-            f"({len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'})",
+            "jax": f"XLA CPU default: one intra-op thread per visible core ({cores})",
             "torch_candidates": candidates,
             "torch_best": best,
         },
         "jax_step": _summary(jax_a, **full["compile"], flops=full["flops"]),
         "jax_step_control": _summary(jax_b),
         "torch_eager_step": _summary(
-            torch_t[best], first_call_s=full["torch_first_call_s"], threads=best
+            torch_t, first_call_s=full["torch_first_call_s"], threads=best
         ),
-        "torch_eager_step_by_threads": {str(n): _summary(t, threads=n) for n, t in torch_t.items()},
-        "jax_step_after_torch": {
-            str(n): {**_summary(t), "series": t} for n, t in after.items() if t
+        "thread_trial": {
+            "torch_eager_step_by_threads": {
+                str(n): _summary(t, threads=n) for n, t in trial["torch"].items()
+            },
+            "jax_step_after_torch": {
+                str(n): {**_summary(t), "series": t} for n, t in trial["after"].items() if t
+            },
+            "pairs": {str(n): p for n, p in trial["pairs"].items()},
         },
-        "series": {
-            "jax_a": jax_a,
-            "jax_b": jax_b,
-            **{f"torch_{n}": t for n, t in torch_t.items()},
-        },
+        "series": {"jax_a": jax_a, "jax_b": jax_b, "torch": torch_t},
         "quarter_batch": {
             "batch_size": quarter_size,
             "jax_step": _summary(jax_q, flops=quarter["flops"]),
@@ -358,58 +382,62 @@ def _spread(rounds: list[float]) -> dict:
 def step_ratios(steps: dict) -> tuple[dict[str, float], dict[str, dict]]:
     """The timing ratios of `step_timings` and their details.
 
-    Each ratio is a ratio of medians; its `rounds` pair the calls of one
-    repetition (torch's call over copy A's, copy B's over copy A's). The order
-    effect pairs repetitions 2k (JAX after torch at 1 thread) and 2k + 1 (after
-    torch at N threads): the sum of the two JAX calls of the second over the
-    first's.
+    Each ratio is a ratio of medians. `rounds`: for the phase-2 ratios the
+    calls of one repetition (torch's over copy A's, copy B's over copy A's);
+    for the per-thread ratios of the trial each torch call over the JAX call
+    right after it; for the order effect, repetitions 2k (JAX after torch at 1
+    thread) and 2k + 1 (after N threads), the sum of the two JAX calls of the
+    second over the first's.
     """
     series = steps["series"]
     jax_a, jax_b = np.asarray(series["jax_a"]), np.asarray(series["jax_b"])
+    torch_main = np.asarray(series["torch"])
     candidates = steps["threads"]["torch_candidates"]
     best = steps["threads"]["torch_best"]
-    aa_rounds = jax_b / jax_a
+    trial = steps["thread_trial"]
     aa = float(np.median(jax_b) / np.median(jax_a))
-    ratios: dict[str, float] = {}
-    details: dict[str, dict] = {}
-
-    def torch_ratio(name: str, n: int, baseline: str) -> None:
-        t = np.asarray(series[f"torch_{n}"])
-        ratios[name] = float(np.median(t) / np.median(jax_a))
-        details[name] = {
-            "baseline": baseline,
+    same = "same weights, objective (response-only cross-entropy) and AdamW, same batch"
+    ratios = {"jax_vs_torch_step": float(np.median(torch_main) / np.median(jax_a))}
+    details = {
+        "jax_vs_torch_step": {
+            "baseline": f"PyTorch eager at its best thread count: {best}, the faster median "
+            f"of {', '.join(map(str, candidates))} threads in the thread trial; {same}",
             "aa": aa,
             "aa_ratio": "jax_vs_jax_control",
-            **_spread(list(t / jax_a)),
+            **_spread(list(torch_main / jax_a)),
         }
-
-    same = "same weights, objective (response-only cross-entropy) and AdamW, same batch"
-    torch_ratio(
-        "jax_vs_torch_step",
-        best,
-        f"PyTorch eager at its best thread count: {best}, the faster median of "
-        f"{', '.join(map(str, candidates))} threads timed in the same rounds; {same}",
-    )
+    }
     for n in candidates:
-        torch_ratio(
-            f"jax_vs_torch_step_{_thread_label(n)}", n, f"PyTorch eager at {n} thread(s); {same}"
-        )
+        name = f"jax_vs_torch_step_{_thread_label(n)}"
+        torch_n = trial["torch_eager_step_by_threads"][str(n)]["median_s"]
+        after = trial["jax_step_after_torch"].get(str(n))
+        pairs = trial["pairs"][str(n)]
+        if after is None or not pairs:
+            continue
+        ratios[name] = torch_n / after["median_s"]
+        details[name] = {
+            "baseline": f"PyTorch eager at {n} thread(s) in the thread trial, against the "
+            f"JAX steps timed right after it; {same}",
+            "aa": aa,
+            "aa_ratio": "jax_vs_jax_control",
+            **_spread([t / j for t, j in pairs]),
+        }
     ratios["jax_vs_jax_control"] = aa
     details["jax_vs_jax_control"] = {
         "baseline": "the same jitted JAX step (copy B) timed in the same repetitions as copy A",
         "aa": aa,
         "aa_ratio": "jax_vs_jax_control",
-        **_spread(list(aa_rounds)),
+        **_spread(list(jax_b / jax_a)),
     }
-    after = steps["jax_step_after_torch"]
+    after = trial["jax_step_after_torch"]
     first, last = candidates[0], candidates[-1]
     if len(candidates) > 1 and str(first) in after and str(last) in after:
         after_first = np.asarray(after[str(first)]["series"])
         after_last = np.asarray(after[str(last)]["series"])
-        pairs = min(len(after_first), len(after_last)) // 2
+        count = min(len(after_first), len(after_last)) // 2
         rounds = [
             float(after_last[2 * k : 2 * k + 2].sum() / after_first[2 * k : 2 * k + 2].sum())
-            for k in range(pairs)
+            for k in range(count)
         ]
         name = f"jax_after_torch_{_thread_label(first)}_vs_after_torch_{_thread_label(last)}"
         ratios[name] = float(np.median(after_last) / np.median(after_first))
@@ -445,11 +473,7 @@ def run(config: Config, out: Path, repetitions: int = 20) -> dict:
         "jax_step": steps["jax_step"],
         "jax_step_control": steps["jax_step_control"],
         "torch_eager_step": steps["torch_eager_step"],
-        "torch_eager_step_by_threads": steps["torch_eager_step_by_threads"],
-        "jax_step_after_torch": {
-            k: {key: v for key, v in m.items() if key != "series"}
-            for k, m in steps["jax_step_after_torch"].items()
-        },
+        "thread_trial": steps["thread_trial"],
         "threads": steps["threads"],
         "quarter_batch": steps["quarter_batch"],
         "matmul": steps["matmul"],

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from training_methods.bench import step_limits
+from training_methods.bench_report import step_limits
 from training_methods.cli import main
 
 TINY = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.json")

@@ -6,8 +6,9 @@ lands inside them.
     python scripts/bench_summary.py --readme projects/<id> --verify   # exit 1 if stale
 
 Every `<project> bench` writes a JSON report with `ratios` (name -> float) and
-`ratio_details` (name -> {"aa": the A/A control, "min"/"median"/"max" of the
-per-round ratios, ...}). This prints, per ratio, its value in each run, the
+`ratio_details` (name -> {"aa": the A/A control, as a value or as its
+per-round spread with a "median", "min"/"median"/"max" of the per-round
+ratios, ...}). This prints, per ratio, its value in each run, the
 range over the runs and the range of its A/A control: the figures a README
 states as "range over N runs". Three runs rarely span where a fourth lands, so
 each ratio also gets an expected range for a rerun: the observed range widened
@@ -52,11 +53,16 @@ def read_ratios(path: Path) -> tuple[dict[str, float], dict[str, float]]:
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     }
     details = report.get("ratio_details") or {}
-    aa = {
-        k: float(d["aa"])
-        for k, d in details.items()
-        if isinstance(d, dict) and isinstance(d.get("aa"), int | float) and k in ratios
-    }
+    aa = {}
+    for k, d in details.items():
+        if not isinstance(d, dict) or k not in ratios:
+            continue
+        control = d.get("aa")
+        # Either the A/A's value, or its per-round spread (then its median).
+        if isinstance(control, dict):
+            control = control.get("median")
+        if isinstance(control, int | float) and not isinstance(control, bool):
+            aa[k] = float(control)
     return ratios, aa
 
 

@@ -18,6 +18,8 @@ Commands:
   python scripts/seeded_bugs.py --readme <id> ...        rewrite the README table
   python scripts/seeded_bugs.py --list <id>              print the table
   python scripts/seeded_bugs.py <id> --only a,b          apply only those bugs
+  python scripts/seeded_bugs.py <id> ... --bugs DIR        try another list: DIR/<id>.toml
+      in the same format (a fresh trial of bugs no project lists), same checks
 """
 
 from __future__ import annotations
@@ -57,11 +59,12 @@ class Bug:
     tests: tuple[str, ...]
 
 
-def load_bugs(project: Path) -> tuple[list[Bug], list[str]]:
-    """The project's bugs and every problem with its list (empty when valid)."""
-    path = project / "seeded_bugs.toml"
+def load_bugs(project: Path, bugs_dir: Path | None = None) -> tuple[list[Bug], list[str]]:
+    """The project's bugs and every problem with its list (empty when valid):
+    its own `seeded_bugs.toml`, or with `bugs_dir`, `bugs_dir/<id>.toml`."""
+    path = bugs_dir / f"{project.name}.toml" if bugs_dir else project / "seeded_bugs.toml"
     if not path.is_file():
-        return [], [f"{project.name}: no seeded_bugs.toml"]
+        return [], [f"{project.name}: no {path.name}"]
     try:
         with path.open("rb") as f:
             entries = tomllib.load(f).get("bugs", [])
@@ -246,20 +249,26 @@ def summarize(
     return 1 if bad or problems or len(outcomes) != expected else 0
 
 
-def load_all(projects: list[Path], only: set[str] | None = None) -> tuple[list[Bug], list[str]]:
+def load_all(
+    projects: list[Path], only: set[str] | None = None, bugs_dir: Path | None = None
+) -> tuple[list[Bug], list[str]]:
     bugs, problems = [], []
     for project in projects:
-        found, bad = load_bugs(project)
+        found, bad = load_bugs(project, bugs_dir)
         bugs += [b for b in found if not only or b.id in only]
         problems += bad
     return bugs, problems
 
 
 def check(
-    projects: list[Path], jobs: int, report: Path | None = None, only: set[str] | None = None
+    projects: list[Path],
+    jobs: int,
+    report: Path | None = None,
+    only: set[str] | None = None,
+    bugs_dir: Path | None = None,
 ) -> int:
     start = time.perf_counter()
-    bugs, problems = load_all(projects, only)
+    bugs, problems = load_all(projects, only, bugs_dir)
     for problem in problems:
         print(f"INVALID {problem}")
     with tempfile.TemporaryDirectory(prefix="seeded-bugs-") as tmp:
@@ -282,6 +291,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--list", action="store_true", help="print the README table")
     parser.add_argument("--json", type=Path, help="also write per-project rows here")
     parser.add_argument("--only", default="", help="comma-separated bug ids to apply")
+    parser.add_argument("--bugs", type=Path, help="a folder of <id>.toml lists to try instead")
     args = parser.parse_args(argv)
     projects = [ROOT / "projects" / n for n in args.projects] or learning_checked()
     for project in projects:
@@ -291,7 +301,7 @@ def main(argv: list[str]) -> int:
     if args.readme or args.list:
         status = 0
         for project in projects:
-            bugs, problems = load_bugs(project)
+            bugs, problems = load_bugs(project, args.bugs if args.list else None)
             for problem in problems:
                 print(f"INVALID {problem}", file=sys.stderr)
                 status = 1
@@ -302,7 +312,7 @@ def main(argv: list[str]) -> int:
                 print(f"{project.name}/README.md: {len(bugs)} seeded bugs in the table")
         return status
     only = {b for b in args.only.split(",") if b}
-    return check(projects, args.jobs, args.json, only)
+    return check(projects, args.jobs, args.json, only, args.bugs)
 
 
 if __name__ == "__main__":

@@ -274,7 +274,10 @@ def bench(
     check_output_path(
         out_json.parent / (out_json.stem + "-drills"), directory=True, what="The bench drills"
     )
-    say(f"observation cost: {reps} x (A, B, A') of {chunk} steps")
+    say(
+        f"observation cost: {reps} rounds of 4 chunks of {chunk} steps "
+        "(unobserved twice, observer running, observed)"
+    )
     cost = observation_cost(config, reps=reps, chunk=chunk)
     detection = {}
     if detection_repeats:

@@ -272,6 +272,40 @@ def test_log_joint_minus_log_posterior_is_the_log_evidence(seed, d, evidence):
     assert all(ok)
 
 
+@pytest.mark.parametrize(
+    "m0",
+    [None, [0.0, 1.5, 0.0], [-1.2, 0.8, 2.0]],
+    ids=["zero-mean", "one-weight-shifted", "all-shifted"],
+)
+def test_log_joint_centres_the_weight_prior_on_its_mean(m0, evidence):
+    """log_joint matches SciPy's normal, normal and inverse-gamma log densities for a prior mean
+    zero, shifted in one weight, and shifted in all.
+
+    `log N(y | X w, sigma^2 I) + log N(w | m0, sigma^2 s^2 I) + log InvGamma(sigma^2 | a0, b0)
+    + log sigma^2`, each term from `scipy.stats` in float64, at 12 points spread around
+    zero and around `m0`, with every other field of the prior held fixed."""
+    d, scale, a0, b0 = 3, 0.8, 2.5, 1.5
+    ds = data.make_dataset(jax.random.key(9), 20, d, 0.4, 0.9)
+    mean = np.zeros(d) if m0 is None else np.asarray(m0, np.float64)
+    prior = model.make_prior(d, scale, a0, b0, mean=None if m0 is None else np.float32(m0))
+    rng = np.random.default_rng(9)
+    w = np.concatenate([rng.normal(size=(6, d)) * 0.5, mean + rng.normal(size=(6, d)) * 0.5])
+    thetas = np.concatenate([w, rng.normal(size=(12, 1)) * 0.5], 1).astype(np.float32)
+    lj = jax.vmap(lambda t: model.log_joint(t, ds.x, ds.y, prior))(jnp.asarray(thetas))
+    x, y = np.asarray(ds.x, np.float64), np.asarray(ds.y, np.float64)
+    th = thetas.astype(np.float64)
+    ref = [
+        stats.norm(x @ t[:d], np.exp(0.5 * t[d])).logpdf(y).sum()
+        + stats.norm(mean, scale * np.exp(0.5 * t[d])).logpdf(t[:d]).sum()
+        + stats.invgamma(a0, scale=b0).logpdf(np.exp(t[d]))
+        + t[d]
+        for t in th
+    ]
+    cond = f"prior mean {mean.tolist()}, scale {scale}, 12 points"
+    ok = evidence.allclose("log_joint vs SciPy with prior mean", cond, lj, ref, rtol=2e-5, atol=0.0)
+    assert ok
+
+
 @pytest.mark.parametrize("seed", [6, 7])
 def test_predictive_variance(seed, evidence):
     """The predictive Student-t's variance, centre and df match a float64 sequential posterior.

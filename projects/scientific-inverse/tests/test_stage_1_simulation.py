@@ -216,6 +216,37 @@ def test_rk4_matches_exact_solution_at_order_four(batch, t_end, seed, evidence):
     ), study
 
 
+@pytest.mark.parametrize("load", [0.0, 1.5])
+def test_loaded_oscillator_divides_the_load_by_the_mass(load, evidence):
+    """A constant load enters as a force F0 / m: RK4 matches SciPy's DOP853 to 1e-7, m = 1 and not.
+
+    The batch varies the mass alone (1, 2.5 and 0.4 at the same c, k and y0),
+    with and without a load, against SciPy on m x'' + c x' + k x = F0 (rtol 1e-12)."""
+    theta = np.array([[1.0, 0.4, 4.0], [2.5, 0.4, 4.0], [0.4, 0.4, 4.0]])
+    y0 = np.array([[0.5, -0.2]] * 3)
+    run = simulate(OSCILLATOR, theta, y0, 4.0, 0.01, load=load)
+    ref = []
+    for m, c, k in theta:
+        sol = solve_ivp(
+            lambda t, y, m=m, c=c, k=k: [y[1], (load - c * y[1] - k * y[0]) / m],
+            (0.0, run.ts[-1]),
+            y0[0],
+            method="DOP853",
+            t_eval=run.ts,
+            rtol=1e-12,
+            atol=1e-12,
+        )
+        ref.append(sol.y.T)
+    assert evidence.allclose(
+        "loaded oscillator vs SciPy DOP853 (rtol 1e-12)",
+        f"load {load}, m (1, 2.5, 0.4), dt 0.01",
+        run.ys,
+        np.stack(ref),
+        rtol=0,
+        atol=1e-7,
+    )
+
+
 def _pendulum_reference(theta: np.ndarray, y0: np.ndarray, ts: np.ndarray) -> np.ndarray:
     out = []
     for (length, c), start in zip(theta, y0, strict=True):

@@ -29,6 +29,7 @@ import threading
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -318,6 +319,47 @@ def test_the_configured_heartbeat_reaches_jax_distributed(evidence):
         and options["process_id"] == 1
         and options["num_processes"] == 2,
     ), options
+
+
+def _small_state(step: int, seed: int, scale: float) -> train.TrainState:
+    """A hand-built state: two small params, their fresh Adam state, a step and a key."""
+    params = {
+        "w1": scale * jnp.arange(6, dtype=jnp.float32).reshape(2, 3),
+        "b1": jnp.full((3,), scale, jnp.float32),
+    }
+    opt_state = train.make_optimizer(CONFIG).init(params)
+    return train.TrainState(params, opt_state, jnp.asarray(step, jnp.int32), jax.random.key(seed))
+
+
+# (one state, the other): equal but for at most one field.
+DIGEST_PAIRS = {
+    "nothing": ({"step": 5, "seed": 0, "scale": 1.0}, {"step": 5, "seed": 0, "scale": 1.0}),
+    "step 0 vs 1": ({"step": 0, "seed": 0, "scale": 1.0}, {"step": 1, "seed": 0, "scale": 1.0}),
+    "step 7 vs 8": ({"step": 7, "seed": 0, "scale": 1.0}, {"step": 8, "seed": 0, "scale": 1.0}),
+    "dropout key": ({"step": 5, "seed": 0, "scale": 1.0}, {"step": 5, "seed": 1, "scale": 1.0}),
+    "params": ({"step": 5, "seed": 0, "scale": 1.0}, {"step": 5, "seed": 0, "scale": 2.0}),
+}
+
+
+@pytest.mark.parametrize("field", list(DIGEST_PAIRS))
+def test_the_state_digest_changes_when_any_one_field_changes(evidence, field):
+    """train.digest differs when the step, the PRNG key or the params alone differ, else equal.
+
+    Two states built independently, equal except for the one field named (the step
+    across 0 -> 1 and between two non-zero counts, the dropout key, the params): a
+    resumed run with another step counter or dropout key must not pass for the
+    uninterrupted one. Expected by hand: equal digests exactly when nothing differs."""
+    one, other = DIGEST_PAIRS[field]
+    ours, theirs = train.digest(_small_state(**one)), train.digest(_small_state(**other))
+    expected_equal = field == "nothing"
+    observed = {"one": one, "other": other, "digests_equal": ours == theirs}
+    assert evidence.record(
+        "state digest of two states differing in at most one field",
+        f"differs: {field}",
+        observed,
+        {"digests_equal": expected_equal},
+        (ours == theirs) == expected_equal,
+    ), observed
 
 
 def test_every_resumed_loss_and_the_final_state_are_bitwise_equal(evidence, sweep):

@@ -368,6 +368,50 @@ def test_an_approval_of_another_model_is_refused_naming_that_model(released, evi
     assert passed.model_id == b
 
 
+def test_approval_age_is_refused_one_second_past_the_limit(released, evidence):
+    """B's approval passes the gate at exactly `approval_valid_days` old and is refused one second,
+    or just under a day, past it, with its whole days in the sentence."""
+    import datetime as dt
+
+    from engineering_release import gates
+
+    state, models, _ = released
+    b = models[1]
+    entries = state.entries()
+    b_approval = ledger.approvals(entries, b)[-1]
+    keyring = signing.read_keyring(state.keys)
+    policy = state.policy()
+    assert policy.approval_valid_days == 30
+    signed_at = signing.parse_iso(b_approval["body"]["approval"]["signed_at"])
+    limit_s = 30 * 24 * 3600  # Plain Python: the age allowed, in seconds, both ends included.
+    for offset_s in (
+        0,
+        limit_s - 1,
+        limit_s,
+        limit_s + 1,
+        limit_s + 24 * 3600 - 1,
+        limit_s + 24 * 3600,
+    ):
+        now = signed_at + dt.timedelta(seconds=offset_s)
+        should_pass = offset_s <= limit_s
+        expected = f"Approval is {offset_s // 86400} days old; the policy allows 30."
+        try:
+            gates.promotion_gate(
+                state.store, entries, keyring, policy, b, approve_entry=b_approval, now=now
+            )
+            message = None
+        except gates.GateRefused as err:
+            message = str(err)
+        ok = message is None if should_pass else message is not None and expected in message
+        assert evidence.record(
+            "approval age against approval_valid_days",
+            f"{offset_s} s after signing",
+            {"message": message and message[:400]},
+            {"limit_s": limit_s, "expected": None if should_pass else expected},
+            ok,
+        ), (offset_s, message)
+
+
 class GoldenModel:
     """What `golden_check` reads of a loaded model: its stored golden inputs and logits."""
 

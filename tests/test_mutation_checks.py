@@ -170,3 +170,24 @@ def test_a_report_row_finds_its_mutant_again(toy: Path):
     assert (
         mutants.find_mutant(toy, "2", FLOOR.replace("//", "@"), "core/NumberReplacer", 17) is None
     )
+
+
+def test_a_row_finds_its_mutant_after_a_docstring_moved_its_line(toy: Path):
+    """A docstring leaves a stage's hash as it was but moves every line below it;
+    the rerun must still find each reported mutant (by its key in its function),
+    or it would skip the stage in silence."""
+    rows = mutants.stage_mutants(toy, "2").mutants
+    core = toy / "src" / "toy_project" / "core.py"
+    edit(
+        core,
+        '    """The mean of a non-empty ``values``."""\n',
+        '    """The mean of a non-empty ``values``.\n\n'
+        + "".join(f"    Line {n} of a longer docstring.\n" for n in range(8))
+        + '    """\n',
+    )
+    moved = {m.key: m for m in mutants.stage_mutants(toy, "2").mutants}
+    assert rows and all(moved[m.key].line - m.line == 10 for m in rows)
+    for m in rows:
+        found = mutants.find_mutant(toy, "2", m.key, m.operator, m.line)  # the old line
+        assert found is not None and found.key == m.key, m.key
+        assert mutants.mutated_source(toy, found) == mutants.mutated_source(toy, moved[m.key])

@@ -231,7 +231,8 @@ def run_bench(
         "roofline": report["roofline"],
         "losses": report["losses"],
         "profile": {
-            "directory": str(profile_dir),
+            # Relative to the report, so a kept report names no path of the machine.
+            "directory": profile_dir.name,
             "batch_size": config.batch_size,
             "ratios_from_its_own_timing": report["ratios"],
         },

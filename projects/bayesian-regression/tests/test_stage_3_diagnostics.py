@@ -10,15 +10,19 @@ Independent checks:
     the test can reject;
   - NumPyro NUTS on the same posterior as a second opinion;
   - Neal's funnel: the centered form is flagged (divergences, R-hat or ESS),
-    the non-centered form passes and recovers `v ~ N(0, 9)`.
+    the non-centered form passes and recovers `v ~ N(0, 9)`;
+  - the trust verdict's ESS rule, 100 per chain (README: NOT trustworthy when
+    bulk- or tail-ESS is below 100 per chain), on both sides of the threshold
+    for 1, 2, 4 and 8 chains, with ArviZ's ESS as the judge of the draws.
 """
 
 import jax
 import numpy as np
 import pytest
 from arviz_stats.base import array_stats
+from scipy import signal, special
 
-from bayesian_regression import calibration, diagnostics, model, nuts, reports, train
+from bayesian_regression import calibration, diagnostics, hmc, model, nuts, reports, train
 from bayesian_regression.config import Config
 
 CONFIG = Config.tiny()
@@ -243,6 +247,100 @@ def test_funnel_centered_is_flagged_noncentered_passes(funnel_runs, evidence):
         and z["max_abs_z"] < Z_LIMIT,
     )
     assert ok, observed
+
+
+# The README's rule, written out here rather than imported: a run is NOT trustworthy when
+# bulk- or tail-ESS is below 100 per chain (R-hat at or above 1.01 and divergences aside).
+ESS_PER_CHAIN_RULE = 100
+HALF = 500  # draws per split half: chains of 1000 draws
+
+
+def _min_arviz_ess(x: np.ndarray) -> float:
+    """The smaller of ArviZ's bulk- and tail-ESS: the figure the rule reads."""
+    return float(
+        min(array_stats.ess(x, method="bulk"), array_stats.ess(x, method="tail", prob=0.05))
+    )
+
+
+def _permuted_ar1_chains(noise: np.ndarray, phi: float) -> np.ndarray:
+    """`(chains, 2 HALF)` draws whose every split half is a permutation of one set of values,
+    ordered like an AR(1) series with coefficient `phi` driven by `noise` `(2 chains, HALF)`.
+
+    Every half holding the same values, the rank-normalized and the folded halves have equal
+    means and variances: B = 0, so R-hat = sqrt((HALF - 1) / HALF) < 1.01 whatever `phi` is,
+    and the ESS (set by `phi`) is the only figure the verdict can object to."""
+    e = noise.copy()
+    e[:, 0] /= np.sqrt(1.0 - phi**2)  # stationary start
+    ar1 = signal.lfilter([1.0], [1.0, -phi], e, axis=1)
+    values = special.ndtri((np.arange(HALF) + 0.5) / HALF)
+    halves = values[np.argsort(np.argsort(ar1, axis=1), axis=1)]
+    chains = noise.shape[0] // 2
+    return np.concatenate([halves[:chains], halves[chains:]], axis=1)
+
+
+def _chains_with_ess(noise: np.ndarray, target: float) -> tuple[np.ndarray, float]:
+    """Bisects `phi` (ESS falls as `phi` grows) until ArviZ's min ESS of the draws is within
+    0.3% of `target`; returns the draws and that ESS."""
+    lo, hi = 0.0, 0.99
+    for _ in range(60):
+        phi = 0.5 * (lo + hi)
+        x = _permuted_ar1_chains(noise, phi)
+        ess = _min_arviz_ess(x)
+        if abs(ess - target) <= 0.003 * target:
+            return x, ess
+        lo, hi = (phi, hi) if ess > target else (lo, phi)
+    raise AssertionError(f"no phi gives ESS {target:.1f} within 0.3% (last {ess:.1f})")
+
+
+@pytest.mark.parametrize("chains", [1, 2, 4, 8])
+def test_trust_verdict_needs_100_ess_per_chain(chains, evidence):
+    """The verdict flips at 100 ESS per chain: 1% below `100 x chains` is NOT trustworthy, 1%
+    above is trustworthy, for 1, 2, 4 and 8 chains (a rule on the total ESS, 100 whatever the
+    number of chains, would call 2, 4 and 8 chains trustworthy 1% below the threshold).
+
+    Draws by hand, with ESS placed by bisection on AR(1) ordering and measured by ArviZ; every
+    split half holds the same values, so R-hat < 1.01 by construction, and there are no
+    divergences: only the ESS rule decides. A second parameter of high ESS checks that the
+    verdict reads the smallest ESS over the parameters."""
+    threshold = ESS_PER_CHAIN_RULE * chains
+    key = jax.random.key(40 + chains)
+    noise = np.asarray(jax.random.normal(key, (3, 2 * chains, HALF)), np.float64)
+    fast = _permuted_ar1_chains(noise[0], 0.2)
+    observed, ok = {"threshold_100_per_chain": threshold}, True
+    for side, factor in (("below", 0.99), ("above", 1.01)):
+        slow, ess = _chains_with_ess(noise[1 if side == "below" else 2], factor * threshold)
+        draws = np.stack([slow, fast], axis=-1)
+        samples = hmc.Samples(
+            draws,
+            np.ones((chains, 2 * HALF)),
+            np.zeros((chains, 2 * HALF), bool),
+            np.full((chains,), 0.1),
+            np.ones((chains, 2)),
+        )
+        result = reports.diagnose_draws(samples, ["slow", "fast"])
+        rhats = [float(array_stats.rhat(draws[:, :, i])) for i in range(2)] if chains > 1 else []
+        arviz_min_ess = min(ess, _min_arviz_ess(fast))
+        expect_trust = arviz_min_ess >= threshold and all(r < 1.01 for r in rhats)
+        observed[side] = {
+            "arviz_min_ess": arviz_min_ess,
+            "ess_over_threshold": arviz_min_ess / threshold,
+            "verdict_min_ess": result["min_ess"],
+            "arviz_rhat": rhats,
+            "verdict": result["verdict"],
+        }
+        ok &= (side == "below") != expect_trust  # the draws sit where they were placed
+        ok &= abs(result["min_ess"] - arviz_min_ess) <= 1e-9 * arviz_min_ess
+        if expect_trust:
+            ok &= result["verdict"] == "trustworthy"
+        else:
+            ok &= result["verdict"].startswith("NOT trustworthy") and "ESS" in result["verdict"]
+    assert evidence.record(
+        "trust verdict at 100 ESS per chain",
+        f"{chains} chains x {2 * HALF} draws, min ESS 0.99 and 1.01 x {threshold} (ArviZ)",
+        observed,
+        {"not_trustworthy_below": threshold, "placement": "within 0.3% of 0.99x / 1.01x"},
+        ok,
+    ), observed
 
 
 def test_diagnostics_refuse_what_they_cannot_judge():

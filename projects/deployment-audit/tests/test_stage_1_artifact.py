@@ -9,6 +9,7 @@ training run (same seed: same bits; another seed: other bits), a damaged
 checkpoint that must be refused.
 """
 
+import collections
 import json
 
 import jax
@@ -129,6 +130,142 @@ def test_digest_tells_apart_values_dtypes_shapes_and_paths():
     assert checkpoint.digest(same) == checkpoint.digest(base)
     digests = {name: checkpoint.digest(tree) for name, tree in variants.items()}
     assert len(set(digests.values()) | {checkpoint.digest(base)}) == len(variants) + 1, digests
+
+
+def _digest_tree(change=None, top="layers"):
+    """A small params-like tree built from scratch on every call (fresh arrays from a
+    fixed seed): two layers whose biases have equal shapes (3,), so two leaves can
+    trade places between paths. `change` edits the fresh list of layers."""
+    rng = np.random.default_rng(5)
+    layers = [
+        {
+            "bias": rng.normal(size=(3,)).astype(np.float32),
+            "kernel": rng.normal(size=(a, 3)).astype(np.float32),
+        }
+        for a in (2, 3)
+    ]
+    return {top: layers if change is None else change(layers)}
+
+
+def _digest_fields(tree) -> dict[str, list]:
+    """The four fields the digest says it covers, leaf by leaf in flattening order."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    arrays = [np.asarray(leaf) for _, leaf in leaves]
+    return {
+        "path": [jax.tree_util.keystr(path) for path, _ in leaves],
+        "dtype": [str(a.dtype) for a in arrays],
+        "shape": [a.shape for a in arrays],
+        "bytes": [np.ascontiguousarray(a).tobytes() for a in arrays],
+    }
+
+
+def _biases_by_name(first, second):
+    """The two biases in an insertion-ordered dict: it flattens in insertion order,
+    so the leaves' bytes stream in that order whatever their keys are."""
+    return lambda layers: collections.OrderedDict(
+        [(first, layers[0]["bias"]), (second, layers[1]["bias"])]
+    )
+
+
+def _swap_biases(layers):
+    layers[0]["bias"], layers[1]["bias"] = layers[1]["bias"], layers[0]["bias"]
+    return layers
+
+
+def _rename_kernel(layers):
+    layers[1] = {"bias": layers[1]["bias"], "weight": layers[1]["kernel"]}  # bias < weight
+    return layers
+
+
+def _change_one_value(layers):
+    layers[1]["kernel"][2, 1] += 1.0
+    return layers
+
+
+def _view_as_int32(layers):
+    layers[0]["kernel"] = layers[0]["kernel"].view(np.int32)  # same bytes, same shape
+    return layers
+
+
+def _flatten_kernel(layers):
+    layers[1]["kernel"] = layers[1]["kernel"].reshape(-1)  # (3, 3) -> (9,), same bytes
+    return layers
+
+
+def _fortran_kernel(layers):
+    layers[1]["kernel"] = np.asfortranarray(layers[1]["kernel"])  # same values, other layout
+    return layers
+
+
+def _move_last_layer(layers):
+    return {"hidden": layers[:1], "output": layers[1:]}  # "hidden" < "output": order kept
+
+
+def test_digest_covers_each_field_alone(evidence):
+    """The digest changes when any one field it covers changes alone; a rebuilt equal tree keeps it.
+
+    The digest's docstring: sha256 over the path, dtype, shape and bytes of
+    every leaf, so that equal digests mean bitwise-equal trees (the run's
+    `params_sha256`). Each variant below changes ONE of those fields and the
+    test first checks that the other three, listed leaf by leaf in flattening
+    order, equal its reference's: two equal-shaped biases swapped between their
+    paths in a plain dict (the bytes move) and in an insertion-ordered dict
+    (the bytes stream in the same order, only the pairing of paths and leaves
+    changes); a key renamed, the top-level key renamed and a layer moved under
+    another key, each keeping the flattening order, so that only the path tells
+    them apart; one value; a dtype with the same bytes and shape (float32
+    viewed as int32); a shape with the same bytes (3x3 -> 9). Each must change
+    the digest. The same tree rebuilt from scratch (no object shared; also as
+    jax arrays and with a Fortran-ordered kernel) must give the same digest."""
+    base = _digest_tree()
+    ordered = _digest_tree(_biases_by_name("first", "second"))
+    variants = {  # name: (reference, variant, the one field that differs)
+        "equal-shaped biases swapped between paths": (base, _digest_tree(_swap_biases), "bytes"),
+        "equal-shaped biases swapped between paths, insertion-ordered": (
+            ordered,
+            _digest_tree(_biases_by_name("second", "first")),
+            "path",
+        ),
+        "a key renamed (kernel -> weight)": (base, _digest_tree(_rename_kernel), "path"),
+        "the top-level key renamed (layers -> dense)": (base, _digest_tree(top="dense"), "path"),
+        "a layer moved under another key": (base, _digest_tree(_move_last_layer), "path"),
+        "one value": (base, _digest_tree(_change_one_value), "bytes"),
+        "a dtype, same bytes and shape": (base, _digest_tree(_view_as_int32), "dtype"),
+        "a shape, same bytes": (base, _digest_tree(_flatten_kernel), "shape"),
+    }
+    rebuilds = {  # name: (reference, an equal tree built independently)
+        "rebuilt from scratch": (base, _digest_tree()),
+        "rebuilt as jax arrays": (base, jax.tree.map(jnp.asarray, _digest_tree())),
+        "rebuilt with a Fortran-ordered kernel": (base, _digest_tree(_fortran_kernel)),
+        "insertion-ordered tree rebuilt": (
+            ordered,
+            _digest_tree(_biases_by_name("first", "second")),
+        ),
+    }
+    observed, ok = {}, True
+    for name, (reference, tree, field) in variants.items():
+        want, got = _digest_fields(reference), _digest_fields(tree)
+        differs = sorted(k for k in want if want[k] != got[k])
+        assert differs == [field], (name, differs)  # The variant changes one field alone.
+        changed = checkpoint.digest(tree) != checkpoint.digest(reference)
+        observed[name] = {"field_changed": field, "digest_changed": changed}
+        ok &= changed
+    for name, (reference, tree) in rebuilds.items():
+        assert _digest_fields(tree) == _digest_fields(reference), name
+        assert not any(
+            a is b for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(reference), strict=True)
+        ), name
+        same = checkpoint.digest(tree) == checkpoint.digest(reference)
+        observed[name] = {"digest_equal": same}
+        ok &= same
+    assert evidence.record(
+        "params digest: each covered field changed alone changes it; an equal tree keeps it",
+        f"2-layer tree, equal-shaped biases; {len(variants)} one-field variants, "
+        f"{len(rebuilds)} independent rebuilds",
+        observed,
+        None,
+        ok,
+    ), observed
 
 
 @pytest.mark.parametrize("batch", [1, 37])

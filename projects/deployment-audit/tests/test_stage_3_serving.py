@@ -238,6 +238,122 @@ def test_a_batch_never_passes_its_maximum():
     assert batches == [(1, 1), (4, 1), (4, 2), (4, 2)]
 
 
+NEVER_S = 600.0  # A batch timeout no correct run reaches: the full batch must not wait for it.
+GUARD_S = 30.0  # How long the test waits for an answer that needs a few event-loop turns.
+
+
+def _full_batch_scenario(max_batch: int) -> dict:
+    """Drives a batcher whose timeout is `NEVER_S` across the full-batch boundary.
+
+    First `max_batch - 1` rows (one request) are queued and the batcher is given
+    time to take them; then one more row fills the batch. Then `max_batch`
+    one-row requests arrive at once into the idle batcher. Returns what was
+    observed at each step."""
+    # `ServeConfig` caps the timeout at 1 s for a real server; the batcher only
+    # reads the fields, and this test needs one no machine mistakes for prompt.
+    config = ServeConfig.model_construct(
+        max_batch_size=max_batch,
+        batch_timeout_ms=NEVER_S * 1e3,
+        max_queue_rows=4 * max_batch,
+        max_rows_per_request=max_batch,
+    )
+
+    def rows(n: int, value: int) -> np.ndarray:
+        return np.full((n, data.NUM_FEATURES), value, np.float32)
+
+    async def answered(runner, tasks) -> bool:
+        """Whether every task finished within GUARD_S (a liveness guard: the
+        batcher's loop only ends by failing, which is re-raised)."""
+        answers = asyncio.gather(*tasks)
+        await asyncio.wait({answers, runner}, timeout=GUARD_S, return_when=asyncio.FIRST_COMPLETED)
+        if runner.done():
+            runner.result()
+            raise AssertionError("the batcher stopped")
+        return answers.done()
+
+    async def scenario():
+        stats = serve.Stats()
+        batcher = serve.Batcher(_EchoModel(), config, stats)
+        runner = asyncio.create_task(batcher.run())
+        await asyncio.sleep(0)
+        seen = {}
+        # One row short of a batch: the batcher must keep waiting (for NEVER_S).
+        short = asyncio.create_task(batcher.submit(rows(max_batch - 1, 1)))
+        for _ in range(20):
+            await asyncio.sleep(0)  # Turns of the loop: the batcher sees the rows...
+        await asyncio.sleep(0.2)  # ...and real time passes; neither may start a batch.
+        seen["one_short"] = {
+            "answered": short.done(),
+            "queued_rows": batcher.queued_rows,
+            "batches": len(stats.batches),
+        }
+        # The row that fills the batch: it must run now, not after NEVER_S.
+        last = asyncio.create_task(batcher.submit(rows(1, 2)))
+        filled = await answered(runner, [short, last])
+        seen["filled"] = {
+            "answered_within_guard": filled,
+            "batches": [(b["rows"], b["requests"]) for b in stats.batches],
+            "values": [sorted({float(v) for v in np.ravel(t.result())}) for t in (short, last)]
+            if filled
+            else None,
+        }
+        if not filled:  # The batcher holds a full batch: the verdict is in.
+            runner.cancel()
+            return seen
+        # A full batch at once, into an idle batcher.
+        before = len(stats.batches)
+        burst = [asyncio.create_task(batcher.submit(rows(1, 10 + i))) for i in range(max_batch)]
+        at_once = await answered(runner, burst)
+        seen["at_once"] = {
+            "answered_within_guard": at_once,
+            "batches": [(b["rows"], b["requests"]) for b in list(stats.batches)[before:]],
+            "values": [float(t.result()[0, 0]) for t in burst] if at_once else None,
+        }
+        runner.cancel()
+        return seen
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("max_batch", [2, 8])
+def test_a_full_batch_runs_without_waiting_for_the_timeout(evidence, max_batch):
+    """Exactly max_batch_size queued rows run at once; one row fewer waits for the timeout.
+
+    In-process, no server, no clock read by the test. The batch timeout is
+    `NEVER_S` (600 s): with `max_batch - 1` rows queued a correct batcher keeps
+    waiting, so nothing has been taken after a few loop turns and 0.2 s (a
+    negative a correct batcher meets at any machine speed: its deadline is 600 s
+    away). The row that fills the batch needs only a few event-loop turns and one
+    echo call to be answered, which the test waits for up to `GUARD_S` (30 s,
+    orders of magnitude more than it needs on any machine), while a batcher that
+    waits on a full batch would hold it for the 600 s timeout, 20 times the
+    guard: the verdict does not depend on the machine's speed. Then a full batch
+    of one-row requests arriving at once must run the same way. For batches of
+    at most 2 and 8 rows."""
+    seen = _full_batch_scenario(max_batch)
+    expected = {
+        "one_short": {"answered": False, "queued_rows": max_batch - 1, "batches": 0},
+        "filled": {
+            "answered_within_guard": True,
+            "batches": [(max_batch, 2)],
+            "values": [[1.0], [2.0]],
+        },
+        "at_once": {
+            "answered_within_guard": True,
+            "batches": [(max_batch, max_batch)],
+            "values": [float(10 + i) for i in range(max_batch)],
+        },
+    }
+    assert evidence.record(
+        "a full batch runs at once; one row short of it waits for the timeout",
+        f"in-process batcher, max batch {max_batch} rows, batch timeout {NEVER_S:g} s, "
+        f"guard {GUARD_S:g} s",
+        seen,
+        expected,
+        seen == expected,
+    ), seen
+
+
 def test_ready_only_after_load_and_self_test(evidence, good, artifact):
     """The server is alive, then ready with the manifest's sha256, a passed golden self-test and
     every bucket warmed."""

@@ -823,3 +823,250 @@ def test_inspect_rejects_a_custom_rule_the_primal_program_hides(tmp_path):
         assert result.exit_code == code, result.output
         assert text in result.output
         assert "Traceback" not in result.output
+
+
+# Whether an equation is differentiated is inherited down every level of nesting: below a
+# `custom_jvp_call` or `custom_vjp_call` nothing is differentiated by JAX (its rules stand
+# in for it), however deep (inside `jit`, `scan`, a branch, or two of them), and a custom
+# rule's own equations are evaluated, not differentiated. Without a custom rule the same
+# `while` is differentiated wherever it sits, and a reverse-mode policy must refuse it.
+# Each nesting is written out below; the verdict and the path of the `while` are written
+# by hand from that rule (the walker's docstring, the README), and the verdict is checked
+# against JAX itself: `grad` of every program the audit refuses raises, of every program
+# it accepts traces. (`jax.jit` is the `jit` primitive, once named `pjit`.)
+
+
+def _counts_up(c):
+    return jax.lax.while_loop(lambda c: c[0] < 10.0, lambda c: c * 1.5 + 1.0, c)
+
+
+def _unchanged(c):
+    return c * 1.0
+
+
+def _loop_in_jit(x):
+    return jax.jit(_counts_up)(x)
+
+
+def _loop_in_scan(x):
+    def body(carry, _):
+        return _counts_up(carry), None
+
+    return jax.lax.scan(body, x, None, length=2)[0]
+
+
+def _loop_in_cond(x):
+    # The loop is the branch taken when the predicate holds: `cond.branches[1]`.
+    return jax.lax.cond(x[0] > 0.0, _counts_up, _unchanged, x)
+
+
+def _loop_in_scan_in_jit(x):
+    return jax.jit(_loop_in_scan)(x)
+
+
+def _loop_in_cond_in_scan(x):
+    def body(carry, _):
+        return _loop_in_cond(carry), None
+
+    return jax.lax.scan(body, x, None, length=2)[0]
+
+
+def _loop_in_jit_in_cond(x):
+    return jax.lax.cond(x[0] > 0.0, _loop_in_jit, _unchanged, x)
+
+
+def _behind_custom_vjp(body):
+    """`body` as the primal of a custom_vjp: JAX differentiates the rules, never `body`."""
+    f = jax.custom_vjp(body)
+    f.defvjp(lambda x: (f(x), None), lambda _, g: (g,))
+    return f
+
+
+def _behind_custom_jvp(body):
+    """`body` as the primal of a custom_jvp: JAX differentiates the rule, never `body`."""
+    f = jax.custom_jvp(body)
+    f.defjvp(lambda primals, tangents: (f(primals[0]), tangents[0]))
+    return f
+
+
+def _in_backward_rule(body):
+    """A custom_vjp whose backward rule runs `body` on the cotangent."""
+    f = jax.custom_vjp(_unchanged)
+    f.defvjp(lambda x: (f(x), None), lambda _, g: (body(g),))
+    return f
+
+
+def _in_jvp_rule(body):
+    """A custom_jvp whose JVP rule computes its primal output with `body`."""
+    f = jax.custom_jvp(_unchanged)
+    f.defjvp(lambda primals, tangents: (body(primals[0]), tangents[0]))
+    return f
+
+
+_VJP_OF_SCAN = _behind_custom_vjp(_loop_in_scan)
+_JVP_OF_COND = _behind_custom_jvp(_loop_in_cond)
+
+
+def _custom_vjp_in_jit(x):
+    return jax.jit(_VJP_OF_SCAN)(x)
+
+
+def _custom_jvp_in_scan(x):
+    def body(carry, _):
+        return _JVP_OF_COND(carry), None
+
+    return jax.lax.scan(body, x, None, length=2)[0]
+
+
+_V = "custom_vjp_call.call_jaxpr"
+_J = "custom_jvp_call.call_jaxpr"
+# case -> (program, where its `while` is listed: "program" for `Audit.equations`, "rule"
+# for `Audit.rule_equations`; the path of the `while`; whether reverse mode refuses it)
+NESTED_LOOP_CASES = {
+    # No custom rule: JAX differentiates the loop, at every depth.
+    "plain-direct": (_counts_up, "program", "", True),
+    "plain-jit": (_loop_in_jit, "program", "jit.jaxpr", True),
+    "plain-scan": (_loop_in_scan, "program", "scan.jaxpr", True),
+    "plain-cond": (_loop_in_cond, "program", "cond.branches[1]", True),
+    "plain-jit-scan": (_loop_in_scan_in_jit, "program", "jit.jaxpr/scan.jaxpr", True),
+    "plain-scan-cond": (_loop_in_cond_in_scan, "program", "scan.jaxpr/cond.branches[1]", True),
+    "plain-cond-jit": (_loop_in_jit_in_cond, "program", "cond.branches[1]/jit.jaxpr", True),
+    # The same loops as a custom_vjp's primal body: never differentiated.
+    "vjp-direct": (_behind_custom_vjp(_counts_up), "program", _V, False),
+    "vjp-jit": (_behind_custom_vjp(_loop_in_jit), "program", f"{_V}/jit.jaxpr", False),
+    "vjp-scan": (_VJP_OF_SCAN, "program", f"{_V}/scan.jaxpr", False),
+    "vjp-cond": (_behind_custom_vjp(_loop_in_cond), "program", f"{_V}/cond.branches[1]", False),
+    "vjp-jit-scan": (
+        _behind_custom_vjp(_loop_in_scan_in_jit),
+        "program",
+        f"{_V}/jit.jaxpr/scan.jaxpr",
+        False,
+    ),
+    "vjp-scan-cond": (
+        _behind_custom_vjp(_loop_in_cond_in_scan),
+        "program",
+        f"{_V}/scan.jaxpr/cond.branches[1]",
+        False,
+    ),
+    "vjp-cond-jit": (
+        _behind_custom_vjp(_loop_in_jit_in_cond),
+        "program",
+        f"{_V}/cond.branches[1]/jit.jaxpr",
+        False,
+    ),
+    # The same loops as a custom_jvp's primal body.
+    "jvp-direct": (_behind_custom_jvp(_counts_up), "program", _J, False),
+    "jvp-jit": (_behind_custom_jvp(_loop_in_jit), "program", f"{_J}/jit.jaxpr", False),
+    "jvp-scan": (_behind_custom_jvp(_loop_in_scan), "program", f"{_J}/scan.jaxpr", False),
+    "jvp-cond": (_JVP_OF_COND, "program", f"{_J}/cond.branches[1]", False),
+    "jvp-jit-scan": (
+        _behind_custom_jvp(_loop_in_scan_in_jit),
+        "program",
+        f"{_J}/jit.jaxpr/scan.jaxpr",
+        False,
+    ),
+    "jvp-scan-cond": (
+        _behind_custom_jvp(_loop_in_cond_in_scan),
+        "program",
+        f"{_J}/scan.jaxpr/cond.branches[1]",
+        False,
+    ),
+    "jvp-cond-jit": (
+        _behind_custom_jvp(_loop_in_jit_in_cond),
+        "program",
+        f"{_J}/cond.branches[1]/jit.jaxpr",
+        False,
+    ),
+    # The custom call itself nested: what is above it does not matter.
+    "jit-vjp-scan": (_custom_vjp_in_jit, "program", f"jit.jaxpr/{_V}/scan.jaxpr", False),
+    "scan-jvp-cond": (
+        _custom_jvp_in_scan,
+        "program",
+        f"scan.jaxpr/{_J}/cond.branches[1]",
+        False,
+    ),
+    # The loop nested inside a rule: a rule is evaluated, not differentiated.
+    "bwd-rule-jit": (
+        _in_backward_rule(_loop_in_jit),
+        "rule",
+        "custom_vjp_call.bwd_rule/jit.jaxpr",
+        False,
+    ),
+    "bwd-rule-cond-jit": (
+        _in_backward_rule(_loop_in_jit_in_cond),
+        "rule",
+        "custom_vjp_call.bwd_rule/cond.branches[1]/jit.jaxpr",
+        False,
+    ),
+    "jvp-rule-scan": (
+        _in_jvp_rule(_loop_in_scan),
+        "rule",
+        "custom_jvp_call.jvp_rule/scan.jaxpr",
+        False,
+    ),
+    "jvp-rule-jit-scan": (
+        _in_jvp_rule(_loop_in_scan_in_jit),
+        "rule",
+        "custom_jvp_call.jvp_rule/jit.jaxpr/scan.jaxpr",
+        False,
+    ),
+}
+
+
+def _grad_refusal(fn) -> str | None:
+    """JAX's own answer: the error that tracing `grad` of `fn` raises, None if it traces."""
+    try:
+        jax.make_jaxpr(jax.grad(lambda y: jnp.sum(fn(y))))(X4)
+    except ValueError as err:
+        return str(err).strip().splitlines()[0]
+    return None
+
+
+@pytest.mark.parametrize("case", list(NESTED_LOOP_CASES))
+def test_while_loop_exemption_is_inherited_at_every_depth(evidence, case):
+    """A while below a custom call or in a rule passes reverse mode at any depth; without one it is
+    refused at every depth.
+
+    Below a custom call every equation is undifferentiated, above it every one
+    differentiated, and a rule's are never; a refused loop is the only finding,
+    at its path and line, it passes a forward-mode policy, and `grad` refuses
+    it too."""
+    fn, where, path, refused = NESTED_LOOP_CASES[case]
+    reverse = jaxpr_audit.audit(fn, (X4,), jaxpr_audit.Policy(modes=("vjp",)))
+    listed = reverse.equations if where == "program" else reverse.rule_equations
+    line = _call_line(_counts_up)
+    at = f"test_stage_3_jaxpr.py:{line}:"
+    loops = [e for e in listed if e.primitive == "while" and e.path == path and at in e.source]
+    findings = [(f.rule, f.primitive, f.path) for f in reverse.findings]
+    expected = [("mode-unsupported", "while", path)] if refused else []
+    located = all(at in f.source and "(_counts_up)" in f.source for f in reverse.findings)
+    flags = [(e.primitive, e.path, e.differentiated) for e in reverse.equations]
+    flags_ok = all(e.differentiated == ("custom_" not in e.path) for e in reverse.equations)
+    rule_flags_ok = not any(e.differentiated for e in reverse.rule_equations)
+    grad_error = _grad_refusal(fn)
+    jax_agrees = (grad_error is not None) == refused and (
+        not refused or "Reverse-mode differentiation does not work" in grad_error
+    )
+    forward_ok = True
+    if refused:  # the refusal is reverse mode's alone: forward mode passes, in JAX too
+        forward_ok = jaxpr_audit.audit(fn, (X4,), jaxpr_audit.Policy(modes=("jvp",))).accepted
+        jax.make_jaxpr(lambda y: jax.jvp(fn, (y,), (y,)))(X4)
+    assert evidence.record(
+        "while exemption inherited",
+        case,
+        {
+            "findings": findings,
+            "loops_found": len(loops),
+            "differentiated": flags,
+            "rule_differentiated": [e.differentiated for e in reverse.rule_equations],
+            "grad_error": grad_error,
+        },
+        {"expected_findings": expected, "while_path": path, "line": line},
+        len(loops) == 1
+        and findings == expected
+        and located
+        and flags_ok
+        and rule_flags_ok
+        and jax_agrees
+        and forward_ok,
+    )

@@ -11,12 +11,16 @@ blocks passes either way). Gradients through the `custom_vjp`s: against a
 float64 chain rule written by hand, against autodiff of the `jax.numpy`
 reference, and against central finite differences of the float64 reference
 along random directions (in float64 the difference quotient is accurate to
-about 1e-8, so the kernel's own error dominates); then a short training run
-through the kernels against the same run through the references.
+about 1e-8, so the kernel's own error dominates); the bias gradient for
+bfloat16 operands over long batches against the float64 sum of the cotangent,
+within float32 summation plus one bfloat16 rounding (a bfloat16 running sum
+breaks that bound); then a short training run through the kernels against the
+same run through the references.
 """
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -168,6 +172,70 @@ def test_matmul_gradients(evidence, shape, activation):
 
     ok &= _directional_check(evidence, condition, f64, (x, w, b), grads, bounds, k_dir)
     assert ok
+
+
+def _bf16_running_sum(g: np.ndarray) -> np.ndarray:
+    """Column sums of `g` `(M, N)` accumulated row by row in bfloat16 (each partial sum rounded
+    to bfloat16, in NumPy with ml_dtypes): what a bfloat16 accumulator computes, on any backend."""
+    acc = np.zeros(g.shape[1], ml_dtypes.bfloat16)
+    for row in g.astype(ml_dtypes.bfloat16):
+        acc = (acc.astype(np.float32) + row.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    return acc.astype(np.float64)
+
+
+@pytest.mark.parametrize("shape", [(700, 24, 40), (2048, 40, 24), (4096, 16, 16)])
+def test_matmul_bias_gradient_bfloat16_long_batch(evidence, shape):
+    """For bfloat16 operands, db is the cotangent's column sum to float32 summation plus one
+    bfloat16 rounding, over batches of 700, 2048 and 4096 rows; a bfloat16 running sum is not.
+
+    Activation `none`, so db = sum over the M rows of the bfloat16 cotangent g, whose float64
+    sum is exact. The backward pass sums in float32 and rounds once to bfloat16: error at most
+    gamma_M(u32) sum|g| + u_bf16 (|db| + that), u_bf16 = 2^-8 (`reference.UNIT_ROUNDOFF`).
+    g ~ N(1, 1), so the sums grow like M: a bfloat16 accumulator loses the increments once a
+    partial sum's half ulp exceeds them (at 256 the ulp is 2), far outside the bound; the test
+    records that error, and what `jnp.sum` with a bfloat16 accumulator (`dtype=bfloat16`, XLA's
+    reduce on this backend) would give, beside the bound."""
+    m, k, n = shape
+    k_ops, k_g = jax.random.split(data.case_key(2, "grad-db-bf16", *shape))
+    x, w, b = data.matmul_operands(k_ops, m, k, n, jnp.bfloat16)
+    g = (1.0 + jax.random.normal(k_g, (m, n), jnp.float32)).astype(jnp.bfloat16)
+    blocks = kernels.fit_matmul_blocks(m, k, n)
+
+    def f_kernel(b_):
+        y = kernels.matmul_bias_act(x, w, b_, blocks=blocks, activation="none")
+        return jnp.sum(y.astype(jnp.float32) * g.astype(jnp.float32))
+
+    db = jax.jit(jax.grad(f_kernel))(b)
+    g64 = reference.to_f64(g)
+    exact = g64.sum(axis=0)
+    summation = reference.gamma(m, reference.UNIT_ROUNDOFF["float32"]) * np.abs(g64).sum(axis=0)
+    bound = summation + reference.UNIT_ROUNDOFF["bfloat16"] * (np.abs(exact) + summation)
+    condition = (
+        f"(M, K, N)={shape}, bfloat16, none, blocks {blocks.block_m}/{blocks.block_n}/"
+        f"{blocks.block_k}, mode={MODE}"
+    )
+    ok = db.dtype == jnp.bfloat16
+    ok &= evidence.within_bound(
+        "db (bfloat16): custom_vjp vs float64 sum of the cotangent", condition, db, exact, bound
+    )
+    running = _bf16_running_sum(g64)
+    xla_bf16 = reference.to_f64(jnp.sum(g, axis=0, dtype=jnp.bfloat16))
+    observed = {
+        "kernel_fraction_of_bound": _fraction(db, exact, bound),
+        "bf16_running_sum_fraction_of_bound": _fraction(running, exact, bound),
+        "bf16_running_sum_max_rel_error": float(np.max(np.abs(running - exact) / np.abs(exact))),
+        "jnp_sum_dtype_bf16_fraction_of_bound": _fraction(xla_bf16, exact, bound),
+        "max_abs_db": float(np.abs(exact).max()),
+    }
+    # The batch is long enough for the bound to tell the two accumulators apart.
+    ok &= evidence.record(
+        "db (bfloat16): what a bfloat16 accumulator would make, in units of the bound",
+        condition,
+        observed,
+        {"bound": "gamma_M(u32) sum|g| + 2^-8 (|db| + that)", "running_sum_fraction_min": 1.0},
+        observed["bf16_running_sum_fraction_of_bound"] > 1.0,
+    )
+    assert ok, observed
 
 
 # --- THE TABLE ------------------------------------------------------------------------------

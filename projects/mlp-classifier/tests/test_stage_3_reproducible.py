@@ -471,6 +471,104 @@ def test_reproduce_fails_on_a_changed_result(quick_dossier, tmp_path):
     assert "FAIL" in result.output and "val_loss" in result.output
 
 
+def _restore_checkpoint(workdir: Path) -> train.TrainState:
+    """The dossier's checkpoint read back into a fresh state of its config, as reproduce does."""
+    _, like = train.create_train_state(QUICK, train.make_optimizer(QUICK), jax.random.key(0))
+    return checkpoint.restore(workdir / "checkpoint", like)
+
+
+def _one_parameter_one_ulp_up(state: train.TrainState) -> train.TrainState:
+    """`state` with the first entry of its first kernel moved up by one ulp, nothing else."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(state.params)
+    index = next(i for i, (path, _) in enumerate(leaves) if "kernel" in jax.tree_util.keystr(path))
+    kernel = np.array(leaves[index][1])
+    kernel.flat[0] = np.nextafter(kernel.flat[0], np.float32(np.inf))
+    values = [leaf for _, leaf in leaves]
+    values[index] = jax.numpy.asarray(kernel)
+    return state._replace(params=jax.tree_util.tree_unflatten(treedef, values))
+
+
+def _differing_values(a: train.TrainState, b: train.TrainState) -> int:
+    """How many array entries of two states differ, leaf by leaf (the RNG key as its data)."""
+    pairs = zip(
+        jax.tree.leaves(checkpoint.to_arrays(a)),
+        jax.tree.leaves(checkpoint.to_arrays(b)),
+        strict=True,
+    )
+    return sum(int(np.sum(np.asarray(x) != np.asarray(y))) for x, y in pairs)
+
+
+@pytest.mark.parametrize("swap", ["untouched", "one-parameter-one-ulp", "another-seeds-run"])
+def test_reproduce_fails_when_only_the_checkpoint_is_not_the_measured_state(
+    evidence, quick_dossier, tmp_path, swap
+):
+    """reproduce exits 1 on a checkpoint that is not the state the intact metrics describe.
+
+    Only the checkpoint is altered (one kernel entry one ulp off, or the final state of
+    a seed-1 run), saved with `checkpoint.save` and both manifests re-signed, so the
+    dossier loads and the metrics still re-run bitwise: the digest check alone must
+    fail the verdict. The untouched copy passes."""
+    target = tmp_path / "d"
+    shutil.copytree(quick_dossier, target)
+    (target / "reproduce.json").unlink(missing_ok=True)  # Left by an earlier test: read ours.
+    original = _restore_checkpoint(quick_dossier)
+    if swap != "untouched":
+        if swap == "one-parameter-one-ulp":
+            state = _one_parameter_one_ulp_up(original)
+        else:
+            state = train.train_and_evaluate(QUICK.model_copy(update={"seed": 1})).state
+        shutil.rmtree(target / "checkpoint")
+        checkpoint.save(target / "checkpoint", state)  # Writes its own sha256.json.
+        # Re-sign the dossier manifest for the checkpoint's files only: every other
+        # file keeps the hash it had, so the dossier still loads.
+        manifest = json.loads((target / dossier.MANIFEST).read_text())
+        hashes = {n: h for n, h in manifest["sha256"].items() if not n.startswith("checkpoint/")}
+        hashes |= {
+            n: h for n, h in dossier._hash_files(target).items() if n.startswith("checkpoint/")
+        }
+        (target / dossier.MANIFEST).write_text(json.dumps({"sha256": hashes}))
+    # What is on disk, read independently of reproduce: metrics byte for byte as saved,
+    # and how many state values the checkpoint now holds differently.
+    metrics_intact = (target / "metrics.json").read_bytes() == (
+        quick_dossier / "metrics.json"
+    ).read_bytes()
+    changed_values = _differing_values(_restore_checkpoint(target), original)
+    expected_changed = {"untouched": 0, "one-parameter-one-ulp": 1}.get(swap)
+
+    result = CliRunner().invoke(main, ["reproduce", str(target)])
+    report = json.loads((target / "reproduce.json").read_text())
+    should_pass = swap == "untouched"
+    verdict = "reproduce: PASS" if should_pass else "reproduce: FAIL"
+    digest_line = "checkpoint digest matches" if should_pass else "checkpoint digest DOES NOT match"
+    assert evidence.record(
+        "reproduce: verdict includes the checkpoint-vs-metrics digest",
+        f"quick dossier, checkpoint {swap}, metrics intact",
+        {
+            "exit_code": result.exit_code,
+            "metrics_bytes_intact": metrics_intact,
+            "checkpoint_values_changed": changed_values,
+            "bitwise_equal": report["bitwise_equal"],
+            "differences": len(report["differences"]),
+            "checkpoint_matches_metrics": report["checkpoint_matches_metrics"],
+            "verdict_line": [line for line in result.output.splitlines() if "reproduce:" in line],
+        },
+        {"exit_code": 0 if should_pass else 1, "checkpoint_values_changed": expected_changed},
+        metrics_intact
+        and (
+            changed_values == expected_changed
+            if expected_changed is not None
+            else changed_values > 0
+        )
+        and report["bitwise_equal"] is True
+        and report["differences"] == []
+        and report["checkpoint_matches_metrics"] is should_pass
+        and result.exit_code == (0 if should_pass else 1)
+        and verdict in result.output
+        and digest_line in result.output
+        and "Traceback" not in result.output,
+    )
+
+
 @pytest.mark.parametrize(
     "damage", ["missing dir", "no manifest", "changed file", "bad config", "corrupt checkpoint"]
 )

@@ -12,8 +12,10 @@ benchmark); the ratios are recorded, and the README gives the measured runs.
 
 import json
 import statistics
+from types import SimpleNamespace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -196,6 +198,86 @@ def test_breakdown_against_its_definition(drawn):
     assert got["fraction_of_step"]["device_busy"] == pytest.approx(ref["device_busy"], rel=1e-12)
     assert got["iteration_s"] == pytest.approx(ref["iteration_s"], rel=1e-12, abs=0)
     assert got["compile_s_from_trace"] == pytest.approx(ref["compile_s"], rel=1e-12, abs=0)
+
+
+class _WorkClock:
+    """A fake `perf_counter` on which each computation takes a known time: every
+    `block_until_ready` of a result advances it by `seconds_of(result)`."""
+
+    def __init__(self, origin: float, seconds_of):
+        self.t, self.seconds_of, self.results = origin, seconds_of, []
+        self._wait = jax.block_until_ready
+
+    def perf_counter(self) -> float:
+        return self.t
+
+    def block_until_ready(self, x):
+        x = self._wait(x)
+        self.results.append((tuple(x.shape), np.dtype(x.dtype)))
+        self.t += self.seconds_of(x)
+        return x
+
+
+class _OnesOfLength:
+    """`jax.numpy` with `ones` of a 1-D shape made `length` long (the copy buffer)."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def __getattr__(self, name):
+        return getattr(jnp, name)
+
+    def ones(self, shape, dtype=None):
+        return jnp.ones((self.length,) if len(shape) == 1 else shape, dtype)
+
+
+@pytest.mark.parametrize(
+    ("gemm_s", "copy_s", "copy_elements"),
+    [(2e-3, 1e-3, None), (5e-4, 8e-3, 2**20), (1.25e-2, 3e-4, 3 * 2**18 + 5)],
+)
+def test_ceilings_from_known_durations(evidence, monkeypatch, gemm_s, copy_s, copy_elements):
+    """Ceilings equal 2 n^3 / GEMM seconds and 2 bytes / copy seconds on a clock set by hand.
+
+    The ceilings are timings, so the clock is made deterministic instead of the
+    figure being compared with a number: `profile`'s `perf_counter` is a fake on
+    which every computation waited for (`jax.block_until_ready`) takes a known
+    time, GEMM results (2-D) `gemm_s` and copy results (1-D) `copy_s`, so every
+    timed repetition lasts exactly that, whatever the repetition count or the
+    statistic over them. The expected values follow from the definitions, with
+    the sizes read from the arrays the timed computations returned (not from the
+    function): a GEMM of n x n by n x n is 2 n^3 FLOPs; a copy reads and writes
+    every byte, 2 * bytes. The GEMM's n is a constant inside `ceilings` that its
+    FLOP count uses directly, so it cannot be varied from outside; the copy
+    buffer's length is (16 MiB as written, 4 MiB, an odd length), and so are the
+    durations, which make the two ceilings move apart.
+    """
+    clock = _WorkClock(100.0, lambda x: gemm_s if x.ndim == 2 else copy_s)
+    monkeypatch.setattr(profile, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(jax, "block_until_ready", clock.block_until_ready)
+    if copy_elements is not None:
+        monkeypatch.setattr(profile, "jnp", _OnesOfLength(copy_elements))
+    got = profile.ceilings()
+    gemm_shapes = {(shape, dtype) for shape, dtype in clock.results if len(shape) == 2}
+    copy_shapes = {(shape, dtype) for shape, dtype in clock.results if len(shape) == 1}
+    assert len(gemm_shapes) == 1 and len(copy_shapes) == 1, clock.results
+    ((gemm_shape, _),) = gemm_shapes
+    ((copy_shape, copy_dtype),) = copy_shapes
+    n = gemm_shape[0]
+    copy_bytes = copy_shape[0] * copy_dtype.itemsize
+    expected = {
+        "gemm_flops_per_s": 2 * n**3 / gemm_s,
+        "copy_bytes_per_s": 2 * copy_bytes / copy_s,
+    }
+    sizes_ok = gemm_shape == (n, n) and (copy_elements is None or copy_shape[0] == copy_elements)
+    assert evidence.record(
+        "ceilings vs 2 n^3 / GEMM seconds and 2 * bytes / copy seconds, clock set by hand",
+        f"GEMM {gemm_shape} in {gemm_s} s, copy of {copy_bytes} bytes in {copy_s} s",
+        {"ceilings": got, "expected": expected, "gemm_shape": gemm_shape, "copy_bytes": copy_bytes},
+        {"rel": 1e-9},
+        sizes_ok
+        and set(got) == set(expected)
+        and all(got[k] == pytest.approx(v, rel=1e-9, abs=0) for k, v in expected.items()),
+    ), (got, expected)
 
 
 @pytest.fixture(scope="module")

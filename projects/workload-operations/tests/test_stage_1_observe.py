@@ -10,9 +10,11 @@ conditions: another batch size and heartbeat interval.
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +29,7 @@ from workload_operations import observe
 from workload_operations.cli import main
 from workload_operations.config import Config, ConfigError
 from workload_operations.observe import Observer
-from workload_operations.supervisor import Supervisor, resources, resources_of
+from workload_operations.supervisor import Supervisor, _group_processes, resources, resources_of
 
 
 @pytest.mark.parametrize("batch", [16, 5])
@@ -227,6 +229,118 @@ def test_resource_totals_skip_a_process_that_is_gone():
     assert abs(sample["rss_mb"] - proc_rss_mb) <= 4 / 1024, (sample, proc_rss_mb)
     assert abs(sample["cpu_s"] - proc_cpu_s) <= 1 / os.sysconf("SC_CLK_TCK") + 1e-9, sample
     assert resources_of([gone_proc]) == {"processes": 0, "rss_mb": 0.0, "threads": 0, "cpu_s": 0.0}
+
+
+# One level of a process tree: level L starts L + 1 sleeping threads (L + 2 in all),
+# touches (16 + 8 L) MB, starts level L + 1 if L < depth, then writes its pid to
+# `<folder>/<L>.pid` (atomically, by rename) and sleeps: its figures hold still.
+_TREE = """\
+import os, subprocess, sys, threading, time
+level, depth, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+for _ in range(level + 1):
+    threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+buf = bytearray((16 + 8 * level) * 2**20)
+for i in range(0, len(buf), 4096): buf[i] = 1
+if level < depth:
+    child = subprocess.Popen([sys.executable, __file__, str(level + 1), str(depth), folder])
+tmp = os.path.join(folder, f"{level}.tmp")
+with open(tmp, "w") as f: f.write(str(os.getpid()))
+os.replace(tmp, os.path.join(folder, f"{level}.pid"))
+time.sleep(120)
+"""
+
+
+def _wait_for_files(paths: list[Path], proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Returns once every file exists; fails if the root exits or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while not all(p.exists() for p in paths):
+        assert proc.poll() is None, f"the tree's root exited with {proc.returncode}"
+        assert time.monotonic() < deadline, [str(p) for p in paths if not p.exists()]
+        time.sleep(0.01)
+
+
+def _kill_and_reap(proc: subprocess.Popen, pids: list[int], timeout_s: float = 10.0) -> None:
+    """SIGKILL to the tree's own process group (its session), then every member gone.
+
+    Members orphaned by the root's death are reparented to init, or to this process if
+    an earlier test made it a child subreaper: those are reaped here."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            except ChildProcessError:
+                if not psutil.pid_exists(pid):
+                    break
+            time.sleep(0.01)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_resources_count_every_descendant(depth, tmp_path, evidence):
+    """The group's resources include children, grandchildren and great-grandchildren.
+
+    A root that starts a child that starts a grandchild ... `depth` levels below it
+    (depth 1, 2, 3); level L holds L + 2 threads and touches 16 + 8 L MB, and writes its
+    own pid (`os.getpid()`) to a file once it is set up. `resources(root)`, what the
+    supervisor samples a job's group with, against the pids the processes reported
+    (the group listed is exactly that set), /proc read directly for each of them
+    (VmRSS summed, to one page per process; /proc/<pid>/task counted; utime + stime to
+    one tick per process) and the known thread count and allocations. Started in its
+    own session like a job, killed as a group, every member reaped.
+    """
+    script = tmp_path / "tree.py"
+    script.write_text(_TREE, encoding="utf-8")
+    files = [tmp_path / f"{level}.pid" for level in range(depth + 1)]
+    pids: list[int] = []
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "0", str(depth), str(tmp_path)], start_new_session=True
+    )
+    try:
+        _wait_for_files(files, proc)
+        pids = [int(f.read_text()) for f in files]
+        listed = sorted(p.pid for p in _group_processes(proc.pid))
+        sample = resources(proc.pid)
+        proc_rss_mb = sum(int(_proc_status(p)["VmRSS"].split()[0]) for p in pids) / 1024
+        proc_threads = sum(len(os.listdir(f"/proc/{p}/task")) for p in pids)
+        proc_cpu_s = sum(_proc_cpu_s(p) for p in pids)
+    finally:
+        _kill_and_reap(proc, pids)
+    levels = range(depth + 1)
+    allocated_mb = sum(16 + 8 * level for level in levels)
+    known_threads = sum(level + 2 for level in levels)
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    ok = (
+        pids[0] == proc.pid
+        and listed == sorted(pids)
+        and sample["processes"] == depth + 1
+        and sample["threads"] == proc_threads == known_threads
+        and abs(sample["rss_mb"] - proc_rss_mb) <= (depth + 1) * 4 / 1024  # a page each
+        and sample["rss_mb"] >= allocated_mb
+        and abs(sample["cpu_s"] - proc_cpu_s) <= (depth + 1) * tick + 1e-9
+    )
+    assert evidence.record(
+        "group resources include every descendant: pids, /proc/<pid>/status, task, stat",
+        f"a tree {depth} level(s) below the root; {allocated_mb} MB touched, "
+        f"{known_threads} threads in all",
+        {
+            "psutil": sample,
+            "pids_reported": pids,
+            "pids_listed": listed,
+            "proc_rss_mb": proc_rss_mb,
+            "proc_threads": proc_threads,
+            "proc_cpu_s": proc_cpu_s,
+            "allocated_mb": allocated_mb,
+        },
+        {"rss_mb_abs": (depth + 1) * 4 / 1024, "cpu_s_abs": (depth + 1) * tick, "threads": "exact"},
+        ok,
+    ), (sample, pids, listed, proc_rss_mb, proc_threads, proc_cpu_s)
 
 
 def _supervised(config: Config, workdir: Path, cache: Path, results: dict, key: str) -> None:

@@ -11,7 +11,9 @@ matrix itself: `scripts/learner.py check`, `scripts/seeded_bugs.py`.)
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -65,6 +67,36 @@ def test_ready_project_lists_seeded_bugs_and_its_readme_shows_them(project: Path
         f"{project.name}/README.md's seeded-bug table is stale: "
         f"run `python scripts/seeded_bugs.py --readme {project.name}`"
     )
+
+
+def _toml_bugs(bugs) -> str:
+    """A bug list in `seeded_bugs.toml` form (JSON strings are TOML basic strings)."""
+    keys = ("id", "stage", "file", "find", "replace", "why")
+    return "".join(
+        "[[bugs]]\n" + "".join(f"{k} = {json.dumps(getattr(b, k))}\n" for k in keys) for b in bugs
+    )
+
+
+def test_a_trial_list_may_try_one_bug_where_a_project_list_must_cover_each_stage(tmp_path):
+    project = READY[0]
+    first = load_bugs(project)[0][0]
+    trials = tmp_path / "trials"
+    trials.mkdir()
+    (trials / f"{project.name}.toml").write_text(_toml_bugs([first]), encoding="utf-8")
+    bugs, problems = load_bugs(project, trials)
+    assert [(b.id, b.stage) for b in bugs] == [(first.id, first.stage)] and problems == []
+
+    # The same one-entry list as a project's own is refused, stage by stage.
+    alone = tmp_path / project.name
+    (alone / first.file).parent.mkdir(parents=True)
+    shutil.copy(project / first.file, alone / first.file)
+    shutil.copy(project / "project.toml", alone / "project.toml")
+    (alone / "seeded_bugs.toml").write_text(_toml_bugs([first]), encoding="utf-8")
+    _, problems = load_bugs(alone)
+    stages = [s["id"] for s in manifest(project)["stages"]]
+    assert problems == [
+        f"{project.name}: stage {s} lists {int(s == first.stage)} bugs (at least 3)" for s in stages
+    ]
 
 
 @pytest.mark.parametrize("project", READY, ids=lambda p: p.name)

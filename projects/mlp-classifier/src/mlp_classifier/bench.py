@@ -43,6 +43,7 @@ The settings and their batches are in `bench_settings.py`, the timed paths in
 file runs the settings and writes the report.
 """
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -125,6 +126,15 @@ def limit_paths(setting: Setting, batches: dict[str, np.ndarray]) -> list[TimedP
     ]
 
 
+def threefry_mode(setting: Setting) -> contextlib.AbstractContextManager[Any]:
+    """The PRNG mode `setting` runs under: `jax.threefry_partitionable(value)`
+    when the setting names one (a `scan_partitionable_bits` path then runs
+    under the opposite value), else JAX's default, left untouched."""
+    if setting.threefry_partitionable is None:
+        return contextlib.nullcontext()
+    return jax.threefry_partitionable(setting.threefry_partitionable)
+
+
 def run_setting(
     setting: Setting,
     repeats: int,
@@ -135,23 +145,8 @@ def run_setting(
 ) -> dict[str, Any]:
     """Builds every path for `setting`, measures them interleaved and derives
     the ratios, the loss-agreement checks and (with `gemm_n`) the FLOP rates.
-    Measurement keys are `<setting>/<path>`. Runs under
-    `jax.threefry_partitionable(setting.threefry_partitionable)` when that is
-    set; then a `scan_partitionable_bits` path runs under the opposite value."""
-    if setting.threefry_partitionable is None:
-        return _run_setting(setting, repeats, gemm_n, torch_module, counter, log)
-    with jax.threefry_partitionable(setting.threefry_partitionable):
-        return _run_setting(setting, repeats, gemm_n, torch_module, counter, log)
-
-
-def _run_setting(
-    setting: Setting,
-    repeats: int,
-    gemm_n: int | None,
-    torch_module: Any,
-    counter: CompileCounter,
-    log: Callable[[str], None],
-) -> dict[str, Any]:
+    Measurement keys are `<setting>/<path>`. The caller enters
+    `threefry_mode(setting)` around it."""
     batches = make_batches(setting)
     # Host->device placement of one epoch, timed apart: the paths get their
     # batches on the device before the clock starts, so no step waits for data.
@@ -296,8 +291,12 @@ def run_bench(size_name: str, repeats: int | None, log: Callable[[str], None]) -
         torch_info = {"version": torch.__version__, "threads": "per setting"}
     try:
         with CompileCounter() as counter:
-            small = run_setting(size.small, size.repeats, None, torch_module, counter, log)
-            large = run_setting(size.large, size.repeats, size.gemm_n, torch_module, counter, log)
+            with threefry_mode(size.small):
+                small = run_setting(size.small, size.repeats, None, torch_module, counter, log)
+            with threefry_mode(size.large):
+                large = run_setting(
+                    size.large, size.repeats, size.gemm_n, torch_module, counter, log
+                )
     finally:
         if previous_threads is not None:
             torch.set_num_threads(previous_threads)

@@ -364,6 +364,61 @@ def test_forward_and_reverse_jacobians_agree(problems, evidence, name):
     assert all(ok)
 
 
+def _wrong_reverse_rule(a: np.ndarray, t: np.ndarray, dtype):
+    """x -> A x whose forward mode is right and whose reverse mode gives diag(t) A.
+
+    The output passes through `lax.custom_linear_solve` with the identity matrix:
+    its solve is the identity (so jacfwd sees A), its transpose solve multiplies
+    by t (so jacrev sees diag(t) A). Unlike `linear_call`, it can be batched, as
+    jacfwd and jacrev need."""
+    a_, t_ = jnp.asarray(a, dtype), jnp.asarray(t, dtype)
+
+    def f(x):
+        return jax.lax.custom_linear_solve(
+            lambda v: v, a_ @ x, lambda _, r: r, transpose_solve=lambda _, r: t_ * r
+        )
+
+    return f
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize(("m", "n"), [(4, 4), (2, 6), (6, 2), (1, 3), (3, 1)])
+def test_jacobian_agreement_sees_a_wrong_reverse_rule(evidence, m, n, dtype):
+    """jacobian_agreement reports max|A - B| / max|B| for x -> A x whose reverse mode gives B.
+
+    The forward rule is right (A); the reverse one gives B = diag(t) A with
+    t = 1 +- c tol (random signs), wrong by c times the 50 eps tolerance: c = 0 (the
+    true rule), 0.5 and 0.8 (pass), 1.25 and 2 (flagged). The expected figure is
+    NumPy's, from A and t as cast to the dtype (B rounded in the dtype, as JAX's
+    one product per entry is); square, wide and tall Jacobians, float64 and float32."""
+    tol = 50 * EPS[dtype]
+    rng = np.random.default_rng(100 * m + n)
+    a = rng.normal(size=(m, n))
+    signs = rng.choice([-1.0, 1.0], size=m)
+    x = jnp.asarray(rng.normal(size=n), dtype)
+    a_ = a.astype(dtype)
+    ok = []
+    for c in (0.0, 0.5, 0.8, 1.25, 2.0):
+        t = 1.0 + c * tol * signs
+        b_ = (t.astype(dtype)[:, None] * a_).astype(np.float64)
+        expected = np.abs(a_.astype(np.float64) - b_).max() / np.abs(b_).max()
+        # The construction itself: the figure lies on the side of the tolerance c says.
+        assert (expected == 0.0) == (c == 0.0) and (expected <= tol) == (c < 1.0)
+        r = checks.jacobian_agreement(_wrong_reverse_rule(a, t, dtype), x)
+        ok.append(
+            evidence.record(
+                "jacfwd vs jacrev, wrong reverse rule",
+                f"{m}x{n} {dtype} c={c}",
+                {**r, "expected_rel_error": expected},
+                {"rel": tol, "figure_rel": 1e-12},
+                r["shape"] == [m, n]
+                and r["rel_error"] == pytest.approx(expected, rel=1e-12, abs=0)
+                and (r["rel_error"] <= tol) == (c < 1.0),
+            )
+        )
+    assert all(ok)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_central_difference_at_the_theory_step(problems, evidence, name):
     """The central difference at the theory step is within 100 eps^(2/3) of the JVP, 2 dtypes.

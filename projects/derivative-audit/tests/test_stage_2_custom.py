@@ -7,6 +7,8 @@ solver, and against central differences. Changed conditions: float32, a
 batch of inputs, another seed, another clipping interval.
 """
 
+import decimal
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,6 +69,81 @@ def test_softplus_rule_is_finite_where_autodiff_is_nan(evidence, dtype):
             bool(np.isnan(naive[-1]) and np.isnan(where[-1])),
         ),
     ]
+    assert all(ok)
+
+
+def _decimal_softplus_and_sigmoid(x: float) -> tuple[float, float]:
+    """log(1 + e^x) and 1 / (1 + e^-x) in decimal arithmetic with enough digits that
+    1 + e^x keeps e^x's leading 40 digits (e^-700 is 1e-304), rounded once to float64."""
+    d = decimal.Decimal(x)
+    with decimal.localcontext() as ctx:
+        ctx.prec = 40 + int(abs(x) / 2.3)
+        return float((1 + d.exp()).ln()), float(1 / (1 + (-d).exp()))
+
+
+# (dtype, most negative x, to 1%): e^x stays a normal number of the dtype (e^-87.3 is float32's
+# smallest normal, e^-708 float64's).
+SOFTPLUS_RANGE = [(jnp.float64, -700.0), (jnp.float32, -85.0)]
+
+
+@pytest.mark.parametrize(("dtype", "lo"), SOFTPLUS_RANGE)
+def test_softplus_has_a_few_ulps_relative_error_in_every_regime(evidence, dtype, lo):
+    """softplus and its rule's derivative are within 4 eps, RELATIVELY, of a decimal reference.
+
+    A grid from `lo` (-700 in float64, -85 in float32: large negative x, where
+    softplus(x) ~ e^x is tiny and only log1p keeps its digits) through -3 ... -0.25
+    (where log(1 + e^-|x|) is still accurate), around 0, to 1000; eager and jitted.
+    The grid is shown to cross the regime boundary: the formula log(1 + e^-|x|) in
+    NumPy, in the same dtype, is within the bound near 0 and outside it below -5."""
+    rng = np.random.default_rng(7)
+    neg = -np.geomspace(-lo, 0.25, 48) * np.exp(0.01 * rng.uniform(-1, 1, 48))
+    grid = np.concatenate([neg, np.linspace(-0.25, 0.25, 11), np.geomspace(0.3, 1000.0, 24)])
+    x = grid.astype(np.dtype(dtype))
+    x64 = x.astype(np.float64)
+    reference = np.array([_decimal_softplus_and_sigmoid(float(v)) for v in x64])
+    value, slope = reference[:, 0], reference[:, 1]
+    tol = 4 * float(jnp.finfo(dtype).eps)
+    name = dtype.__name__
+    grad = jax.jit(jax.vmap(jax.grad(rules.softplus)))(jnp.asarray(x))
+    ok = [
+        evidence.allclose(
+            "softplus value, relative",
+            f"{name} eager",
+            rules.softplus(jnp.asarray(x)),
+            value,
+            rtol=tol,
+            atol=0,
+        ),
+        evidence.allclose(
+            "softplus value, relative",
+            f"{name} jit",
+            jax.jit(rules.softplus)(jnp.asarray(x)),
+            value,
+            rtol=tol,
+            atol=0,
+        ),
+        evidence.allclose(
+            "softplus' = sigmoid, relative", f"{name} jit", grad, slope, rtol=tol, atol=0
+        ),
+    ]
+    one = np.asarray(1.0, x.dtype)
+    plain = (np.maximum(x, 0) + np.log(one + np.exp(-np.abs(x)))).astype(np.float64)
+    plain_rel = np.abs(plain - value) / value
+    near, far = np.abs(x64) <= 0.25, x64 <= -5.0
+    ok.append(
+        evidence.record(
+            "grid crosses where log(1 + e^-|x|) loses digits",
+            f"{name} NumPy log(1 + e^-|x|)",
+            {
+                "max_rel_near_0": float(plain_rel[near].max()),
+                "min_rel_below_-5": float(plain_rel[far].min()),
+                "points_near_0": int(near.sum()),
+                "points_below_-5": int(far.sum()),
+            },
+            {"rel": tol},
+            bool(plain_rel[near].max() <= tol and plain_rel[far].min() > tol),
+        )
+    )
     assert all(ok)
 
 

@@ -124,6 +124,104 @@ def test_compiled_files_and_caches_never_count(tmp_path):
     assert dirty["code.git_dirty"] == "true" and dirty != clean
 
 
+_A, _B = b"VALUE = 1\n", b"VALUE = 2\n"
+# Untracked files of the package per state (path under the package -> bytes). Each state
+# but `base` changes one thing; names keep their sorted order ("aux/" < "b.py") where only
+# the path changes, so a hash of the bytes alone, in name order, would not move.
+_UNTRACKED_STATES = {
+    "base": {"a.py": _A, "b.py": _B},
+    "renamed": {"a_renamed.py": _A, "b.py": _B},
+    "moved into a subfolder": {"aux/a.py": _A, "b.py": _B},
+    "contents swapped": {"a.py": _B, "b.py": _A},
+    "empty file added": {"a.py": _A, "b.py": _B, "c.py": b""},
+    "one byte changed": {"a.py": _A, "b.py": b"VALUE = 3\n"},
+}
+
+
+def _set_untracked(project: Path, package: Path, files: dict[str, bytes]) -> None:
+    """Leaves exactly `files` untracked in the package (earlier untracked files removed)."""
+    _git_here(project, "clean", "-fdqx", "--", "src/reproducible_experiments")
+    for name, content in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_bytes(content)
+
+
+def test_untracked_files_enter_the_diff_hash_by_path_and_bytes(evidence, tmp_path):
+    """Each untracked file's path and bytes enter code.git_diff_sha256, field by field.
+
+    Two independent scratch repositories, the same tracked edit in both, then
+    six states of the untracked files: a base, a rename, a move into a
+    subfolder (same bytes), the contents of two files swapped, an empty file
+    added, one byte changed. Every state must have its own diff hash; the same
+    state must give the same hash in the other repository (built in reverse
+    order) and again in the first after the others. The other tags, field by
+    field: `git_commit` is `git rev-parse HEAD` run here, `git_dirty` is "true",
+    `source_sha256` is the documented path-and-bytes reference written here."""
+    sides = {}
+    for side, order in (
+        ("first", list(_UNTRACKED_STATES)),
+        ("second", list(reversed(_UNTRACKED_STATES))),
+    ):
+        project, package, commit = _scratch_repo(tmp_path / side)
+        edited = package / "model.py"
+        edited.write_bytes(edited.read_bytes() + b"# an uncommitted edit\n")
+        seen = {}
+        for state in [*order, order[0]]:
+            _set_untracked(project, package, _UNTRACKED_STATES[state])
+            listed = _git_here(project, "ls-files", "--others", "-z").decode().split("\0")
+            tags = identity.git_identity(project, package)
+            key = state if state not in seen else f"{state} (again)"
+            seen[key] = {
+                "diff_sha256": tags["code.git_diff_sha256"],
+                "commit_is_head": tags["code.git_commit"] == commit,
+                "dirty": tags["code.git_dirty"],
+                "source_is_reference": tags["code.source_sha256"] == _source_reference(package),
+                "untracked_listed": sorted(
+                    n.rsplit("reproducible_experiments/", 1)[1] for n in listed if n
+                ),
+            }
+        sides[side] = seen
+    first, second = sides["first"], sides["second"]
+    hashes = {state: first[state]["diff_sha256"] for state in _UNTRACKED_STATES}
+    same_as_base = [s for s in _UNTRACKED_STATES if s != "base" and hashes[s] == hashes["base"]]
+    observed = {
+        "first_repo": first,
+        "second_repo": second,
+        "distinct_hashes": len(set(hashes.values())),
+        "states_hashing_like_base": same_as_base,
+        "states_differing_across_repos": [
+            s for s in _UNTRACKED_STATES if first[s]["diff_sha256"] != second[s]["diff_sha256"]
+        ],
+    }
+    repeated = [k for side in sides.values() for k in side if k.endswith("(again)")]
+    assert evidence.record(
+        "code identity: every untracked file's path and bytes enter the diff hash",
+        "two scratch repositories, same tracked edit; untracked files renamed, moved, "
+        "swapped, an empty one added, one byte changed",
+        observed,
+        {"distinct_hashes": len(_UNTRACKED_STATES), "states_differing_across_repos": 0},
+        observed["distinct_hashes"] == len(_UNTRACKED_STATES)
+        and not same_as_base
+        and not observed["states_differing_across_repos"]
+        and len(repeated) == 2
+        and all(
+            side[k]["diff_sha256"] == side[k.removesuffix(" (again)")]["diff_sha256"]
+            for side in sides.values()
+            for k in side
+            if k.endswith("(again)")
+        )
+        and all(
+            tags["commit_is_head"]
+            and tags["dirty"] == "true"
+            and tags["source_is_reference"]
+            and tags["untracked_listed"]
+            == sorted(_UNTRACKED_STATES[state.removesuffix(" (again)")])
+            for side in sides.values()
+            for state, tags in side.items()
+        ),
+    ), observed
+
+
 _GIT_CODES = (0, 1, -1, 128, -9)  # ok, error, killed by signal 1, git's fatal, SIGKILL
 
 

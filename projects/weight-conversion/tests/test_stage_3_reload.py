@@ -11,7 +11,11 @@ conversion's. Changed conditions: another architecture and float64 targets
 for the streamed file; both artifact formats. Bad files are refused with
 the tensor named and nothing written (an `--input` file; a run folder's
 truncated or mis-shaped artifact or source, for `reload` and `compare`); a
-transposed square kernel, which shapes cannot see, fails `reload`.
+transposed square kernel, which shapes cannot see, fails `reload`. The
+reload bound itself, against the README's rule worked by hand (float32 eps
+x the sum of every layer's reduction length x max|reference|), for four
+architectures whose widest layer is a different one each time: stated
+exactly, and a reference 0.98 of it away accepted, 1.02 away refused.
 """
 
 import json
@@ -570,3 +574,117 @@ def test_reload_refuses_an_artifact_of_another_architecture(run_dir, tmp_path):
     assert f"is not the architecture of `{run / 'config.json'}`" in message
     assert "hidden=64" in message and "hidden=32" in message
     assert not (run / "reload.json").exists()
+
+
+# The float32 bound of the reloaded logits, by hand. README: the tolerance is
+# `eps * (K_1 + ... + K_l) * max|reference|`; for the reload, l runs over the
+# whole network, so K is the sum of every tapped layer's reduction length (the
+# longest sum producing one output from the layer's input: 3x3 conv1 over one
+# channel 9, norm1 over C, attention C/heads + 2 * 64 tokens + C, conv2 9 * C,
+# fc1 C2 * 4 * 4, fc2 and the tied head `hidden`, every elementwise layer 1).
+# The widest single layer is named to show that it is not the total.
+EPS32 = 2.0**-23
+BOUND_ARCHS = [
+    # conv1, bn1, act1, embed, norm1, attn, block, conv2, act2, fc1, act3, fc2, act4, head
+    # 9 + 1 + 1 + 1 + 16 + (8 + 128 + 16) + 1 + 144 + 1 + 256 + 1 + 64 + 1 + 64
+    (Arch(), 712, 256),  # widest: fc1
+    # 9 + 1 + 1 + 1 + 8 + (2 + 128 + 8) + 1 + 72 + 1 + 64 + 1 + 32 + 1 + 32
+    (OTHER, 362, 138),  # widest: attn
+    # 9 + 1 + 1 + 1 + 32 + (8 + 128 + 32) + 1 + 288 + 1 + 64 + 1 + 16 + 1 + 16
+    (Arch(channels=32, heads=4, conv2_channels=4, hidden=16), 600, 288),  # widest: conv2
+    # 9 + 1 + 1 + 1 + 4 + (4 + 128 + 4) + 1 + 36 + 1 + 32 + 1 + 200 + 1 + 200
+    (Arch(channels=4, heads=1, conv2_channels=2, hidden=200), 624, 200),  # widest: fc2, head
+]
+
+
+def _untrained_run(folder: Path, arch: Arch, seed: int) -> np.ndarray:
+    """A run folder of a seeded, untrained PyTorch source (no training: cheap), 90 held-out
+    digits; returns the source's float32 logits on them (computed by PyTorch)."""
+    config = Config.tiny(arch=arch, test_fraction=0.05)
+    folder.mkdir()
+    torch.manual_seed(seed)
+    net = sources.TorchDigitNet(arch).eval()
+    src = pipeline.save_torch_source(net, folder / "source.safetensors")
+    spec = checkpoint.target_spec(model.abstract_model(arch))
+    metadata = {"arch": json.dumps(arch.__dict__), "source": "torch"}
+    out = streaming.convert_file(
+        src, folder / "converted.safetensors", torch_map(arch), arch, spec, metadata
+    )
+    checkpoint.save_orbax(checkpoint.load_safetensors(out, arch), folder / "orbax")
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    split = data.load_split(config.split_seed, config.test_fraction)
+    return sources.torch_logits(net, data.nchw(split.test_images)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("arch", "total", "widest"), BOUND_ARCHS, ids=["default", "other", "wide-conv2", "wide-fc2"]
+)
+def test_reload_bound_is_the_whole_networks_float32_rounding(
+    evidence, tmp_path, monkeypatch, arch, total, widest
+):
+    """reload_check states eps32 x (sum of every layer's reduction) x max|reference|, and accepts a
+    reference 0.98 of that bound away but refuses one 1.02 away, for 4 architectures.
+
+    The bound, not the forward pass, is under test (the forward pass is the
+    fresh-process test's): each reloaded model's forward pass returns the
+    source's PyTorch logits `clean` (after checking that the model is the
+    artifact's: its arch and its fc2 kernel), and the saved reference is
+    `clean` plus seeded noise (uniform, random sign, the largest exactly
+    `ratio` x the hand-computed bound, the largest |logit| left untouched so
+    the scale is known). The error is then known in advance; only the bound
+    decides. This skips eager JAX compilation: about a second per arch."""
+    assert widest < total
+    run = tmp_path / "run"
+    clean = _untrained_run(run, arch, seed=11)
+    fc2 = read_all(run / "converted.safetensors")["fc2.kernel"]
+    calls = []
+
+    def forward(reloaded, images):
+        calls.append(reloaded.arch == arch and images.shape == (len(clean), 8, 8, 1))
+        calls[-1] &= np.asarray(reloaded.fc2.kernel[...]).tobytes() == fc2.tobytes()
+        return clean.copy()
+
+    monkeypatch.setattr(model, "logits", forward)
+    flat = np.abs(clean).ravel()
+    scale = float(flat.max())
+    expected = EPS32 * total * scale  # by hand: the documented rule
+    top = int(flat.argmax())
+    rng = np.random.default_rng(5)
+    noise = rng.uniform(-1.0, 1.0, clean.shape)
+    noise.ravel()[top] = 0.0
+    biggest = int(np.argmax(np.abs(noise).ravel()))
+    noise.ravel()[biggest] = np.sign(noise.ravel()[biggest])  # |u| = 1 at one element
+    for ratio, accept in ((0.98, True), (1.02, False)):
+        reference = (clean.astype(np.float64) + ratio * expected * noise).astype(np.float32)
+        # preconditions of the construction: same scale, same predictions
+        assert float(np.max(np.abs(reference))) == scale
+        assert np.array_equal(reference.argmax(1), clean.argmax(1))
+        error = float(np.max(np.abs(clean.astype(np.float64) - reference.astype(np.float64))))
+        assert abs(error / expected - ratio) < 2e-3  # float32 rounding of the reference only
+        np.save(run / "source_logits.npy", reference)
+        calls.clear()
+        result = pipeline.reload_check(run)
+        stated = result["tolerance"]
+        observed = {
+            "stated_tolerance": stated,
+            "error_over_hand_bound": error / expected,
+            "passed": [result[name]["passed"] for name in ("safetensors", "orbax")],
+        }
+        ok = (
+            calls == [True, True]
+            and stated == pytest.approx(expected, rel=1e-12)
+            and all(
+                result[name]["max_abs_logit_error"] == pytest.approx(error, rel=1e-12, abs=0.0)
+                and result[name]["identical_predictions"] == len(clean)
+                and result[name]["passed"] is accept
+                for name in ("safetensors", "orbax")
+            )
+            and result["passed"] is accept
+        )
+        assert evidence.record(
+            "reload bound: eps32 x whole-network reduction x max|reference|; honest at +-2%",
+            f"{arch}, K = {total} (widest layer {widest}), error {ratio} x bound",
+            observed,
+            {"hand_bound": expected, "K": total, "eps": EPS32, "scale": scale},
+            ok,
+        ), observed

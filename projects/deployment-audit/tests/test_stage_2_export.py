@@ -416,6 +416,126 @@ def test_other_refusals(artifact, tmp_path):
         export.load_artifact(target)
 
 
+# The golden self-test's documented bound: predictions equal AND every logit within 1e-5.
+SELF_TEST_ATOL = 1e-5
+DRIFT_PATTERNS = (
+    "one logit of one golden row",
+    "one class's logits (its output bias)",
+    "every logit (all output biases, alternating signs)",
+)
+
+
+def _drifted_artifact(trained, artifact, tmp_path, pattern, delta):
+    """A copy of the artifact whose logits differ from its golden ones by `delta`, with a
+    consistent manifest (every hash checks out). Returns `(directory, reference drift,
+    drifted logits)`, computed here: exactly for the edited golden value (float32
+    arithmetic), by a NumPy float64 forward pass for a model re-exported with shifted
+    output biases."""
+    golden = json.loads((artifact / export.GOLDEN_FILE).read_text())
+    logits = np.asarray(golden["logits"], np.float32)
+    if pattern == DRIFT_PATTERNS[0]:
+        target = _copy(artifact, tmp_path)
+        row, runner_up = 0, int(np.argsort(logits[0])[-2])
+        golden["logits"][row][runner_up] = float(np.float32(logits[row, runner_up] + delta))
+        text = json.dumps(golden) + "\n"
+        (target / export.GOLDEN_FILE).write_text(text)
+        manifest = json.loads((target / export.MANIFEST_FILE).read_text())
+        manifest["golden_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+        (target / export.MANIFEST_FILE).write_text(json.dumps(manifest))
+        drifted = np.asarray(golden["logits"], np.float32)
+        return target, np.abs(drifted.astype(np.float64) - logits).max(), drifted
+    params = jax.tree.map(lambda a: np.array(a, np.float32), trained["_params"])
+    bias = params["layers"][-1]["bias"]
+    shift = np.zeros(bias.shape, np.float64)
+    if pattern == DRIFT_PATTERNS[1]:
+        shift[3] = delta
+    else:
+        shift[:] = delta * (-1.0) ** np.arange(bias.size)
+    params["layers"][-1]["bias"] = (bias + shift).astype(np.float32)
+    target = tmp_path / "drifted"
+    spec = trained["_spec"]
+    exported = export.export_model(jax.tree.map(jnp.asarray, params), spec["preprocessing"])
+    export.write_artifact(target, exported, spec, golden)
+    mean, scale = data.spec_arrays(spec["preprocessing"])
+    inputs = (np.asarray(golden["inputs"], np.float64) - mean) * scale
+    before = _numpy_forward(trained["_params"], inputs)
+    after = _numpy_forward(params, inputs)
+    return target, np.abs(after - before).max(), after
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0], ids=["0.5x the bound", "2x the bound"])
+@pytest.mark.parametrize("pattern", DRIFT_PATTERNS)
+def test_self_test_bounds_logit_drift_when_every_class_is_kept(
+    evidence, trained, artifact, tmp_path, pattern, factor
+):
+    """An artifact whose golden logits drift past 1e-5 fails its self-test (and `verify`), even
+    though every argmax is the same; a drift of half the bound passes.
+
+    Three drift patterns (one golden value; one class's logits through its output bias,
+    re-exported; every logit, biases shifted by alternating signs), each at 0.5x and 2x
+    the bound. The reference drift and the unchanged classes are computed here in NumPy;
+    the self-test's figures are checked field by field, in process and through `verify`
+    (a fresh process for the every-logit pattern past the bound)."""
+    delta = factor * SELF_TEST_ATOL
+    golden = json.loads((artifact / export.GOLDEN_FILE).read_text())
+    target, reference, drifted = _drifted_artifact(trained, artifact, tmp_path, pattern, delta)
+    # Float32 rounding of logits of this size: the window the reported drift must lie in.
+    ulp = float(np.spacing(np.float32(np.abs(np.asarray(golden["logits"])).max())))
+    window = 2 * ulp if pattern == DRIFT_PATTERNS[0] else 4 * ulp
+    # The premises: the drift is the one intended, its whole window on one side of the
+    # bound, and no class changes (argmax of the drifted logits, with top-2 margins).
+    top2 = np.sort(drifted, axis=1)[:, -2:]
+    assert abs(reference - delta) <= window, (reference, delta, window)
+    assert (reference + window < SELF_TEST_ATOL) == (factor < 1)
+    assert (reference - window > SELF_TEST_ATOL) == (factor > 1)
+    assert drifted.argmax(axis=1).tolist() == golden["predictions"]
+    assert float((top2[:, 1] - top2[:, 0]).min()) > 10 * delta
+    within = factor < 1
+    result = export.load_artifact(target).self_test()
+    runs = {"in process": {"exit_code": None, "self_test": result}}
+    verify_cli = CliRunner().invoke(main, ["verify", str(target)])
+    runs["verify command"] = {
+        "exit_code": verify_cli.exit_code,
+        "self_test": json.loads(verify_cli.output).get("self_test", {})
+        if verify_cli.exit_code in (0, 1)
+        else {},
+    }
+    if pattern == DRIFT_PATTERNS[2] and not within:  # One fresh interpreter: ~10 s here.
+        proc = subprocess.run(
+            [sys.executable, "-m", "deployment_audit.cli", "verify", str(target)],
+            capture_output=True,
+            text=True,
+            timeout=900,  # A hang guard only: a loaded machine starts JAX slowly.
+        )
+        runs["verify, fresh process"] = {
+            "exit_code": proc.returncode,
+            "self_test": json.loads(proc.stdout).get("self_test", {})
+            if proc.returncode in (0, 1)
+            else {},
+            "stderr": proc.stderr[-300:],
+        }
+    ok = True
+    for run in runs.values():
+        got = run["self_test"]
+        error = got.get("max_abs_logit_error", float("nan"))
+        run["checks"] = {
+            "count": got.get("count") == len(golden["inputs"]),
+            "predictions_equal": got.get("predictions_equal") is True,
+            "max_abs_logit_error_is_the_drift": abs(error - reference) <= window,
+            "bitwise_equal_false": got.get("bitwise_equal") is False,
+            "passed": got.get("passed") is within,
+            "exit_code": run["exit_code"] in (None, 0 if within else 1),
+        }
+        ok &= all(run["checks"].values())
+    assert evidence.record(
+        "golden self-test: logits within 1e-5 required, equal classes not enough",
+        f"{pattern}, drift {factor}x the bound",
+        {"reference_drift": reference, "window": window, **runs},
+        {"max_abs_logit_error": SELF_TEST_ATOL, "passed": within},
+        ok,
+    ), runs
+
+
 OLDER_JAX, NEWER_JAX = "0.4.30", "99.0.0"
 # (0, 9, 9) is older than any 0.10 release by number, newer as text.
 TEXT_TRAP_JAX = "0.9.9"

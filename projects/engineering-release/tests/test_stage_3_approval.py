@@ -160,6 +160,209 @@ def test_registry_check_names_every_disagreement():
         ]
 
 
+# A log written by hand: each approval has its own evaluation id and signing date,
+# so the rollback target's approval, evaluation and age tell which release it is.
+NOW = dt.datetime(2026, 6, 30, 12, 0, 0, tzinfo=dt.UTC)
+SIGNED = {
+    "a1": "2026-03-01T12:00:00Z",
+    "a2": "2026-05-01T12:00:00Z",
+    "a3": "2026-06-25T12:00:00Z",
+    "b1": "2026-04-01T12:00:00Z",
+    "b2": "2026-06-10T12:00:00Z",
+    "c1": "2026-05-15T12:00:00Z",
+}
+MODEL_OF = {"a": A, "b": B, "c": C}
+
+
+def _hand_approval(tag: str) -> dict:
+    """A well-formed approval body for the tag's model (the log does not check signatures)."""
+    return {
+        "model_id": MODEL_OF[tag[0]],
+        "evaluation_id": hashlib.sha256(f"evaluation {tag}".encode()).hexdigest(),
+        "policy": {"min_accuracy": 0.8},
+        "policy_sha256": "d" * 64,
+        "key_id": "0123456789abcdef",
+        "signer": "alice",
+        "signed_at": SIGNED[tag],
+        "signature": "c2lnbmF0dXJl",
+    }
+
+
+def _hand_log(steps: list[tuple[str, str]]) -> tuple[list[dict], dict[str, str]]:
+    """The log of `steps`, built with the hashlib reference: `("approve", tag)`,
+    `("release", tag)` (with that approval), `("rollback", seq)` (to that entry). The
+    serving model is tracked here, by hand. Returns the entries and tag -> approve hash."""
+    entries: list[dict] = []
+    approve_hash: dict[str, str] = {}
+    serving = None
+    for kind, arg in steps:
+        if kind == "approve":
+            body = {"approval": _hand_approval(arg)}
+        elif kind == "release":
+            body = {
+                "model_id": MODEL_OF[arg[0]],
+                "approval": approve_hash[arg],
+                "previous_model_id": serving,
+            }
+        else:
+            to = entries[arg]
+            body = {
+                "model_id": to["body"]["model_id"],
+                "to": to["hash"],
+                "approval": to["body"]["approval"],
+                "previous_model_id": serving,
+            }
+        entry = {
+            "seq": len(entries),
+            "kind": kind,
+            "prev": entries[-1]["hash"] if entries else "0" * 64,
+            "body": body,
+        }
+        entry["hash"] = _reference_hash(entry)
+        entries.append(entry)
+        if kind == "approve":
+            approve_hash[arg] = entry["hash"]
+        else:
+            serving = body["model_id"]
+    return entries, approve_hash
+
+
+# (steps, seq of A's LATEST release or rollback entry, its approval's tag, that approval's
+# age in days at NOW): counted by hand from the steps. B or C serves last, A before it.
+ROLLBACK_LOGS = {
+    "A released once": (
+        [("approve", "a1"), ("approve", "b1"), ("release", "a1"), ("release", "b1")],
+        2,
+        "a1",
+        121.0,
+    ),
+    "A released twice, B between, C last": (
+        [
+            ("approve", "a1"),
+            ("release", "a1"),
+            ("approve", "b1"),
+            ("release", "b1"),
+            ("approve", "a2"),
+            ("release", "a2"),
+            ("approve", "c1"),
+            ("release", "c1"),
+        ],
+        5,
+        "a2",
+        60.0,
+    ),
+    "A released 3 times, B, C and a rollback to B between": (
+        [
+            ("approve", "a1"),
+            ("release", "a1"),
+            ("approve", "b1"),
+            ("release", "b1"),
+            ("approve", "a2"),
+            ("release", "a2"),
+            ("approve", "c1"),
+            ("release", "c1"),
+            ("rollback", 3),
+            ("approve", "a3"),
+            ("release", "a3"),
+            ("release", "c1"),
+        ],
+        10,
+        "a3",
+        5.0,
+    ),
+    "A's latest entry a rollback to its 2nd release": (
+        [
+            ("approve", "a1"),
+            ("release", "a1"),
+            ("approve", "b1"),
+            ("release", "b1"),
+            ("approve", "a2"),
+            ("release", "a2"),
+            ("approve", "b2"),
+            ("release", "b2"),
+            ("rollback", 5),
+            ("approve", "c1"),
+            ("release", "c1"),
+        ],
+        8,
+        "a2",
+        60.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ROLLBACK_LOGS))
+def test_default_rollback_returns_to_the_previous_models_latest_release(case, tmp_path, evidence):
+    """The default rollback target is the LATEST release or rollback entry of the model that served
+    before the current one (its approval, evaluation and age), in logs written by hand where that
+    model was released once, twice and three times with other releases between."""
+    steps, seq, tag, age_days = ROLLBACK_LOGS[case]
+    entries, approve_hash = _hand_log(steps)
+    head_model = entries[-1]["body"]["model_id"]
+    assert head_model != A and entries[-1]["body"]["previous_model_id"] == A  # the premise
+    a_entries = [e["seq"] for e in entries if e["kind"] != "approve" and e["body"]["model_id"] == A]
+    assert a_entries[-1] == seq  # the hand count agrees with the log as written
+    target = ledger.rollback_target(entries)
+    approves = {e["hash"]: e for e in entries if e["kind"] == "approve"}
+    approval = approves.get(target["body"]["approval"], {"body": {"approval": {}}})["body"][
+        "approval"
+    ]
+    signed_at = approval.get("signed_at")
+    observed = {
+        "target_seq": target["seq"],
+        "target_kind": target["kind"],
+        "target_is_the_entry_written": target == entries[seq],
+        "model_id": target["body"]["model_id"][:12],
+        "approval_is_tags": target["body"]["approval"] == approve_hash[tag],
+        "evaluation_id": str(approval.get("evaluation_id"))[:12],
+        "age_days": (
+            (NOW - dt.datetime.strptime(signed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC))
+            / dt.timedelta(days=1)
+            if signed_at
+            else None
+        ),
+        "releases_of_a": a_entries,
+    }
+    expected_eval = hashlib.sha256(f"evaluation {tag}".encode()).hexdigest()
+    ok = (
+        observed["target_seq"] == seq
+        and observed["target_kind"] == steps[seq][0]
+        and observed["target_is_the_entry_written"]
+        and target["body"]["model_id"] == A
+        and observed["approval_is_tags"]
+        and approval.get("evaluation_id") == expected_eval
+        and observed["age_days"] == age_days
+    )
+    # The rollback entry that follows carries that target, and is accepted by the log.
+    body = ledger.rollback_body(entries, target)
+    expected_body = {
+        "model_id": A,
+        "to": entries[seq]["hash"],
+        "approval": approve_hash[tag],
+        "previous_model_id": head_model,
+    }
+    observed["rollback_body_fields_equal"] = {k: body.get(k) == v for k, v in expected_body.items()}
+    ok &= body == expected_body
+    path = tmp_path / "ledger.jsonl"
+    path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in entries))
+    entry = ledger.append(path, "rollback", body)
+    after = ledger.read(path)
+    ok &= (
+        entry["seq"] == len(entries)
+        and entry["prev"] == entries[-1]["hash"]
+        and ledger.serving_model(after) == A
+        and ledger.previous_model(after) == head_model
+        and after[:-1] == entries
+    )
+    assert evidence.record(
+        "default rollback target: the previous model's latest release entry",
+        case,
+        observed,
+        {"target_seq": seq, "approval": tag, "age_days": age_days},
+        ok,
+    ), observed
+
+
 def _keyring(private, not_before: str, not_after: str) -> dict:
     public = private.public_key().public_bytes(
         serialization.Encoding.Raw, serialization.PublicFormat.Raw

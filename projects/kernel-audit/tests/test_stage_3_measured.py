@@ -18,6 +18,7 @@ No test asserts a speed.
 
 import json
 import math
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from kernel_audit import bench, checkpoint, data, kernels, reference
+from kernel_audit import bench, bench_timing, checkpoint, data, kernels, reference
 from kernel_audit.bench_timing import cost_analysis
 from kernel_audit.cli import main
 
@@ -472,6 +473,172 @@ def test_compiled_mode_without_a_gpu_is_a_clear_error(tmp_path):
     assert result.exit_code == 2
     assert "needs a GPU" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "b.json").exists()
+
+
+# --- The timing summary, on a clock whose every duration is chosen in the test ----------
+
+UNIT = 2.0**-10  # Seconds; durations are whole or dyadic multiples, so clock sums are exact.
+
+
+class _ScriptedWork:
+    """Stands in for `bench_timing`'s `time` and `jax` modules (nothing else's): its
+    `perf_counter` stands still except while the work being timed runs, and then moves
+    by a duration chosen in the test. `jax.jit(fn).lower(...)` of a path moves it by the
+    path's `lower`, `.compile()` by its `compile`, and each `jax.block_until_ready` of a
+    path's output by the next of its `calls` (the first call, then round 0, 1, ...).
+    Everything else is the real `jax`; the path is known by its function (lowering) or
+    by its output's value (calls)."""
+
+    def __init__(self, script: dict, fns: dict, values: dict):
+        self.now = 0.0
+        self.script, self.fns, self.values = script, fns, values
+        self.used = dict.fromkeys(script, 0)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(jax, name)
+
+    def jit(self, fn):
+        name, work = self.fns[id(fn)], self
+
+        class _Lowered:
+            def __init__(self, lowered):
+                self.lowered = lowered
+
+            def compile(self):
+                compiled = self.lowered.compile()
+                work.now += work.script[name]["compile"]
+                return compiled
+
+        class _Jitted:
+            def lower(self, *args):
+                lowered = jax.jit(fn).lower(*args)
+                work.now += work.script[name]["lower"]
+                return _Lowered(lowered)
+
+        return _Jitted()
+
+    def block_until_ready(self, x):
+        x = jax.block_until_ready(x)
+        name = self.values[float(np.asarray(x))]
+        self.now += self.script[name]["calls"][self.used[name]]
+        self.used[name] += 1
+        return x
+
+
+# Per case, per path: the duration of each timed round, in UNITs. Odd and even counts, one
+# slow outlier round (at a different round in each path), all rounds equal, and one round
+# slower by 2^-35 of a UNIT: there the mean exceeds the median by 2^-35 / 5 = 5.8e-12
+# relative, 5.8 times the comparison's tolerance (1e-12).
+TIMING_CASES = {
+    "odd-5": {"a": [7, 3, 9, 1, 4], "b": [2, 2, 8, 5, 6], "c": [10, 1, 3, 3, 12]},
+    "even-6": {"a": [5, 1, 4, 9, 2, 6], "b": [3, 3, 7, 7, 1, 8], "c": [2, 11, 6, 4, 4, 9]},
+    "outlier-odd-7": {
+        "a": [4, 5, 4, 6, 5, 4, 800],
+        "b": [900, 5, 6, 5, 4, 6, 5],
+        "c": [3, 3, 4, 700, 3, 4, 3],
+    },
+    "outlier-even-4": {"a": [3, 800, 3, 4], "b": [5, 6, 5, 600], "c": [700, 2, 2, 2]},
+    "all-equal-4": {"a": [6, 6, 6, 6], "b": [2, 2, 2, 2], "c": [9, 9, 9, 9]},
+    "slower-by-2^-35-5": {"a": [1, 1, 1 + 2.0**-35, 1, 1], "b": [1, 1, 1, 1, 1], "c": [2] * 5},
+}
+
+
+@pytest.mark.parametrize("case", list(TIMING_CASES))
+def test_measure_summarises_known_round_durations(evidence, monkeypatch, case):
+    """measure's median, p90, min, max, n and times equal `statistics` of durations set by hand.
+
+    The clock `bench_timing` reads is replaced (in that module only) by one on which
+    lowering, compiling, the first call and every timed round of each of 3 interleaved
+    paths take a duration chosen here, so each summary field has an exact expected value:
+    the median and p90 (linear interpolation, `statistics.quantiles(..., method=
+    "inclusive")`) of the rounds from Python's `statistics`, min, max, the count, the
+    per-round list in round order (whatever the rotation of the path order), and the
+    lower, compile and first-call times. Odd and even round counts, one slow outlier,
+    all-equal rounds, and a round slower by a hair (the mean 5.8x the tolerance away)."""
+    rounds = TIMING_CASES[case]
+    repeats = len(rounds["a"])
+    names = list(rounds)
+    fns = {name: (lambda x: -x) for name in names}  # Three distinct function objects.
+    assert len({id(f) for f in fns.values()}) == len(names)
+    script = {
+        name: {
+            "lower": (10 + i) * UNIT,
+            "compile": (20 + 2 * i) * UNIT,
+            "calls": [(30 + 3 * i) * UNIT] + [d * UNIT for d in rounds[name]],
+        }
+        for i, name in enumerate(names)
+    }
+    values = {-float(i + 1): name for i, name in enumerate(names)}
+    work = _ScriptedWork(script, {id(f): n for n, f in fns.items()}, values)
+    monkeypatch.setattr(bench_timing, "time", work)
+    monkeypatch.setattr(bench_timing, "jax", work)
+    paths = [
+        bench_timing.Path(name, fns[name], (jnp.float32(i + 1),), "xla")
+        for i, name in enumerate(names)
+    ]
+    got = bench_timing.measure(paths, repeats, lambda _: None)
+    ok = True
+    for name in names:
+        durations = [d * UNIT for d in rounds[name]]
+        r = got[name]
+        ok &= evidence.allclose(
+            "measure summary vs Python statistics of the chosen round durations",
+            f"{case}, path {name}: [median, p90, min, max] of {rounds[name]} x 2^-10 s",
+            [r["median_s"], r["p90_s"], r["min_s"], r["max_s"]],
+            [
+                statistics.median(durations),
+                statistics.quantiles(durations, n=10, method="inclusive")[8],
+                min(durations),
+                max(durations),
+            ],
+            rtol=1e-12,
+            atol=0.0,
+        )
+        observed = {
+            "n": r["n"],
+            "times_s": r["times_s"],
+            "lower_s": r["lower_s"],
+            "compile_s": r["compile_s"],
+            "first_call_s": r["first_call_s"],
+            "compiles_during_timed_rounds": r["compiles_during_timed_rounds"],
+            "execution_mode": r["execution_mode"],
+            "calls_timed": work.used[name],
+        }
+        expected = {
+            "n": repeats,
+            "times_s": durations,
+            "lower_s": script[name]["lower"],
+            "compile_s": script[name]["compile"],
+            "first_call_s": script[name]["calls"][0],
+            "compiles_during_timed_rounds": 0,
+            "execution_mode": "xla",
+            "calls_timed": 1 + repeats,
+        }
+        ok &= evidence.record(
+            "measure per-round times, count, lower/compile/first call vs the chosen durations",
+            f"{case}, path {name}, {repeats} rounds interleaved over 3 paths",
+            observed,
+            {"exact": expected},
+            observed == expected,
+        )
+    # The cases must tell the median from the mean (except all-equal, where they agree).
+    gaps = {
+        name: abs(statistics.fmean(d) - statistics.median(d)) / statistics.median(d)
+        for name, d in rounds.items()
+    }
+    ok &= evidence.record(
+        "the chosen durations separate median and mean by more than the tolerance",
+        f"{case}: |mean - median| / median per path",
+        gaps,
+        {"rtol": 1e-12, "all_equal_case": "every gap 0"},
+        all(g == 0.0 for g in gaps.values())
+        if case.startswith("all-equal")
+        else max(gaps.values()) > 1e-12,
+    )
+    assert ok, got
 
 
 # --- TARGET (GPU) CHECKS ------------------------------------------------------------------------

@@ -280,6 +280,123 @@ def test_ceilings_from_known_durations(evidence, monkeypatch, gemm_s, copy_s, co
     ), (got, expected)
 
 
+def _two_variant_trace(logdir) -> dict:
+    """A `read_trace` result holding one constructed trace per variant, each inside its own
+    top-level `variant` event (the `after` one 10 ms later)."""
+    before = constructed_trace([9_000, 8_000, 300, 100, 500, 200, 400])
+    after = constructed_trace([7_000, 6_000, 900, 700, 800])
+    shift = 10_000_000
+
+    def moved(events):
+        return [(*e[:-2], e[-2] + shift, e[-1] + shift) for e in events]
+
+    return {
+        "path": str(logdir / "constructed.xplane.pb"),
+        "host": [("variant", 0, 1_000_000), *before["host"]]
+        + [("variant", shift, shift + 1_000_000), *moved(after["host"])],
+        "device_busy": before["device_busy"] + moved(after["device_busy"]),
+        "rendezvous": before["rendezvous"] + moved(after["rendezvous"]),
+        "collective_ops": [],
+        "compiler_thread_ns": 0,
+    }
+
+
+# Seconds per training step of `before`, `after` and `before_aa`: a 2x gain, a loss (0.8x),
+# no change, and a gain of 1 + 5e-9 (its reciprocal is 1e-8 away, 10x the tolerance).
+KNOWN_STEP_S = {
+    "gain-2x": (2.0e-3, 1.0e-3, 2.2e-3),
+    "slower-0.8x": (1.0e-3, 1.25e-3, 0.9e-3),
+    "equal": (1.5e-3, 1.5e-3, 1.5e-3),
+    "gain-1+5e-9": (1.0e-3 * (1 + 5e-9), 1.0e-3, 1.0e-3),
+}
+
+
+@pytest.mark.parametrize("case", list(KNOWN_STEP_S))
+def test_before_and_after_ratio_from_known_step_times(evidence, monkeypatch, tmp_path, case):
+    """after_vs_before is t(before) / t(after) (a 2x gain reads 2.0) on a clock set by hand.
+
+    `run_profile` runs with `profile`'s `perf_counter` replaced by a fake clock (the
+    technique of `test_ceilings_from_known_durations`) and `profile.Variant` by a loop
+    whose every iteration of K steps moves that clock by K times a per-step time chosen
+    here, so every timing round of `before`, `after` and `before_aa` lasts a known time.
+    The trace, ceilings, cost analysis and checkpoint timing are constructed (they are
+    checked elsewhere). Expected, from the README's definition: the medians are the chosen
+    per-step times; `after_vs_before` = t(before) / t(after), above 1 when `after` is
+    faster; the A/A ratio t(before_aa) / t(before); the checkpoint ratio t(sync) /
+    t(async); and the summary line and the report's ratio table print those values.
+    A gain above 1, below 1, equal to 1, and 1 + 5e-9 (near the tolerance)."""
+    before_s, after_s, aa_s = KNOWN_STEP_S[case]
+    per_step = {"before": before_s, "after": after_s, "before_aa": aa_s}
+    compile_s = {"before": 0.5, "after": 0.75, "before_aa": 0.625}
+    clock = _WorkClock(100.0, lambda x: 0.0)
+    made: list[str] = []
+
+    class KnownStepVariant:
+        """`profile.Variant` with each iteration taking K x its per-step time."""
+
+        def __init__(self, name, config, mesh, steps_per_call):
+            self.name, self.config, self.k = name, config, steps_per_call
+            self.compile_s, self.losses, self.wall_s, self.state = compile_s[name], [], [], None
+            made.append(name)
+
+        def iteration(self, step_num):
+            start = clock.t
+            clock.t += self.k * per_step[self.name]
+            self.wall_s.append(clock.t - start)
+            self.losses.extend(0.5 + 2.0 ** -(len(self.losses) + j) for j in range(self.k))
+
+    fake_time = SimpleNamespace(
+        perf_counter=clock.perf_counter, perf_counter_ns=lambda: round(clock.t * 1e9)
+    )
+    ckpt = {"state_bytes": 1000, "async_median_s": 0.02, "sync_median_s": 0.05}
+    ckpt.update(async_p90_s=0.03, sync_p90_s=0.06, n=6)
+    monkeypatch.setattr(profile, "time", fake_time)
+    monkeypatch.setattr(profile, "Variant", KnownStepVariant)
+    monkeypatch.setattr(profile, "read_trace", _two_variant_trace)
+    monkeypatch.setattr(
+        profile, "ceilings", lambda: {"gemm_flops_per_s": 1e11, "copy_bytes_per_s": 1e10}
+    )
+    monkeypatch.setattr(profile, "cost", lambda compiled: {"flops": 6e5, "bytes_accessed": 4e5})
+    monkeypatch.setattr(
+        profile, "train", SimpleNamespace(compile_step=lambda *a, **k: (None, None, None))
+    )
+    monkeypatch.setattr(profile, "checkpoint_blocking", lambda *a, **k: ckpt)
+    rounds = 3
+    report = profile.run_profile(profile.profile_config(), tmp_path / "p", steps=16, rounds=rounds)
+    expected_ratios = {
+        "after_vs_before": before_s / after_s,
+        "before_vs_before_aa": aa_s / before_s,
+        "async_vs_sync_checkpoint_blocking": 0.05 / 0.02,
+    }
+    got_ratios = report["ratios"]
+    medians = {n: m["median_s"] for n, m in report["measurements"].items()}
+    counts = {n: m["n"] for n, m in report["measurements"].items()}
+    ratios_ok = set(got_ratios) == set(expected_ratios) and all(
+        got_ratios[k] == pytest.approx(v, rel=1e-9, abs=0) for k, v in expected_ratios.items()
+    )
+    medians_ok = set(medians) == set(per_step) and all(
+        medians[n] == pytest.approx(v, rel=1e-9, abs=0) for n, v in per_step.items()
+    )
+    gain = expected_ratios["after_vs_before"]
+    summary = profile.summary_text(report)
+    table = (tmp_path / "p" / "report.md").read_text()
+    labels = {
+        "summary_line": f"after_vs_before {gain:.2f} (A/A {aa_s / before_s:.2f})" in summary,
+        "report_table_row": f"| `after_vs_before` | {gain:.2f} |" in table,
+    }
+    assert evidence.record(
+        "after_vs_before vs t(before) / t(after) of per-step times set by hand",
+        f"{case}: before {before_s} s, after {after_s} s, A/A {aa_s} s per step, {rounds} rounds",
+        {"ratios": got_ratios, "medians_s": medians, "n": counts, "labels": labels},
+        {"ratios": expected_ratios, "medians_s": per_step, "rel": 1e-9},
+        ratios_ok
+        and medians_ok
+        and counts == dict.fromkeys(per_step, rounds)
+        and all(labels.values())
+        and sorted(made) == ["after", "before", "before_aa"],
+    ), (got_ratios, expected_ratios, summary)
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"

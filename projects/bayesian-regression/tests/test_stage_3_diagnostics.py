@@ -418,3 +418,47 @@ def test_uniformity_test_refuses_bins_that_do_not_divide_the_ranks():
     assert str(info.value) == "`num_bins` `3` must divide `num_ranks + 1` = `10`."
     with pytest.raises(Exception, match="is empty"):
         calibration.uniformity_test(np.array([], dtype=np.int64), 9)
+
+
+RHAT_RULE = 1.01  # README: the sample is used only when R-hat < 1.01
+
+
+@pytest.mark.parametrize(
+    "rhat",
+    [1.0, float(np.nextafter(RHAT_RULE, 0.0)), RHAT_RULE, float(np.nextafter(RHAT_RULE, 2.0))],
+)
+def test_trust_verdict_needs_rhat_strictly_below_1_01(rhat, monkeypatch, evidence):
+    """The verdict's R-hat gate, on both sides of 1.01 and at it: the largest R-hat is set
+    to `rhat` (one float step below, at, one step above) on draws whose ESS is far above
+    100 per chain, so only R-hat can decide. The R-hat estimator itself is checked against
+    ArviZ by the tests above; here the rule alone is."""
+    draws = np.asarray(jax.random.normal(jax.random.key(7), (4, 2 * HALF, 2)), np.float64)
+    summarize = diagnostics.summarize
+
+    def with_rhat(positions, names):
+        rows = summarize(positions, names)
+        rows[0]["rhat"] = rhat
+        rows[1]["rhat"] = min(rows[1]["rhat"], 1.0)
+        return rows
+
+    monkeypatch.setattr(reports.diagnostics, "summarize", with_rhat)
+    samples = hmc.Samples(
+        draws,
+        np.ones((4, 2 * HALF)),
+        np.zeros((4, 2 * HALF), bool),
+        np.full((4,), 0.1),
+        np.ones((4, 2)),
+    )
+    result = reports.diagnose_draws(samples, ["a", "b"])
+    expect_trust = rhat < RHAT_RULE
+    ok = result["max_rhat"] == rhat and result["min_ess"] >= 2 * 100 * 4
+    ok &= (result["verdict"] == "trustworthy") == expect_trust
+    ok &= expect_trust or "R-hat" in result["verdict"]
+    evidence.record(
+        "trust verdict at the R-hat limit",
+        f"max R-hat {rhat!r}, 4 chains, ESS far above 100 per chain",
+        {"verdict": result["verdict"], "min_ess": result["min_ess"]},
+        {"trusted_only_below": RHAT_RULE},
+        ok,
+    )
+    assert ok, result["verdict"]

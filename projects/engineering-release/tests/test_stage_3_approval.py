@@ -785,3 +785,33 @@ def test_approve_refuses_tampered_objects_field_by_field(state, evidence):
         None,
         all(refused.values()) and approved and fields["model"] > 20 and fields["evaluation"] >= 8,
     ), [k for k, ok in refused.items() if not ok]
+
+
+@pytest.mark.parametrize("length", [7, 8, 64])
+def test_a_rollback_target_named_by_prefix_needs_8_hex_digits(length, evidence):
+    """The README: ids may be abbreviated to a unique prefix of at least 8 hex digits. A
+    prefix one digit short is refused even when it is unique in the log; 8 digits, upper
+    or lower case, and the whole hash name the entry."""
+    steps = ROLLBACK_LOGS["A released twice, B between, C last"][0]
+    entries, _ = _hand_log(steps)
+    releases = [e for e in entries if e["kind"] in ("release", "rollback")]
+    target = releases[1]
+    prefix = target["hash"][:length]
+    # The premise: the prefix is unique among the log's releases, so only its length decides.
+    assert [e["hash"].startswith(prefix) for e in releases].count(True) == 1
+    outcomes = {}
+    for shown_as in (prefix, prefix.upper()):
+        try:
+            outcomes[shown_as == prefix] = ledger.rollback_target(entries, shown_as)["seq"]
+        except ledger.LedgerError:
+            outcomes[shown_as == prefix] = "refused"
+    expected = target["seq"] if length >= 8 else "refused"
+    ok = outcomes == {True: expected, False: expected}
+    evidence.record(
+        "rollback target by hash prefix",
+        f"{length} hex digits, lower and upper case",
+        outcomes,
+        {"expected": expected},
+        ok,
+    )
+    assert ok, outcomes

@@ -688,3 +688,49 @@ def test_reload_bound_is_the_whole_networks_float32_rounding(
             {"hand_bound": expected, "K": total, "eps": EPS32, "scale": scale},
             ok,
         ), observed
+
+
+def test_reload_within_the_bound_but_one_prediction_changed_is_refused(
+    evidence, tmp_path, monkeypatch
+):
+    """Agreement is the bound AND every held-out prediction: a reload whose logits sit half
+    the bound from the reference everywhere, but flip one near-tied row's argmax, is refused;
+    the same reload without the flip passes (the control). Forward pass stubbed as above."""
+    arch, total, _ = BOUND_ARCHS[0]
+    run = tmp_path / "run"
+    clean = _untrained_run(run, arch, seed=11).astype(np.float64)
+    monkeypatch.setattr(model, "logits", lambda reloaded, images: reloaded_logits.copy())
+    scale = float(np.max(np.abs(clean)))
+    bound = EPS32 * total * scale  # by hand: the documented rule
+    row = next(r for r in range(len(clean)) if np.max(np.abs(clean[r])) < scale)
+    first, second = np.argsort(clean[row])[::-1][:2]
+    reloaded = clean.copy()
+    reloaded[row, second] = clean[row, first] - 0.25 * bound  # a near tie; `first` still wins
+    reloaded_logits = reloaded.astype(np.float32)
+    observed, ok = {}, True
+    for flipped in (False, True):
+        reference = reloaded.copy()
+        if flipped:
+            reference[row, second] = clean[row, first] + 0.25 * bound  # now `second` wins
+        reference = reference.astype(np.float32)
+        assert float(np.max(np.abs(reference))) == pytest.approx(scale, rel=1e-7)
+        changed = int(np.sum(reference.argmax(1) != reloaded_logits.argmax(1)))
+        assert changed == int(flipped)  # the construction: one prediction differs, or none
+        np.save(run / "source_logits.npy", reference)
+        result = pipeline.reload_check(run)
+        error = max(result[n]["max_abs_logit_error"] for n in ("safetensors", "orbax"))
+        observed[f"flipped={flipped}"] = {
+            "error_over_bound": error / result["tolerance"],
+            "identical_predictions": result["safetensors"]["identical_predictions"],
+            "passed": result["passed"],
+        }
+        ok &= error <= 0.6 * result["tolerance"]  # inside the bound either way
+        ok &= result["passed"] is (not flipped)
+        ok &= result["safetensors"]["identical_predictions"] == len(clean) - int(flipped)
+    assert evidence.record(
+        "reload refused when one prediction changes inside the logit bound",
+        f"{arch}, one near-tied row flipped by 0.5 x bound",
+        observed,
+        {"bound": bound},
+        ok,
+    ), observed

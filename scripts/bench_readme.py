@@ -80,10 +80,12 @@ def render(project: Path) -> str:
         "",
         f"Every ratio of `{command}` over the {len(runs)} runs kept in `benchmarks/`",
         f"(`run-1.json` to `run-{len(runs)}.json`; {_commits(runs)}), one at a time",
-        "on one 2-core CPU. *Expected in a rerun*: the range of the runs widened by",
-        "the largest deviation of the ratio's A/A control from 1; a ratio without an",
-        "A/A control is widened by the largest A/A deviation of the runs, unless it",
-        "is the same in every run (a count, which must not move).",
+        "on one 2-core CPU. *Expected in a rerun*: the wider of two ranges, the 99%",
+        "prediction interval for one more run (on the log scale, mean +- t(0.995, n-1)",
+        "x sd x sqrt(1 + 1/n) over the n runs) and the range of the runs widened by the",
+        "largest deviation of the ratio's A/A control from 1; a ratio without an A/A",
+        "control is widened by the largest A/A deviation of the runs, unless it is the",
+        "same in every run (a count, which must not move).",
     ]
     if reruns:
         lines.append(
@@ -98,7 +100,7 @@ def render(project: Path) -> str:
         if r.aas:
             aa = f"{fmt(min(r.aas))} to {fmt(max(r.aas))}"
         else:
-            aa = "none (a count)" if r.noise == 1.0 else "none"
+            aa = "none (a count)" if len(set(r.values)) == 1 else "none"
         expected = f"{fmt(r.low)} to {fmt(r.high)}"
         if len(r.values) < len(runs):
             expected += f" (in {len(r.values)} of {len(runs)} runs)"

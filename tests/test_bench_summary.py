@@ -36,58 +36,85 @@ def _run(*args: Path | str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def three_runs(tmp_path: Path) -> list[Path]:
-    """`speedup` 4, 5, 6 with A/A 1.0, 0.8 (a 1.25x deviation), 1.1;
-    `count` 2.5 in every run, with no A/A; `moving` 2, 3, 2 with no A/A."""
+    """`speedup` 5.0, 5.01, 5.02 with A/A 1.0, 0.8 (a 1.25x deviation), 1.1;
+    `drift` 4, 5, 6 with no A/A; `count` 2.5 in every run, with no A/A."""
     return [
         _report(
-            tmp_path, "r1.json", {"speedup": 4.0, "count": 2.5, "moving": 2.0}, {"speedup": 1.0}
+            tmp_path, "r1.json", {"speedup": 5.0, "drift": 4.0, "count": 2.5}, {"speedup": 1.0}
         ),
         _report(
-            tmp_path, "r2.json", {"speedup": 5.0, "count": 2.5, "moving": 3.0}, {"speedup": 0.8}
+            tmp_path, "r2.json", {"speedup": 5.01, "drift": 5.0, "count": 2.5}, {"speedup": 0.8}
         ),
         _report(
-            tmp_path, "r3.json", {"speedup": 6.0, "count": 2.5, "moving": 2.0}, {"speedup": 1.1}
+            tmp_path, "r3.json", {"speedup": 5.02, "drift": 6.0, "count": 2.5}, {"speedup": 1.1}
         ),
     ]
 
 
-def test_range_and_expected_range_widen_by_the_largest_aa_deviation(three_runs):
-    """The observed range is min to max of the runs; the expected range widens
-    it by the A/A's largest deviation from 1 (0.8 -> 1.25x): 3.2 to 7.5."""
+def _line(stdout: str, name: str) -> str:
+    return next(s for s in stdout.splitlines() if s.startswith(f"{name}:"))
+
+
+def test_expected_range_is_the_wider_of_the_aa_widening_and_the_prediction_interval(
+    three_runs,
+):
+    """Worked by hand. `speedup` barely moves between runs, so its A/A decides:
+    5.0 / 1.25 = 4 to 5.02 * 1.25 = 6.275 (the 99% prediction interval, 4.90 to
+    5.13, is narrower). `drift` moves a lot: logs of 4, 5, 6 have mean 1.5958
+    and sd 0.2031; t(0.995, 2) = 9.9248, so the half-width is 9.9248 * 0.2031 *
+    sqrt(4/3) = 2.3273 and the interval exp(1.5958 -+ 2.3273) = 0.481 to 50.6,
+    far wider than its widening by the runs' largest A/A factor (3.2 to 7.5).
+    A figure that never moves is expected exactly."""
     result = _run(*three_runs)
     assert result.returncode == 0, result.stderr
-    line = next(s for s in result.stdout.splitlines() if s.startswith("speedup:"))
-    assert "4 to 6 (4, 5, 6)" in line
-    assert "A/A 0.8 to 1.1" in line
-    assert "expected in a rerun 3.2 to 7.5" in line
-    count = next(s for s in result.stdout.splitlines() if s.startswith("count:"))
+    speedup = _line(result.stdout, "speedup")
+    assert "5 to 5.02 (5, 5.01, 5.02)" in speedup
+    assert "A/A 0.8 to 1.1" in speedup
+    assert "expected in a rerun 4 to 6.27" in speedup  # 6.275, stored just below
+    assert "expected in a rerun 0.481 to 50.6" in _line(result.stdout, "drift")
+    count = _line(result.stdout, "count")
     assert "2.5 to 2.5" in count and "expected" not in count
-    # No A/A of its own but it moves: the runs' largest A/A factor, 1.25.
-    moving = next(s for s in result.stdout.splitlines() if s.startswith("moving:"))
-    assert "expected in a rerun 1.6 to 3.75" in moving
 
 
 @pytest.mark.parametrize(
-    ("speedup", "count", "status", "verdict"),
+    ("speedup", "drift", "count", "status", "outside"),
     [
-        (3.25, 2.5, 0, "inside"),  # just inside the widened lower edge 3.2
-        (7.45, 2.5, 0, "inside"),  # just inside the widened upper edge 7.5
-        (3.15, 2.5, 1, "OUTSIDE"),  # just below it
-        (7.55, 2.5, 1, "OUTSIDE"),  # just above it
-        (5.0, 2.6, 1, "inside"),  # the deterministic figure moved: outside
+        (4.02, 5.0, 2.5, 0, set()),  # just inside the A/A-widened lower edge 4
+        (6.25, 5.0, 2.5, 0, set()),  # just inside its upper edge 6.275
+        (3.98, 5.0, 2.5, 1, {"speedup"}),  # just below it
+        (6.30, 5.0, 2.5, 1, {"speedup"}),  # just above it
+        (5.0, 0.49, 2.5, 0, set()),  # just inside the prediction interval's 0.4812
+        (5.0, 50.0, 2.5, 0, set()),  # just inside its 50.558
+        (5.0, 0.47, 2.5, 1, {"drift"}),  # just below it
+        (5.0, 51.5, 2.5, 1, {"drift"}),  # just above it
+        (5.0, 5.0, 2.6, 1, {"count"}),  # the deterministic figure moved
     ],
 )
 def test_a_rerun_is_judged_against_the_expected_range(
-    tmp_path, three_runs, speedup, count, status, verdict
+    tmp_path, three_runs, speedup, drift, count, status, outside
 ):
-    """Both sides of both edges, and a figure without A/A that must not move."""
-    rerun = _report(tmp_path, "rerun.json", {"speedup": speedup, "count": count})
+    """Both sides of both edges of each kind of range, and a figure without
+    A/A that must not move."""
+    values = {"speedup": speedup, "drift": drift, "count": count}
+    rerun = _report(tmp_path, "rerun.json", values)
     result = _run(*three_runs, "--check", rerun)
     assert result.returncode == status, result.stdout + result.stderr
-    line = next(s for s in result.stdout.splitlines() if s.startswith("speedup:"))
-    assert line.endswith(f"rerun.json: {speedup:.3g} {verdict}")
-    count_line = next(s for s in result.stdout.splitlines() if s.startswith("count:"))
-    assert count_line.endswith("inside" if count == 2.5 else "OUTSIDE")
+    for name, value in values.items():
+        verdict = "OUTSIDE" if name in outside else "inside"
+        assert _line(result.stdout, name).endswith(f"rerun.json: {value:.3g} {verdict}")
+    assert f"{len(outside)} ratio(s) outside the expected range" in result.stdout
+
+
+def test_more_runs_narrow_the_prediction_interval(tmp_path, three_runs):
+    """A fourth run of 4.5 beside 4, 5, 6: mean 1.5729 and sd 0.1720 of the
+    logs, t(0.995, 3) = 5.8409, half-width 5.8409 * 0.1720 * sqrt(5/4) = 1.1235,
+    exp(1.5729 -+ 1.1235) = 1.57 to 14.8, inside the three-run 0.481 to 50.6.
+    With one run there is no interval: only the A/A widening counts."""
+    fourth = _report(tmp_path, "r4.json", {"speedup": 5.0, "drift": 4.5, "count": 2.5})
+    result = _run(*three_runs, fourth)
+    assert "expected in a rerun 1.57 to 14.8" in _line(result.stdout, "drift")
+    alone = _run(three_runs[1])
+    assert "expected in a rerun 4.01 to 6.26" in _line(alone.stdout, "speedup")
 
 
 def test_ratios_missing_from_some_runs_or_the_rerun_are_named(tmp_path, three_runs):
@@ -127,8 +154,9 @@ def _readme(project: Path, *flags: str) -> subprocess.CompletedProcess:
 
 
 def test_the_readme_block_is_placed_in_the_performance_section_and_verified(tmp_path):
-    """Runs 4, 5, 6 with A/A 1.1: expected 3.64 to 6.6; rerun 7 is outside."""
-    project = _project(tmp_path, [4.0, 5.0, 6.0], [5.5, 7.0])
+    """Runs 4, 5, 6 with A/A 1.1: expected 0.481 to 50.6 (the prediction
+    interval worked out above is wider than 3.64 to 6.6); rerun 60 is outside."""
+    project = _project(tmp_path, [4.0, 5.0, 6.0], [5.5, 60.0])
     assert _readme(project, "--verify").returncode == 1  # no block yet
     assert _readme(project).returncode == 0
     text = (project / "README.md").read_text()
@@ -136,7 +164,8 @@ def test_the_readme_block_is_placed_in_the_performance_section_and_verified(tmp_
     assert text.index("Prose.") < text.index("<!-- bench-runs:begin -->") < text.index("## Next")
     assert "`toy bench --out runs/bench.json`" in block
     assert (
-        "| `speedup` |  | 4 to 6 | 1.1 to 1.1 | 3.64 to 6.6 | 5.5 inside | 7 **outside** |" in block
+        "| `speedup` |  | 4 to 6 | 1.1 to 1.1 | 0.481 to 50.6 | 5.5 inside | 60 **outside** |"
+        in block
     )
     assert "outside their expected range in the reruns: 1." in block
     assert _readme(project, "--verify").returncode == 0

@@ -721,6 +721,27 @@ def test_precision_policies_against_numpy(evidence, models, which):
             None,
             (table_flips ^ numpy_flips) <= near_tie,
         )
+        # The row's figures from the NumPy recomputation: accuracy and its change
+        # against f32 (signed; a near-tie may move one example each way), and the
+        # LARGEST logit error against f32 (a mean would sit far inside any bound).
+        labels = digits.labels[test]
+        ties = len(near_tie) / len(test)
+        accuracy = float((pol_pred == labels).mean())
+        change = accuracy - float((ref_pred == labels).mean())
+        largest = float(np.abs(reference - ref_f32).max())
+        ok &= evidence.record(
+            f"{policy} accuracy, its change and the largest logit error vs NumPy",
+            which,
+            {
+                "table": [row["accuracy"], row["accuracy_change"], row["max_abs_logit_error"]],
+                "numpy": [accuracy, change, largest],
+                "near_ties": len(near_tie),
+            },
+            {"logit_error_atol": 2 * tol},
+            abs(row["accuracy"] - accuracy) <= ties + 1e-12
+            and abs(row["accuracy_change"] - change) <= 2 * ties + 1e-12
+            and abs(row["max_abs_logit_error"] - largest) <= 2 * tol,
+        )
     assert ok
 
 

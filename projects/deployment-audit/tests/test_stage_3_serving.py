@@ -690,9 +690,18 @@ def test_simulator_batching_closed_forms():
     # Isolated requests: each waits the full timeout alone, then one batch of 1.
     alone = queue_model.simulate(np.arange(5.0), np.ones(5, np.int64), model, 64, 5e-3)
     np.testing.assert_allclose(alone["latencies_s"], 2e-4 + 5e-3 + 1e-3 + 1e-5, rtol=1e-12)
-    # 64 simultaneous rows fill a batch at once: no timeout wait.
-    full = queue_model.simulate(np.zeros(64), np.ones(64, np.int64), model, 64, 5e-3)
-    assert np.all(full["latencies_s"][-1] <= 64 * 2e-4 + 1e-3 + 64e-5 + 1e-12)
+    # 64 simultaneous rows with no loop cost fill a batch at once: it starts
+    # without the timeout wait, so every latency is one batch of 64.
+    instant = dict(model, h_s=0.0)
+    full = queue_model.simulate(np.zeros(64), np.ones(64, np.int64), instant, 64, 5e-3)
+    np.testing.assert_allclose(full["latencies_s"], 1e-3 + 64e-5, rtol=1e-12)
+    # With the loop's 0.2 ms per request they are queued at (i + 1) * 0.2 ms;
+    # a 20 ms timeout lets the 64th fill the batch at 12.8 ms, which then runs
+    # at once (a batch that waited out the timeout would finish at 21.84 ms).
+    queued = 2e-4 * np.arange(1, 65)
+    finish = 64 * 2e-4 + 1e-3 + 64e-5
+    full = queue_model.simulate(np.zeros(64), np.ones(64, np.int64), model, 64, 20e-3)
+    np.testing.assert_allclose(full["latencies_s"], finish - queued + 2e-4, rtol=1e-12)
     cap = queue_model.capacity(model, 64)
     assert cap["capacity_rps"] == pytest.approx(min(1 / 2e-4, 64 / (1e-3 + 64e-5)))
 

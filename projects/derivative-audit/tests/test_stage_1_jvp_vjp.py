@@ -550,9 +550,14 @@ def test_non_float_input_is_refused():
 
 
 def test_audit_command_writes_report_and_sweep_plot(tmp_path, evidence):
-    """The audit command writes a report whose every check passed and a PNG sweep plot."""
+    """The audit command writes a report whose every check passed and a PNG sweep plot.
+
+    What was checked, not only the flags: every named check for each of two
+    directions, each verdict equal to its error against its tolerance, the
+    identities at 50 eps and the central differences conclusive (a finite
+    bound below 0.1, at least 100 eps^(2/3))."""
     config = tmp_path / "tiny.json"
-    config.write_text(CONFIG.model_copy(update={"directions": 1}).to_json())
+    config.write_text(CONFIG.model_copy(update={"directions": 2}).to_json())
     workdir = tmp_path / "audit"
     result = CliRunner().invoke(
         main, ["audit", "elementwise", "--config", str(config), "--workdir", str(workdir)]
@@ -560,6 +565,24 @@ def test_audit_command_writes_report_and_sweep_plot(tmp_path, evidence):
     assert result.exit_code == 0, result.output
     report = json.loads((workdir / "report.json").read_text())
     png = (workdir / "sweep.png").read_bytes()
+    names = [c["check"] for c in report["checks"]]
+    assert names == [
+        "linearity[0]",
+        "dot_product[0]",
+        "linearity[1]",
+        "dot_product[1]",
+        "jacfwd_vs_jacrev",
+        "central_difference[0]",
+        "central_difference[1]",
+    ]
+    eps = float(np.finfo(np.dtype(report["dtype"])).eps)
+    for c in report["checks"]:
+        assert c["passed"] == (c["rel_error"] <= c["tolerance"]), c
+        if c["check"].startswith("central_difference"):
+            assert c["figures"]["conclusive"] is True, c
+            assert 100 * eps ** (2 / 3) * (1 - 1e-12) <= c["tolerance"] < 0.1, c
+        else:
+            assert c["tolerance"] == pytest.approx(50 * eps, rel=1e-12), c
     passed = all(c["passed"] for c in report["checks"])
     assert evidence.record(
         "audit command",

@@ -98,17 +98,21 @@ def test_heartbeat_rate_is_examples_over_elapsed_time(start, beats):
 
     Examples since the previous heartbeat over the seconds since it (the observer's
     creation for the first); a zero interval divides by 1e-9 s instead of zero. Drawn:
-    clock origins, batch sizes, 0 to 50 s between heartbeats.
+    clock origins, batch sizes, 0 to 50 s between heartbeats. Each step lands 0.125 s
+    after the one before, so `step_t` must be the clock at the LAST step (None before
+    the first), neither the heartbeat's time nor the first step's.
     """
     clock = _Clock(start)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(observe, "time", SimpleNamespace(monotonic=clock.monotonic))
         observer = Observer(1.0, out=io.StringIO(), serve=False)
-        prev_examples, prev_t, total, step = 0, start, 0, 0
+        prev_examples, prev_t, total, step, step_t = 0, start, 0, 0, None
         for seq, (batches, dt) in enumerate(beats, 1):
             for batch in batches:
                 step += 1
                 total += batch
+                clock.t += 0.125
+                step_t = clock.t
                 observer.step_done(step, batch, 0.5)
             clock.t += dt
             beat = observer.heartbeat()
@@ -121,11 +125,12 @@ def test_heartbeat_rate_is_examples_over_elapsed_time(start, beats):
             assert observer.registry.get_sample_value(
                 "workload_examples_per_second"
             ) == pytest.approx(expected, rel=1e-12, abs=0.0)
-            assert (beat["seq"], beat["step"], beat["examples"], beat["t"]) == (
+            assert (beat["seq"], beat["step"], beat["examples"], beat["t"], beat["step_t"]) == (
                 seq,
                 step,
                 total,
                 clock.t,
+                step_t,
             )
             prev_examples, prev_t = total, clock.t
 

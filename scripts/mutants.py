@@ -197,6 +197,18 @@ def mutated_source(project: Path, mutant: Mutant) -> str:
     return code
 
 
+def _mutate(text: str, operator, occurrence: int) -> str | None:
+    """``text`` with the ``occurrence``-th mutation of ``operator`` applied, or None
+    where Cosmic Ray makes none."""
+    try:
+        return mutate_code(text, operator, occurrence)
+    except AttributeError:
+        # Cosmic Ray 8.7's ExceptionReplacer cannot rewrite a dotted exception name
+        # (`except (module.Error, ...)`): that one mutant is not made, neither when a
+        # stage is enumerated nor when a report row is looked up again.
+        return None
+
+
 def enumerate_mutants(project: Path, stage: str, targets: list[Target]) -> list[Mutant]:
     """Every mutant of ``targets``, in file and position order, keys made unique."""
     mutants: list[Mutant] = []
@@ -220,12 +232,7 @@ def enumerate_mutants(project: Path, stage: str, targets: list[Target]) -> list[
                 lines[line - 1]
             ):
                 continue
-            try:
-                code = mutate_code(text, get_operator(spec.operator_name)(), spec.occurrence)
-            except AttributeError:
-                # Cosmic Ray 8.7's ExceptionReplacer cannot rewrite a dotted exception
-                # name (`except (module.Error, ...)`); that one mutant is not made.
-                continue
+            code = _mutate(text, get_operator(spec.operator_name)(), spec.occurrence)
             if code is None:
                 continue
             changed, before, after = _changed_lines(text, code)
@@ -275,7 +282,7 @@ def find_mutant(project: Path, stage: str, key: str, operator: str, line: int) -
         # docstring added above it moves it without changing the stage's hash).
         if not first <= start[0] <= last:
             continue
-        code = mutate_code(text, op, occurrence)
+        code = _mutate(text, op, occurrence)
         if code is None:
             continue
         changed, before, after = _changed_lines(text, code)

@@ -191,3 +191,27 @@ def test_a_row_finds_its_mutant_after_a_docstring_moved_its_line(toy: Path):
         found = mutants.find_mutant(toy, "2", m.key, m.operator, m.line)  # the old line
         assert found is not None and found.key == m.key, m.key
         assert mutants.mutated_source(toy, found) == mutants.mutated_source(toy, moved[m.key])
+
+
+def test_a_dotted_exception_name_is_skipped_when_a_row_is_looked_up(toy: Path):
+    """Cosmic Ray cannot replace `module.Error` in an `except` tuple; the stage's
+    enumeration skips that one mutant, and looking a row up again in the same
+    function must skip it too rather than crash the matrix's rerun."""
+    core = toy / "src" / "toy_project" / "core.py"
+    edit(
+        core,
+        "    return total(values) / len(values)\n",
+        "    try:\n"
+        "        return total(values) / len(values)\n"
+        "    except (json.JSONDecodeError, ZeroDivisionError):\n"
+        "        raise\n",
+    )
+    core.write_text("import json\n\n" + core.read_text(encoding="utf-8"), encoding="utf-8")
+    every = mutants.stage_mutants(toy, "2").mutants
+    replaced = [m for m in every if "ExceptionReplacer" in m.operator]
+    assert [m.after.strip() for m in replaced] == [
+        "except (json.JSONDecodeError, CosmicRayTestingException):"
+    ]
+    for m in replaced + [next(m for m in every if m.key == FLOOR)]:
+        found = mutants.find_mutant(toy, "2", m.key, m.operator, m.line)
+        assert found is not None and found.occurrence == m.occurrence, m.key

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 from bayesian_regression import hmc, train, vi
 from bayesian_regression.config import Config
@@ -105,6 +106,131 @@ def test_dual_averaging_finds_the_step_for_the_target(target, evidence):
         rtol=0.02,
         atol=0.0,
     )
+
+
+@pytest.mark.parametrize("step0", [1.0, 0.05])
+def test_dual_averaging_update_is_hoffman_gelman_algorithm_5(step0, evidence):
+    """Every iterate of `dual_averaging_update` is Algorithm 5 of Hoffman & Gelman (2014),
+    written out here in float64 with the paper's constants (gamma 0.05, t0 10, kappa 0.75,
+    mu = log(10 eps_0), log eps_bar_0 = 0, H_bar_0 = 0).
+
+    The settling test above only sees the end point, which any weighting that still
+    converges reaches; here the first 25 iterates are compared one by one, over an
+    acceptance sequence that swings both sides of the target, for two initial steps."""
+    target = 0.8
+    accepts = 0.5 + 0.45 * np.sin(np.arange(25) * 1.3)
+    da = hmc.dual_averaging_init(jnp.float32(step0))
+    mu, h_bar, log_avg = np.log(10.0 * step0), 0.0, 0.0
+    got, want = [], []
+    for m, a in enumerate(accepts, start=1):
+        da = hmc.dual_averaging_update(da, jnp.float32(a), target)
+        h_bar = (1.0 - 1.0 / (m + 10.0)) * h_bar + (target - a) / (m + 10.0)
+        log_step = mu - np.sqrt(m) / 0.05 * h_bar
+        eta = m**-0.75
+        log_avg = eta * log_step + (1.0 - eta) * log_avg
+        got.append([float(da.log_step), float(da.log_step_avg), float(da.h_bar)])
+        want.append([log_step, log_avg, h_bar])
+    assert evidence.allclose(
+        "dual averaging iterates vs Algorithm 5 (log step, log step avg, H bar)",
+        f"initial step {step0}, target {target}, 25 swinging acceptances",
+        np.array(got),
+        np.array(want),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
+def _scale_from_raw(raw: np.ndarray) -> np.ndarray:
+    """The documented parametrization (VIParams): log scales on the diagonal, the
+    strict lower triangle as is (full rank), or a diagonal of log scales (mean field)."""
+    if raw.ndim == 1:
+        return np.diag(np.exp(raw))
+    return np.tril(raw, -1) + np.diag(np.exp(np.diag(raw)))
+
+
+@pytest.mark.parametrize("family", ["meanfield", "fullrank"])
+@pytest.mark.parametrize("log_scale", [-2.3, 0.0, 1.5])
+@pytest.mark.parametrize("dim", [1, 4])
+def test_entropy_matches_scipy_on_both_signs_of_log_det(family, log_scale, dim, evidence):
+    """`vi.entropy` equals SciPy's Gaussian entropy of `N(loc, L L^T)`, with `L` built
+    in NumPy from the documented parametrization.
+
+    Scales below, at and above 1 put `log |det L|` on both sides of 0 and of the
+    constant `d/2 (1 + log 2 pi)`, in one and four dimensions, with a non-zero
+    lower triangle in the full-rank family: the ELBO test alone starts every
+    scale at 0.1, where some wrong combinations of the two terms agree."""
+    rng = np.random.default_rng(100 + dim)
+    loc = rng.normal(size=dim)
+    if family == "meanfield":
+        raw = log_scale + 0.2 * rng.normal(size=dim)
+    else:
+        raw = np.tril(0.5 * rng.normal(size=(dim, dim)), -1) + np.diag(
+            log_scale + 0.2 * rng.normal(size=dim)
+        )
+    params = vi.VIParams(jnp.asarray(loc, jnp.float32), jnp.asarray(raw, jnp.float32))
+    scale = _scale_from_raw(np.asarray(params.raw_scale, np.float64))
+    exact = stats.multivariate_normal(loc, scale @ scale.T).entropy()
+    assert evidence.allclose(
+        "q entropy vs scipy.stats.multivariate_normal",
+        f"{family}, d = {dim}, log scales near {log_scale}",
+        vi.entropy(params),
+        exact,
+        rtol=0.0,
+        atol=1e-4 * dim,
+    )
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+@pytest.mark.parametrize("n", [7, 20])
+def test_welford_window_matches_numpy_and_stan_shrinkage(n, offset, evidence):
+    """The masked Welford update over a window of `n` draws gives NumPy's mean and `ddof=1`
+    variance of exactly those draws, and the regularized variance is Stan's shrinkage.
+
+    Stan's reference manual (windowed adaptation) shrinks the window's sample
+    variance towards 1e-3 with weight `n / (n + 5)`; `_regularized_variance`'s
+    docstring states the same target. Draws before and after the window are fed
+    with the mask off, so the mask is tested on both sides of two offsets; a
+    non-zero mean and scales 0.1, 1, 10 per dimension make a ddof or an old/new
+    mean mix-up show at every dimension. Two window lengths tell `n` from `n + 5`."""
+    rng = np.random.default_rng(20240 + 100 * n + offset)
+    total = offset + n + 4
+    draws = np.array([3.0, -2.0, 0.5]) + np.array([0.1, 1.0, 10.0]) * rng.standard_normal(
+        (total, 3)
+    )
+    draws = draws.astype(np.float32)
+    zeros = jnp.zeros((3,), jnp.float32)
+    w = hmc._Welford(zeros, zeros, jnp.zeros((), jnp.float32))
+    for t in range(total):
+        w = hmc._welford_update(w, jnp.asarray(draws[t]), jnp.asarray(offset <= t < offset + n))
+    # The reference: NumPy over exactly the window's draws, in float64.
+    window = draws[offset : offset + n].astype(np.float64)
+    mean = np.mean(window, axis=0)
+    var = np.var(window, axis=0, ddof=1)
+    stan = n / (n + 5.0) * var + 1e-3 * 5.0 / (n + 5.0)
+    cond = f"window of {n} draws at offset {offset} in {total}, scales (0.1, 1, 10)"
+    ok = [
+        evidence.record(
+            "Welford count", cond, {"count": float(w.count)}, {"exact": n}, float(w.count) == n
+        ),
+        evidence.allclose("Welford mean", cond, w.mean, mean, rtol=1e-5, atol=1e-6),
+        evidence.allclose(
+            "Welford variance vs np.var(ddof=1)",
+            cond,
+            w.m2 / (n - 1.0),
+            var,
+            rtol=1e-4,
+            atol=0.0,
+        ),
+        evidence.allclose(
+            "regularized variance vs Stan's shrinkage",
+            cond,
+            hmc._regularized_variance(w),
+            stan,
+            rtol=1e-4,
+            atol=0.0,
+        ),
+    ]
+    assert all(ok), [r for r in evidence.records[-4:] if not r["passed"]]
 
 
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])

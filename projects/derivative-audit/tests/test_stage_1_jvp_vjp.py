@@ -593,6 +593,52 @@ def test_audit_command_writes_report_and_sweep_plot(tmp_path, evidence):
     )
 
 
+def _affine_problem(offset: float, slope: float, dtype: str) -> data.Problem:
+    """f(x) = offset + slope (x - x0) elementwise at x0, for n = 5: J = slope I, so
+    |J u| = |slope| for a unit u and |f(x0)| = |offset| sqrt(5), in closed form."""
+    np_dtype = {"float64": np.float64, "float32": np.float32}[dtype]
+    x = jnp.asarray(np.linspace(-1.0, 1.5, 5), np_dtype)
+    # The float64 reference runs the same fn on a float64 copy of x0.
+    return data.Problem(
+        "affine", jax.jit(lambda v: offset + slope * (v - x.astype(v.dtype))), x, dtype
+    )
+
+
+@pytest.mark.parametrize(
+    ("offset", "slope", "dtype", "conclusive"),
+    [
+        (1e-3, 10.0, "float64", True),  # |f| / |J u| < 1: the bound is not shrunk
+        (10.0, 1e-3, "float64", True),  # amplified 2.2e4 times, still below 0.1
+        (10.0, 1e-8, "float64", False),  # amplified 2.2e9 times: past 0.1, inconclusive
+        (10.0, 1.0, "float32", True),  # float32: 22 times, just below 0.1
+        (10.0, 0.1, "float32", False),  # float32: 224 times, past 0.1
+    ],
+)
+def test_finite_difference_bound_grows_with_f_over_jvp(offset, slope, dtype, conclusive):
+    """Round-off in a central difference is eps |f| / h, so relative to |J u| the
+    bound is 100 eps^(2/3) max(1, |f| / |J u|), and past 0.1 the check says it
+    cannot resolve the JVP instead of failing it. On an affine function both norms
+    are closed forms, so the bound is checked on both sides of 1 and of 0.1, in both
+    dtypes; and where it is conclusive the real difference passes it."""
+    problem = _affine_problem(offset, slope, dtype)
+    report = audit.audit_problem(problem, CONFIG)
+    eps = EPS[dtype]
+    ratio = abs(offset) * np.sqrt(5.0) / abs(slope)
+    expected = 100 * eps ** (2 / 3) * max(1.0, ratio)
+    central = [c for c in report["checks"] if c["check"].startswith("central_difference")]
+    assert len(central) == CONFIG.directions
+    for c in central:
+        # |J u| is |slope| up to the unit direction's rounding in `dtype`.
+        assert c["figures"]["amplification"] == pytest.approx(max(1.0, ratio), rel=1e-5), c
+        assert c["figures"]["conclusive"] is conclusive, c
+        if conclusive:
+            assert c["tolerance"] == pytest.approx(expected, rel=1e-5), c
+            assert c["passed"] and c["rel_error"] <= c["tolerance"], c
+        else:
+            assert expected >= 0.1 and c["tolerance"] == float("inf"), c
+    assert ("inconclusive" in report["verdict"]) is (not conclusive), report["verdict"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

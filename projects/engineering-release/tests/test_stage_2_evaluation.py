@@ -44,7 +44,19 @@ def test_report_metrics_agree_with_sklearn_and_numpy(evaluated_store, seed, evid
         "accuracy": accuracy_score(heldout.labels, predictions),
         "class_recall": recall_score(heldout.labels, predictions, average=None).tolist(),
         "confusion": confusion_matrix(heldout.labels, predictions).tolist(),
+        "min_class_recall": recall_score(heldout.labels, predictions, average=None).min(),
     }
+    # Counts in plain NumPy: the number of examples and of equal entries.
+    assert m["count"] == len(heldout.labels)
+    assert m["correct"] == int(np.sum(predictions == heldout.labels))
+    assert evidence.allclose(
+        "min class recall vs sklearn",
+        f"seed {seed}",
+        m["min_class_recall"],
+        reference["min_class_recall"],
+        rtol=0,
+        atol=1e-12,
+    )
     assert evidence.allclose(
         "accuracy vs sklearn",
         f"seed {seed}",
@@ -65,6 +77,78 @@ def test_report_metrics_agree_with_sklearn_and_numpy(evaluated_store, seed, evid
     assert m["accuracy"] > 0.85, "a tiny model still learns the digits"
     assert report["model_id"] == models[seed]
     assert evaluation_id == store.tree_digest(objects.get(evaluation_id))
+
+
+def _uneven_predictions(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Labels of all 10 classes and predictions whose per-class recall ranges from ~0.1 to 1.
+
+    Each class gets its own hit rate (a permutation of 0.1..1.0, drawn from `seed`), so
+    the minimum recall sits far from the mean and the maximum; a miss is a random other
+    class, so it lands off the diagonal."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(data.NUM_CLASSES), rng.integers(15, 40, data.NUM_CLASSES))
+    rng.shuffle(labels)
+    hit_rate = rng.permutation(np.linspace(0.1, 1.0, data.NUM_CLASSES))
+    hit = rng.random(labels.size) < hit_rate[labels]
+    shift = rng.integers(1, data.NUM_CLASSES, labels.size)  # Never 0: a miss is another class.
+    predictions = np.where(hit, labels, (labels + shift) % data.NUM_CLASSES)
+    return predictions.astype(np.int64), labels.astype(np.int64)
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_metrics_from_predictions_match_sklearn_field_by_field(seed, evidence):
+    """Every field of `metrics_from_predictions` equals scikit-learn / plain NumPy on inputs whose
+    per-class recalls differ a lot.
+
+    The trained models are accurate on every class, so their recalls bunch together near
+    1 and a wrong summary (the mean or the max for the min) could pass there by chance;
+    here the recalls spread from ~0.1 to 1, so the min is far from the mean, the max and
+    class 0's recall, and `correct` is well below `count`. Two seeds, two draws."""
+    predictions, labels = _uneven_predictions(seed)
+    sk_recall = recall_score(labels, predictions, average=None)
+    # The inputs must separate the min from the other summaries, or the test proves nothing.
+    assert sk_recall.min() < sk_recall.mean() - 0.2
+    assert sk_recall.min() < sk_recall.max() - 0.5
+    assert sk_recall.min() < sk_recall[0]
+    m = evaluation.metrics_from_predictions(predictions, labels)
+    assert list(m) == [
+        "count",
+        "correct",
+        "accuracy",
+        "class_recall",
+        "min_class_recall",
+        "confusion",
+    ]
+    # Counts in plain NumPy; `correct` is far from `count`, so swapping them is caught.
+    numpy_correct = int(np.sum(predictions == labels))
+    assert numpy_correct < len(labels) - 20
+    assert m["count"] == len(labels)
+    assert m["correct"] == numpy_correct
+    assert evidence.allclose(
+        "min class recall vs sklearn (uneven recalls)",
+        f"seed {seed}",
+        m["min_class_recall"],
+        sk_recall.min(),
+        rtol=0,
+        atol=1e-12,
+    )
+    assert evidence.allclose(
+        "class recall vs sklearn (uneven recalls)",
+        f"seed {seed}",
+        m["class_recall"],
+        sk_recall,
+        rtol=0,
+        atol=1e-12,
+    )
+    assert evidence.allclose(
+        "accuracy vs sklearn (uneven recalls)",
+        f"seed {seed}",
+        m["accuracy"],
+        accuracy_score(labels, predictions),
+        rtol=0,
+        atol=1e-12,
+    )
+    assert m["confusion"] == confusion_matrix(labels, predictions).tolist()
 
 
 def test_report_binds_data_code_and_runtime(evaluated_store, evidence):

@@ -150,6 +150,78 @@ def test_train_mode_without_dropout_matches_numpy(evidence):
     )
 
 
+@pytest.mark.parametrize(
+    ("hidden", "rate"),
+    [((32,), 0.1), ((256, 128), 0.2), ((16, 16, 16), 0.5), ((64, 32), 0.0), ((), 0.3)],
+    ids=["tiny preset", "default preset", "three hidden", "rate 0", "no hidden layer"],
+)
+def test_dropout_acts_once_per_hidden_layer_in_train_mode_only(evidence, hidden, rate):
+    """Train mode scales each carried unit by 1/(1-p) once per hidden layer; eval = NumPy.
+
+    A zero input makes every layer before the lit one output exactly zero;
+    the lit layer's bias is 1, so its relu output is 1 everywhere; later
+    kernels are (rectangular) identities with zero bias, so that 1 reaches the
+    first logits untouched. Eval mode must then equal the float64 NumPy MLP
+    (no dropout). Train mode must give, per carried logit, either 0 or
+    (1/(1-p))**k with k the number of dropout layers at or after the lit one,
+    both seen in 32 rows: dropout in eval mode, no dropout in train mode, or
+    dropout on only some of the hidden layers each gives another k or breaks
+    eval == NumPy. With rate 0, or with no hidden layer, train equals eval
+    bitwise. The lit layer runs over every hidden layer (the head when none).
+    """
+    rng = np.random.default_rng(42)
+    widths = [IN, *hidden, OUT]
+    x = np.zeros((32, IN), np.float32)
+    for lit in range(max(len(hidden), 1)):
+        weights = []
+        for j, (w, b) in enumerate(known_weights(rng, widths)):
+            if j > lit:  # Pass the lit layer's units straight through to the logits.
+                w = np.eye(*w.shape, dtype=np.float32)
+            weights.append((w, np.full_like(b, 1.0 if j == lit else 0.0)))
+        model = MLP(IN, hidden, OUT, rate, rngs=nnx.Rngs(params=0, dropout=1 + lit))
+        load_weights(model, weights)
+        model.eval()
+        eval_out = np.asarray(model(jnp.asarray(x)), np.float64)
+        model.train()
+        train_out = np.asarray(model(jnp.asarray(x)), np.float64)
+
+        ref = numpy_mlp(x, weights)
+        carried = ref == 1.0  # Logits reached by the lit layer's units; the rest are 0.
+        n_dropout = len(hidden) - lit if rate > 0 else 0
+        scale = (1.0 / (1.0 - rate)) ** n_dropout
+        kept = train_out[carried] != 0.0
+        observed = {
+            "eval_matches_numpy": bool(np.allclose(eval_out, ref, rtol=1e-5, atol=1e-5)),
+            "carried_logits": int(carried.sum()),
+            "uncarried_stay_zero": bool(np.all(train_out[~carried] == 0.0)),
+            "kept_fraction": float(kept.mean()),
+            "expected_kept_value": scale,
+            "kept_values_ok": bool(
+                np.allclose(train_out[carried][kept], scale, rtol=1e-5, atol=0.0)
+            ),
+            "train_equals_eval": bool(np.array_equal(train_out, eval_out)),
+        }
+        if n_dropout == 0:
+            passed = observed["eval_matches_numpy"] and observed["train_equals_eval"]
+        else:
+            # Both dropped (0) and kept units must show up among the 32 x 10 carried logits.
+            passed = (
+                observed["eval_matches_numpy"]
+                and observed["carried_logits"] == 32 * OUT
+                and observed["uncarried_stay_zero"]
+                and 0.0 < observed["kept_fraction"] < 1.0
+                and observed["kept_values_ok"]
+                and not observed["train_equals_eval"]
+            )
+        assert evidence.record(
+            "dropout: eval = NumPy; train keeps a unit as 0 or (1/(1-p))**k, k = layers from lit",
+            f"hidden={list(hidden)}, dropout_rate={rate}, bias 1 at layer {lit}",
+            observed,
+            {"rtol": 1e-5, "atol": 1e-5},
+            passed,
+        ), observed
+
+
 def expected_param_count(hidden: list[int]) -> int:
     widths = [IN, *hidden, OUT]
     return sum(d_in * d_out + d_out for d_in, d_out in zip(widths[:-1], widths[1:], strict=True))

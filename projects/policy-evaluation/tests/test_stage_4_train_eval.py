@@ -221,27 +221,61 @@ def test_train_metrics_of_the_first_update_match_its_rollout(evidence):
 
 
 def test_evaluation_episodes_stop_at_their_end(evidence):
-    """Held-out episodes stop at their end: each return is -0.01 L, +-1 if it ended early.
+    """Each held-out episode's discounted and plain return equal their closed forms.
 
-    Held-out episodes do not auto-reset: an episode of length L < horizon
-    ended by the goal or the pit, so its return is -0.01 L +- 1; one that ran
-    the whole horizon has return -0.01 L. Untrained (near-uniform) policy."""
-    config = Config.tiny("gridworld").replace(eval_episodes=64)
+    GridWorld's contract (envs.py): every step costs -0.01, the ending one
+    included; entering the goal adds +1 and the pit -1, and ends the episode;
+    a time-limit end (truncation) adds nothing. `make_evaluate` promises
+    `sum_t gamma^t r_t` with t from 0 and no auto-reset, so an episode of
+    length L has discounted return
+        -0.01 (1 - gamma^L) / (1 - gamma) + bonus gamma^(L - 1)
+    and plain return -0.01 L + bonus, bonus in {+1 goal, -1 pit, 0 truncated}.
+    Checked per episode at atol 1e-5 (float32 sums of <= 25 terms), so a
+    discount one step off (a factor gamma ~ 0.05 |return|) or rewards summed
+    after the end (the frozen env stepping on) cannot pass. A horizon of 25
+    with an untrained (near-uniform) policy gives goal, pit and truncated
+    episodes, so every branch of the closed form is met."""
+    config = Config.tiny("gridworld").replace(eval_episodes=64, eval_horizon=25)
     params = init_params(jax.random.key(5), 16, 4, config.hidden_size)
     ev = jax.jit(make_evaluate(config))(params, jax.random.key(6))
     ret = np.asarray(ev["eval/episode_return"], np.float64)
+    disc = np.asarray(ev["eval/discounted_return"], np.float64)
     length = np.asarray(ev["eval/episode_length"], np.float64)
-    bonus = ret + 0.01 * length
-    ended = length < config.eval_horizon
-    expected = np.where(ended, np.sign(bonus), 0.0)
-    ok = evidence.record(
-        "held-out episodes end at termination",
-        f"{config.eval_episodes} episodes, horizon {config.eval_horizon}",
-        {"ended_early": int(ended.sum()), "max_bonus_error": float(np.abs(bonus - expected).max())},
-        {"atol": 1e-4},
-        bool(ended.sum() > 0 and np.all(np.abs(np.abs(bonus) - ended) <= 1e-4)),
+    # How each episode ended is not in the evaluation's output: replay the same
+    # episodes with the stage-2 rollout (evaluate splits its key into reset and
+    # rollout keys; the grid's reset ignores its key) and read the cell each
+    # frozen episode stopped in. The cell, not any reward, decides the bonus,
+    # so the expected returns below never come from the returns under test.
+    env = make_env("gridworld", max_steps=config.eval_horizon)
+    reset_key, roll_key = jax.random.split(jax.random.key(6))
+    carry, traj = jax.jit(
+        lambda c, k: rollout(env, sample_policy(params), c, k, config.eval_horizon, False)
+    )(reset_all(env, reset_key, config.eval_episodes), roll_key)
+    cell = np.asarray(carry.state.physics)
+    # The contract's constants (GridWorld's documented defaults), written out:
+    # goal cell 15 (+1), pit cell 5 (-1), step cost -0.01.
+    bonus = np.where(cell == 15, 1.0, np.where(cell == 5, -1.0, 0.0))
+    ended = bonus != 0.0
+    step, gamma = -0.01, config.gamma  # gamma: the config's input, not a result
+    # The replay is the same episodes (same lengths), and an episode that did
+    # not reach the goal or the pit ran the whole horizon.
+    assert np.array_equal(np.asarray(traj.mask).sum(axis=0), length)
+    assert np.all(ended | (length == config.eval_horizon))
+    # Every branch met: goal, pit and time-limit ends.
+    assert (cell == 15).any() and (cell == 5).any() and (~ended).any()
+    ref_disc = step * (1.0 - gamma**length) / (1.0 - gamma) + bonus * gamma ** (length - 1.0)
+    ref_ret = step * length + bonus
+    condition = (
+        f"{config.eval_episodes} episodes, horizon {config.eval_horizon}, gamma {gamma}: "
+        f"goal {int((cell == 15).sum())}, pit {int((cell == 5).sum())}, "
+        f"truncated {int((~ended).sum())}"
     )
-    assert ok
+    assert evidence.allclose(
+        "held-out discounted return vs closed form", condition, disc, ref_disc, rtol=0, atol=1e-5
+    )
+    assert evidence.allclose(
+        "held-out episode return vs closed form", condition, ret, ref_ret, rtol=0, atol=1e-5
+    )
 
 
 @pytest.fixture(scope="module")

@@ -216,6 +216,59 @@ def test_rk4_matches_exact_solution_at_order_four(batch, t_end, seed, evidence):
     ), study
 
 
+def test_rk4_error_study_errors_and_slope_recomputed_against_scipy(evidence):
+    """Each error rk4_error_study reports is max |RK4 - DOP853| to 1e-2; its slope is the fit.
+
+    The study's own reference is `oscillator_exact`, so the test takes an
+    independent one: SciPy's DOP853 (rtol 1e-12) on m x'' + c x' + k x = 0 written
+    in NumPy, at every time of each run. The reported error must be the max over
+    batch, time and state of |simulate - DOP853| (the norm the docstring names),
+    the fitted order must be the NumPy least-squares slope of ln(error) against
+    ln(dt) of the reported errors, and that slope must be near RK4's 4. A study
+    that compares at shifted times or fits the axes swapped (or one in log10)
+    changes the numbers; an RK4 with wrong weights loses the order."""
+    # Seed 22: the largest error falls mid-run and in member 1, so a study that
+    # measured only the final time or one member would report a smaller error.
+    theta, y0 = oscillator_batch(2, seed=22)
+    dts, t_end = (0.1, 0.05, 0.025), 4.0
+    study = rk4_error_study(dts, theta, y0, t_end)
+    assert list(study["dt"]) == list(dts)
+    reported = np.asarray(study["max_abs_error"])
+    assert reported.shape == (len(dts),)
+    recomputed = []
+    for dt in dts:
+        run = simulate(OSCILLATOR, theta, y0, t_end, dt)
+        ref = []
+        for (m, c, k), start in zip(theta, y0, strict=True):
+            sol = solve_ivp(
+                lambda t, y, m=m, c=c, k=k: np.array([y[1], (-c * y[1] - k * y[0]) / m]),
+                (0.0, run.ts[-1]),
+                start,
+                method="DOP853",
+                t_eval=run.ts,
+                rtol=1e-12,
+                atol=1e-12,
+            )
+            ref.append(sol.y.T)
+        recomputed.append(float(np.abs(run.ys - np.stack(ref)).max()))
+    recomputed = np.array(recomputed)
+    # Least squares by hand (normal equations), not np.polyfit as the study uses.
+    x, y = np.log(np.asarray(dts)), np.log(reported)
+    slope = float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
+    observed = {"reported": reported, "recomputed": recomputed, "order": study["observed_order"]}
+    # DOP853's own error (~1e-11) is far below RK4's here (>1e-7), so 1e-2 is slack enough.
+    assert evidence.allclose(
+        "rk4_error_study errors vs |simulate - DOP853|",
+        f"batch 2, t_end {t_end}, dt {dts}",
+        reported,
+        recomputed,
+        rtol=1e-2,
+        atol=0,
+    ), observed
+    assert abs(study["observed_order"] - slope) <= 1e-9, observed
+    assert 3.5 <= study["observed_order"] <= 4.5, observed
+
+
 @pytest.mark.parametrize("load", [0.0, 1.5])
 def test_loaded_oscillator_divides_the_load_by_the_mass(load, evidence):
     """A constant load enters as a force F0 / m: RK4 matches SciPy's DOP853 to 1e-7, m = 1 and not.

@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from bench_summary import Range, fmt, ranges, read_ratios
+from bench_summary import cpu_label, fmt, ranges, read_ratios
 
 BEGIN = "<!-- bench-runs:begin -->"
 END = "<!-- bench-runs:end -->"
@@ -58,8 +58,30 @@ def _commits(paths: list[Path]) -> str:
     return "code at " + ", ".join(sorted(set(shorts)))
 
 
-def _span(r: Range) -> str:
-    low, high = min(r.values), max(r.values)
+def _cpu_groups(paths: list[Path]) -> dict[str, list[Path]]:
+    """CPU label (`cpu_label` of each report's `host`) -> its reports, in order
+    of first use."""
+    groups: dict[str, list[Path]] = {}
+    for path in paths:
+        label = cpu_label(json.loads(path.read_text()).get("host"))
+        groups.setdefault(label, []).append(path)
+    return groups
+
+
+def _names(paths: list[Path]) -> str:
+    """`run-1.json` to `run-4.json` for consecutive numbers, else a list."""
+    numbers = [_number(p) for p in paths]
+    if len(paths) > 2 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"`{paths[0].name}` to `{paths[-1].name}`"
+    return ", ".join(f"`{p.name}`" for p in paths)
+
+
+def _unlabelled(label: str) -> str:
+    return "not recorded" if label == cpu_label(None) else label
+
+
+def _span(values: list[float] | tuple[float, ...]) -> str:
+    low, high = min(values), max(values)
     return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low)} to {fmt(high)}"
 
 
@@ -74,26 +96,40 @@ def render(project: Path) -> str:
         )
     command = f"{project.name} bench --out runs/bench.json"
     table = ranges([read_ratios(p) for p in runs])
+    run_ratios = {p: read_ratios(p)[0] for p in runs}
     rerun_ratios = [read_ratios(p)[0] for p in reruns]
+    # Runs on different CPUs are pooled into one expected range: a rerun may
+    # land on any CPU of the machine kind. Each CPU gets a letter, and the
+    # Runs column gives each CPU's own span, so the two can be told apart.
+    groups = _cpu_groups(runs)
+    letter = {label: chr(ord("A") + i) for i, label in enumerate(groups)}
     lines = [
         BEGIN,
         "",
         f"Every ratio of `{command}` over the {len(runs)} runs kept in `benchmarks/`",
         f"(`run-1.json` to `run-{len(runs)}.json`; {_commits(runs)}), one at a time",
-        "on one 2-core CPU. *Expected in a rerun*: the wider of two ranges, the 99%",
-        "prediction interval for one more run (on the log scale, mean +- t(0.995, n-1)",
-        "x sd x sqrt(1 + 1/n) over the n runs) and the range of the runs widened by the",
-        "largest deviation of the ratio's A/A control from 1; a ratio without an A/A",
-        "control is widened by the largest A/A deviation of the runs, unless it is the",
-        "same in every run (a count, which must not move).",
+        "on 2-core machines of one kind, on "
+        + "; ".join(f"CPU {letter[g]}: {_unlabelled(g)} ({_names(ps)})" for g, ps in groups.items())
+        + ". *Expected in a rerun*: the wider of two ranges, over the runs of every CPU",
+        "together, the 99% prediction interval for one more run (on the log scale, mean",
+        "+- t(0.995, n-1) x sd x sqrt(1 + 1/n) over the n runs) and the range of the runs",
+        "widened by the largest deviation of the ratio's A/A control from 1; a ratio",
+        "without an A/A control is widened by the largest A/A deviation of the runs,",
+        "unless it is the same in every run (a count, which must not move).",
     ]
+
+    def cpu_of(path: Path) -> str:
+        label = next(iter(_cpu_groups([path])))
+        known = label in letter and label != cpu_label(None)
+        return f"CPU {letter[label]}" if known else label
+
     if reruns:
+        described = [f"{p.name}: {_commits([p])}, {cpu_of(p)}" for p in reruns]
         lines.append(
-            f"Reruns of the same command, later ({', '.join(p.name for p in reruns)}, "
-            f"{_commits(reruns)}), against that range:"
+            "Reruns of the same command, later (" + "; ".join(described) + "), against that range:"
         )
     lines += ["", "| Ratio | Baseline | Runs | A/A control | Expected in a rerun |"]
-    lines[-1] += " Rerun |" * len(reruns)
+    lines[-1] += "".join(f" {p.stem} |" for p in reruns)
     lines.append("|---" * (5 + len(reruns)) + "|")
     outside = 0
     for name, r in table.items():
@@ -104,7 +140,15 @@ def render(project: Path) -> str:
         expected = f"{fmt(r.low)} to {fmt(r.high)}"
         if len(r.values) < len(runs):
             expected += f" (in {len(r.values)} of {len(runs)} runs)"
-        row = f"| `{name}` | {_baseline(project, runs, name)} | {_span(r)} | {aa} | {expected} |"
+        if len(groups) == 1:
+            spans = _span(r.values)
+        else:
+            spans = "; ".join(
+                f"{letter[g]}: {_span(values)}"
+                for g, ps in groups.items()
+                if (values := [run_ratios[p][name] for p in ps if name in run_ratios[p]])
+            )
+        row = f"| `{name}` | {_baseline(project, runs, name)} | {spans} | {aa} | {expected} |"
         for ratios in rerun_ratios:
             if name not in ratios:
                 row += " absent |"

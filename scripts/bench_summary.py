@@ -81,6 +81,20 @@ def read_ratios(path: Path) -> tuple[dict[str, float], dict[str, float]]:
     return ratios, aa
 
 
+def cpu_label(host: dict | None) -> str:
+    """One line naming a report's CPU, e.g. `Intel(R) Xeon(R) Processor
+    (family 6 model 167; avx2 fma avx512f ...)`; 'CPU not recorded' without one."""
+    cpu = (host or {}).get("cpu") or {}
+    if not cpu.get("model_name"):
+        return "CPU not recorded"
+    label = cpu["model_name"]
+    if "family" in cpu and "model" in cpu:
+        label += f" (family {cpu['family']} model {cpu['model']}"
+        flags = " ".join(cpu.get("vector_flags") or []) or "no AVX2"
+        label += f"; {flags})"
+    return label
+
+
 def fmt(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
 
@@ -162,6 +176,8 @@ def summarize(runs: list[Path], checks: list[Path]) -> int:
     rerun = [read_ratios(p) for p in checks]
     outside = 0
     print(f"{len(runs)} runs: " + ", ".join(p.name for p in runs))
+    for path in [*runs, *checks]:
+        print(f"  {path.name}: {cpu_label(json.loads(path.read_text()).get('host'))}")
     for name, r in table.items():
         line = f"{name}: {fmt(min(r.values))} to {fmt(max(r.values))}"
         line += " (" + ", ".join(fmt(v) for v in r.values) + ")"

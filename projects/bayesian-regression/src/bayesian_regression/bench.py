@@ -20,7 +20,10 @@
   - `hmc_vs_nuts_ess_per_grad`: ESS per gradient evaluation, warm-up and draws
     counted (HMC: `num_leapfrog` per transition, one at each chain's start;
     NUTS: its leapfrog steps per tree, warm-up counted by `MCMC.warmup` on the
-    same key); `_sampling` counts the draws only. Counts, not times.
+    same key); `_sampling` counts the draws only. Counts, not times: the same
+    in every run on one CPU, but Monte Carlo figures all the same, so their A/A
+    control is the ratio on a second key (another CPU's rounding parts the
+    chains as another key does).
   - `vmapped_control_vs_vmapped`, `hmc_control_vs_hmc`: A/A controls.
 
 Every timed call ends in `jax.block_until_ready`; sides alternate within each
@@ -230,9 +233,10 @@ BASELINES = {
     "traces and lowers its loop again and loads the executable from JAX's persistent cache "
     "(the per-run cost a NumPyro user pays)",
     "hmc_vs_nuts_ess_per_grad": "NumPyro NUTS, ESS per gradient evaluation over warm-up and "
-    "draws (counts, the same in every run)",
+    "draws (counts, the same in every run on one CPU; A/A: the same ratio on a second key)",
     "hmc_vs_nuts_ess_per_grad_sampling": "NumPyro NUTS, ESS per gradient evaluation over the "
-    "kept draws only (counts, the same in every run)",
+    "kept draws only (counts, the same in every run on one CPU; A/A: the same ratio on a "
+    "second key)",
     "hmc_control_vs_hmc": "A/A control: the vmapped HMC program timed twice per round of the "
     "HMC / NUTS comparison",
 }
@@ -328,6 +332,32 @@ def _run(config: Config, repeats: int, progress: Callable[[str], None]) -> dict[
     nuts_grads = warmup_steps + sampling_steps
     gain = hmc_ess / nuts_ess
 
+    def ess_and_steps(on_key) -> dict[str, float]:
+        """HMC's and NUTS's minimum bulk-ESS and NUTS's leapfrog steps on one key."""
+        positions, tree_steps, _ = nuts_c(on_key, *args)
+        mcmc_b = nuts.make_mcmc(NUM_CHAINS, warm, draws, accept)
+        return {
+            "hmc_min_bulk_ess": min_bulk_ess(vm_c(on_key, args, factor).positions),
+            "nuts_min_bulk_ess": min_bulk_ess(positions),
+            "nuts_gradient_evaluations_sampling": int(np.asarray(tree_steps, np.int64).sum()),
+            "nuts_gradient_evaluations_warmup": nuts_warmup_steps(on_key, mcmc_b, args),
+        }
+
+    # The per-gradient ratios are counts: the same in every run on one CPU. But
+    # the draws behind them are Monte Carlo, and another CPU rounds float32
+    # differently, which parts the chains as another key would. Their A/A
+    # control is the same ratio on a second key: the noise a rerun elsewhere sees.
+    progress("ESS per gradient on a second key (the per-gradient ratios' A/A) ...")
+    second = ess_and_steps(jax.random.fold_in(key, 1))
+    second_sampled = second["nuts_gradient_evaluations_sampling"]
+    second_grads = second["nuts_gradient_evaluations_warmup"] + second_sampled
+    second_per_grad = (second["hmc_min_bulk_ess"] / hmc_grads) / (
+        second["nuts_min_bulk_ess"] / second_grads
+    )
+    second_per_grad_sampling = (second["hmc_min_bulk_ess"] / hmc_grads_sampling) / (
+        second["nuts_min_bulk_ess"] / second_sampled
+    )
+
     def per_round(nuts_path: _Path, gain: float) -> list[float]:
         return [gain * b / a for a, b in zip(hmc_path.times, nuts_path.times, strict=True)]
 
@@ -363,8 +393,11 @@ def _run(config: Config, repeats: int, progress: Callable[[str], None]) -> dict[
             per_round(nuts_run, hmc_ess / reference_ess),
             hmc_aa_spread,
         ),
-        "hmc_vs_nuts_ess_per_grad": ([per_grad], None),
-        "hmc_vs_nuts_ess_per_grad_sampling": ([per_grad_sampling], None),
+        "hmc_vs_nuts_ess_per_grad": ([per_grad], spread([second_per_grad / per_grad])),
+        "hmc_vs_nuts_ess_per_grad_sampling": (
+            [per_grad_sampling],
+            spread([second_per_grad_sampling / per_grad_sampling]),
+        ),
         "hmc_control_vs_hmc": (hmc_aa_spread["rounds"], hmc_aa_spread),
     }
     ratio_details = {
@@ -395,6 +428,7 @@ def _run(config: Config, repeats: int, progress: Callable[[str], None]) -> dict[
             "nuts_gradient_evaluations_warmup": warmup_steps,
             "gradient_count_note": "one per leapfrog step; HMC adds one per chain at its "
             "start; NumPyro's initial step-size search is not counted",
+            "second_key": second,
         },
         "nuts_compiled_vs_mcmc_run": {
             "max_abs_draw_difference": float(

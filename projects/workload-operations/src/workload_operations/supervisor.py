@@ -20,6 +20,7 @@ standard input is closed and it exits.
 
 import atexit
 import ctypes
+import http.client
 import json
 import os
 import signal
@@ -128,9 +129,16 @@ def _rss_mb(procs: list) -> float:
 
 
 def scrape(port: int, timeout_s: float) -> dict[str, float]:
-    """The job's metric samples by name (`workload_steps_total`, ...)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as reply:
-        text = reply.read().decode()
+    """The job's metric samples by name (`workload_steps_total`, ...).
+
+    Raises OSError (ConnectionError for a reply cut short) when the job cannot
+    answer: a job that dies mid-reply is a failed scrape, not a crash of the
+    supervisor."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as reply:
+            text = reply.read().decode()
+    except http.client.HTTPException as err:  # IncompleteRead, BadStatusLine, ...
+        raise ConnectionError(f"{type(err).__name__}: {err!r}") from err
     return {
         sample.name: sample.value
         for family in text_string_to_metric_families(text)

@@ -1070,3 +1070,53 @@ def test_while_loop_exemption_is_inherited_at_every_depth(evidence, case):
         and jax_agrees
         and forward_ok,
     )
+
+
+def _normal_from(x, key):
+    return x + jax.random.normal(key, x.shape, x.dtype)
+
+
+def _split_from(x, key):
+    return x + jax.random.key_data(jax.random.split(key)).sum().astype(x.dtype)
+
+
+def _fold_in_from(x, key):
+    return x + jax.random.key_data(jax.random.fold_in(key, 3)).sum().astype(x.dtype)
+
+
+def _normal_from_own_key(x, key):
+    return x + jax.random.normal(jax.random.key(0), x.shape, x.dtype)
+
+
+# (function, the key it is given, the random primitives its program holds, by name).
+# A key passed in (typed or raw) shows no `random_seed`: only the draw itself does.
+RANDOM_SOURCES = [
+    ("typed-key-passed-in", _normal_from, jax.random.key(1), {"random_bits"}),
+    ("raw-key-passed-in", _normal_from, jax.random.PRNGKey(1), {"random_bits"}),
+    ("split-of-key-passed-in", _split_from, jax.random.key(1), {"random_split"}),
+    ("fold-in-of-key-passed-in", _fold_in_from, jax.random.key(1), {"random_fold_in"}),
+    ("key-made-inside", _normal_from_own_key, jax.random.key(1), {"random_seed", "random_bits"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "key", "drawn"), [r[1:] for r in RANDOM_SOURCES], ids=[r[0] for r in RANDOM_SOURCES]
+)
+def test_every_random_primitive_is_refused_whoever_made_the_key(evidence, fn, key, drawn):
+    """A deterministic policy refuses each random primitive by name, whether the key is
+    made inside the function or passed in; a non-deterministic policy refuses none."""
+    named = {
+        f.reason.split("`")[1]
+        for f in jaxpr_audit.audit(fn, (X4, key), F32).findings
+        if f.rule == "random-in-deterministic"
+    }
+    relaxed = jaxpr_audit.audit(
+        fn, (X4, key), jaxpr_audit.Policy(float_dtype="float32", deterministic=False)
+    )
+    assert evidence.record(
+        "random primitives refused by name",
+        fn.__name__,
+        {"named": sorted(named), "relaxed_accepted": relaxed.accepted},
+        {"drawn": sorted(drawn)},
+        named == drawn and relaxed.accepted,
+    ), (named, drawn)

@@ -487,6 +487,73 @@ def test_golden_check_decides_each_condition_on_its_own(monkeypatch, evidence):
         )
 
 
+def test_release_holds_golden_logits_to_one_hundred_thousandth(released, tmp_path, evidence):
+    """Candidates whose stored golden logits are off by 0.5e-5, 2e-5 and 1e-4 (predictions
+    unchanged): the release refuses the two beyond 1e-5, changing nothing, and releases the one
+    within it."""
+    # The golden self-test's tolerance, 1e-5 on float32 logits of O(10), is stated in
+    # `gates.py` (`GOLDEN_ATOL = 1e-5`, the default `atol` of `golden_check`: "the same program
+    # on the same CPU gives equal bits"); the README expects the 16 golden rows reproduced with
+    # error 0.0. Written here as a number, so that a change of the module's constant shows.
+    tolerance = 1e-5
+    state, models, _ = released
+    pem = state.keys / "approver.pem"
+    source = checkpoint.read_artifact(state.store.get(models[1]))
+    column = int(source.golden_logits[0].argmin())  # Raising the lowest logit keeps the argmax.
+    candidates = {}
+    for factor in (0.5, 2.0, 10.0):
+        shifted = source.golden_logits.copy()
+        shifted[0, column] += np.float32(factor * tolerance)
+        stored_error = abs(float(shifted[0, column]) - float(source.golden_logits[0, column]))
+        # The perturbation survives float32 rounding on the intended side of the tolerance.
+        assert (stored_error < tolerance) == (factor < 1), (factor, stored_error)
+        directory = checkpoint.write_artifact(
+            tmp_path / f"golden-x{factor:g}",
+            architecture=source.manifest["architecture"],
+            params=source.params,
+            golden_inputs=source.golden_inputs,
+            golden_logits=shifted,
+            training=source.manifest["training"],
+        )
+        candidates[factor] = (register_and_approve(state, directory, pem), stored_error)
+    before = snapshot(state)
+    for factor in (2.0, 10.0):
+        model_id, stored_error = candidates[factor]
+        with pytest.raises(release.ReleaseRefused) as info:
+            release.release(state, model_id)
+        message = str(info.value)
+        serving = ledger.serving_model(state.entries())
+        assert evidence.record(
+            "golden logits beyond 1e-5 refuse the release",
+            f"one logit {factor:g} x 1e-5 off",
+            {"stored_error": stored_error, "message": message[:400], "serving": serving[:12]},
+            {"atol": tolerance},
+            "golden self-test failed" in message
+            and "'passed': False" in message
+            and "'mismatched_predictions': 0" in message
+            and serving == models[0]
+            and snapshot(state) == before,
+        ), message
+    model_id, stored_error = candidates[0.5]
+    outcome = release.release(state, model_id)
+    serving = ledger.serving_model(state.entries())
+    assert evidence.record(
+        "golden logits within 1e-5 release",
+        "one logit 0.5 x 1e-5 off",
+        {
+            "stored_error": stored_error,
+            "self_test": {k: outcome.readiness.get(k) for k in ("passed", "max_abs_error")},
+            "serving": serving[:12],
+        },
+        {"atol": tolerance},
+        outcome.model_id == model_id
+        and outcome.readiness["passed"] is True
+        and outcome.readiness["max_abs_error"] < tolerance
+        and serving == model_id
+        and release.verify(state) == [],
+    ), outcome.readiness
+
+
 class StagedBackend:
     """A staged candidate as `Host._switch` sees it: an id, a status, nothing in flight."""
 

@@ -3,7 +3,8 @@
 Independent checks: the shape table of `kernel_audit.data` (shapes that divide
 the blocks and shapes that do not, tiny and degenerate shapes, long
 reductions), in float32 and bfloat16, against the float64 NumPy references
-under the derived bounds; then hypothesis-drawn shapes, dtypes, activations
+under the derived bounds (the bounds themselves are checked against their
+formulas in `test_stage_2_bounds.py`); then hypothesis-drawn shapes, dtypes, activations
 and blocks on top of the table. Out-of-bounds handling: the interpreter fills
 out-of-bounds reads with NaN, so the same ragged shape fails with the edge
 masking switched off and passes with it on (and a shape that divides the
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from bound_formulas import U32, U_BF16, gamma
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -190,7 +192,7 @@ def test_matmul_bias_gradient_bfloat16_long_batch(evidence, shape):
 
     Activation `none`, so db = sum over the M rows of the bfloat16 cotangent g, whose float64
     sum is exact. The backward pass sums in float32 and rounds once to bfloat16: error at most
-    gamma_M(u32) sum|g| + u_bf16 (|db| + that), u_bf16 = 2^-8 (`reference.UNIT_ROUNDOFF`).
+    gamma_M(u32) sum|g| + u_bf16 (|db| + that), u_bf16 = 2^-8 (eps / 2 of bfloat16).
     g ~ N(1, 1), so the sums grow like M: a bfloat16 accumulator loses the increments once a
     partial sum's half ulp exceeds them (at 256 the ulp is 2), far outside the bound; the test
     records that error, and what `jnp.sum` with a bfloat16 accumulator (`dtype=bfloat16`, XLA's
@@ -208,8 +210,8 @@ def test_matmul_bias_gradient_bfloat16_long_batch(evidence, shape):
     db = jax.jit(jax.grad(f_kernel))(b)
     g64 = reference.to_f64(g)
     exact = g64.sum(axis=0)
-    summation = reference.gamma(m, reference.UNIT_ROUNDOFF["float32"]) * np.abs(g64).sum(axis=0)
-    bound = summation + reference.UNIT_ROUNDOFF["bfloat16"] * (np.abs(exact) + summation)
+    summation = gamma(m, U32) * np.abs(g64).sum(axis=0)
+    bound = summation + U_BF16 * (np.abs(exact) + summation)
     condition = (
         f"(M, K, N)={shape}, bfloat16, none, blocks {blocks.block_m}/{blocks.block_n}/"
         f"{blocks.block_k}, mode={MODE}"

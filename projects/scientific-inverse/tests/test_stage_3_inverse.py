@@ -94,6 +94,64 @@ def test_coverage_summary_counts_each_parameter_over_seeds():
     np.testing.assert_allclose(got["estimate_std"], theta.std(axis=0), rtol=1e-12)
 
 
+# The band stated by `report.coverage_verdict`'s docstring and its verdict text:
+# coverage is honest within three binomial standard errors of the nominal level.
+_COVERAGE_BAND_SE = 3
+
+
+@pytest.mark.parametrize(
+    ("nominal", "seeds"),
+    [(0.95, 400), (0.95, 1000), (0.9, 250), (0.8, 200), (0.68, 150), (0.99, 2000)],
+)
+def test_coverage_verdict_band_is_three_binomial_se(evidence, nominal, seeds):
+    """coverage_verdict says Yes within 3 binomial se of nominal and No beyond, both sides.
+
+    Coverage counts at about 2.9, 3.1, 3.9 and 4.1 standard errors
+    `sqrt(p (1 - p) / n)` below and above the nominal level, for c and for k
+    (the other parameter at nominal). The expected verdict is computed here
+    from the count; every case stays clear of the upper clip at 1.
+    """
+    se = math.sqrt(nominal * (1 - nominal) / seeds)
+    assert nominal + 4.25 * se < 1.0 and nominal - 4.25 * se > 0.0
+    cases, wrong = [], []
+    for side in (-1, 1):
+        for target in (2.9, 3.1, 3.9, 4.1):
+            count = round(seeds * (nominal + side * target * se))
+            rate = count / seeds
+            z = (rate - nominal) / se
+            # The rounded count lands on the same side of 3 and of 4 as its target.
+            assert abs(abs(z) - target) < 0.15, (nominal, seeds, target, z)
+            assert (abs(z) < 3) == (target < 3) and (abs(z) < 4) == (target < 4), z
+            expected_yes = abs(rate - nominal) <= _COVERAGE_BAND_SE * se
+            for which in (0, 1):
+                rates = [nominal, nominal]
+                rates[which] = rate
+                cov = {
+                    "nominal": nominal,
+                    "seeds": seeds,
+                    "rate": rates,
+                    "covered": [round(r * seeds) for r in rates],
+                    "binomial_se": se,
+                }
+                verdict = report.coverage_verdict(cov)
+                got_yes = verdict.startswith("**Yes**")
+                ok = got_yes == expected_yes and (got_yes or verdict.startswith("**No**"))
+                if not got_yes:
+                    low = nominal - _COVERAGE_BAND_SE * se
+                    high = min(1.0, nominal + _COVERAGE_BAND_SE * se)
+                    ok = ok and f"outside [{low:.3f}, {high:.3f}]" in verdict
+                cases.append([count, round(z, 4), "ck"[which], "Yes" if got_yes else "No"])
+                if not ok:
+                    wrong.append((count, z, "ck"[which], verdict))
+    assert evidence.record(
+        "coverage verdict against a band of 3 binomial standard errors",
+        f"nominal {nominal}, {seeds} seeds, counts 2.9 to 4.1 se either side of nominal",
+        {"binomial_se": se, "cases (count, z, parameter, verdict)": cases},
+        {"band_se": _COVERAGE_BAND_SE},
+        not wrong,
+    ), wrong
+
+
 def test_slope_of_an_exact_power_law():
     """slope recovers the exponents 4 and 2 of exact power laws to 1e-10."""
     steps = np.array([0.1, 0.05, 0.025, 0.0125])

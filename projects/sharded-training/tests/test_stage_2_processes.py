@@ -18,6 +18,7 @@ import json
 import socket
 import subprocess
 import sys
+from collections import Counter
 
 import jax
 import numpy as np
@@ -156,6 +157,93 @@ def test_collectives_parsed_from_hlo_text():
     assert (gather["elements"], gather["bytes"]) == ([6], 6)
 
 
+def _write_job(workdir, config: Config, fed: list[dict[str, list[int]]]) -> None:
+    """The files `launch.summarize` reads, for processes that fed `fed[p][step]`."""
+    workdir.mkdir()
+    (workdir / "config.json").write_text(config.to_json())
+    (workdir / "collectives.json").write_text(json.dumps({"collectives": []}))
+    for p, ids in enumerate(fed):
+        final = {"ids": ids, "losses": {"1": 1.0}, "digest": "same"}
+        (workdir / f"final_p{p}.json").write_text(json.dumps(final))
+
+
+def _split(batch: list[int], batch_size: int, count: int) -> list[list[int]]:
+    """Each process's block of the padded global batch (what the workers feed)."""
+    padded = batch + [data.PAD_ID] * (batch_size - len(batch))
+    per = batch_size // count
+    return [padded[p * per : (p + 1) * per] for p in range(count)]
+
+
+# Tiny config: 44 examples in batches of 16, so step 3 is 12 IDs + 4 padding rows.
+# Each case: how the fed rows of steps 1-3 are altered, and the verdict by hand
+# (True exactly when every ID of every step's batch is fed once, and nothing else).
+COVERAGE_CASES = {
+    "each process its block": (2, None, True),
+    "each process its block, 4 processes": (4, None, True),
+    "the blocks swapped between the processes": (2, "swap", True),
+    "a row fed by both processes": (2, "duplicate-across", False),
+    "both processes feed the first block, nobody the second": (2, "copy-other", False),
+    "a row fed twice by one process": (2, "duplicate-within", False),
+    "a row never fed": (2, "missing", False),
+    "a row of the padded batch never fed": (2, "missing-last", False),
+    "a row from outside the batch": (2, "outside", False),
+    "a row from another step's batch": (2, "other-step", False),
+}
+
+
+def _alter(how: str | None, fed: list[dict[str, list[int]]], batches: dict[str, list[int]]):
+    """Changes the fed rows as the case says; step 2 unless the case names step 3."""
+    a, b = fed[0]["2"], fed[1]["2"]
+    if how == "swap":
+        fed[0]["2"], fed[1]["2"] = b, a
+    elif how == "duplicate-across":
+        b[-1] = a[0]  # The batch's last row is lost, its first fed twice.
+    elif how == "copy-other":
+        fed[1]["2"] = list(a)
+    elif how == "duplicate-within":
+        a[-1] = a[0]
+    elif how == "missing":
+        b[-1] = data.PAD_ID
+    elif how == "missing-last":
+        real = [i for i, v in enumerate(fed[1]["3"]) if v != data.PAD_ID]
+        fed[1]["3"][real[-1]] = data.PAD_ID
+    elif how == "outside":
+        b[-1] = next(i for i in range(1000) if i not in batches["2"])
+    elif how == "other-step":
+        b[-1] = next(i for i in batches["1"] if i not in batches["2"])
+
+
+@pytest.mark.parametrize("case", list(COVERAGE_CASES))
+def test_summary_coverage_flag_from_constructed_ids(evidence, tmp_path, case):
+    """summarize's `ids_cover_each_batch_once` is True exactly when each batch row is fed once.
+
+    Hand-built `final_p<i>.json` files for steps 1-3 of the tiny config (step 3 a
+    padded batch): the workers' exact blocks, or the blocks swapped, give True; a
+    row fed by two processes or twice by one, a row never fed, a row from outside
+    the batch or from another step give False, although every ID fed still lies in
+    some batch."""
+    count, how, expected = COVERAGE_CASES[case]
+    config = Config.tiny()
+    batches = {str(s): data.global_ids_for_step(config, s - 1) for s in (1, 2, 3)}
+    assert [len(b) for b in batches.values()] == [16, 16, 12]
+    fed: list[dict[str, list[int]]] = [{} for _ in range(count)]
+    for step, batch in batches.items():
+        for p, rows in enumerate(_split(batch, config.batch_size, count)):
+            fed[p][step] = rows
+    _alter(how, fed, batches)
+    _write_job(tmp_path / "job", config, fed)
+    summary = launch.summarize(tmp_path / "job", count)
+    observed = {"fed_step_2": [f["2"] for f in fed], "fed_step_3": [f["3"] for f in fed]}
+    observed["ids_cover_each_batch_once"] = summary["ids_cover_each_batch_once"]
+    assert evidence.record(
+        "coverage flag of `summarize` on constructed per-process sample IDs",
+        f"{count} processes, steps 1-3 of the tiny config: {case}",
+        observed,
+        {"ids_cover_each_batch_once": expected},
+        summary["ids_cover_each_batch_once"] is expected,
+    ), observed
+
+
 @pytest.fixture(scope="module", params=MESHES, ids=lambda m: f"mesh{m[0]}x{m[1]}")
 def launched(request, tmp_path_factory):
     """A 2 x 4 job started through the CLI, as a user would."""
@@ -255,6 +343,35 @@ def test_each_process_feeds_only_its_own_rows(evidence, launched):
         passed,
     )
     del features, labels
+
+
+def test_the_run_ids_partition_every_batch_and_the_summary_agrees(evidence, launched):
+    """The recorded IDs, pooled per step, are that batch's IDs once each; summarize agrees.
+
+    Recomputed with plain Python from `final_p<i>.json`: for every step the
+    multiset of non-padding IDs the two processes fed equals the multiset of the
+    step's global batch, and no process fed an ID another one fed. The summary's
+    `ids_cover_each_batch_once` must say the same."""
+    config, workdir, finals = launched
+    steps = sorted(finals[0]["ids"], key=int)
+    partitions = {}
+    for step in steps:
+        own = [[i for i in f["ids"][step] if i != data.PAD_ID] for f in finals]
+        pooled = Counter(own[0]) + Counter(own[1])
+        batch = Counter(data.global_ids_for_step(config, int(step) - 1))
+        partitions[step] = pooled == batch and not set(own[0]) & set(own[1])
+    flag = launch.summarize(workdir, 2)["ids_cover_each_batch_once"]
+    observed = {"steps": steps, "partitions": partitions, "summary_flag": flag}
+    assert evidence.record(
+        "recorded per-process sample IDs partition every global batch; summary flag agrees",
+        f"mesh {config.mesh_shape}, 2 processes, {len(steps)} steps",
+        observed,
+        None,
+        steps == [str(s) for s in range(1, config.num_steps + 1)]
+        and all(partitions.values())
+        and all(sorted(f["ids"]) == sorted(finals[0]["ids"]) for f in finals)
+        and flag is True,
+    ), observed
 
 
 def test_gradient_all_reduce_matches_parameter_shards(evidence, launched):

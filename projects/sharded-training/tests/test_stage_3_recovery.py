@@ -253,6 +253,107 @@ def test_a_step_of_another_config_names_both_digests_and_the_field(local_checkpo
         checkpoint.check_step(local_checkpoints, step, CONFIG, 2, True)
 
 
+# One other valid value per field of `Config`, every other field as in CONFIG. The
+# digest is "sha256 of the canonical JSON form" (`Config.digest`): every field.
+CONFIG_CHANGES = {
+    "seed": 1,
+    "data_seed": 2,
+    "num_examples": 45,
+    "num_features": 17,
+    "hidden_size": 64,
+    "num_classes": 5,
+    "dropout_rate": 0.2,
+    "learning_rate": 0.02,
+    "batch_size": 24,
+    "num_steps": 13,
+    "mesh_shape": (4, 2),
+    "checkpoint_every": 4,
+    "max_to_keep": 4,
+    "heartbeat_timeout_s": 11,
+}
+
+
+def test_the_config_changes_name_every_field():
+    """CONFIG_CHANGES has one case for every field of Config, and each is another value."""
+    assert sorted(CONFIG_CHANGES) == sorted(Config.model_fields)
+    assert all(getattr(CONFIG, k) != v for k, v in CONFIG_CHANGES.items())
+
+
+@pytest.mark.parametrize("field", ["nothing", *CONFIG_CHANGES])
+def test_the_config_digest_changes_when_any_one_field_changes(evidence, field):
+    """Config.digest differs when any one field alone differs; equal for an equal config.
+
+    The other config is validated from CONFIG's fields with the one field replaced
+    (`nothing`: none replaced, and also read back from CONFIG's JSON). A checkpoint
+    records the digest, so a field the digest left out would let a run of another
+    config resume it. Expected by hand: equal digests exactly when nothing differs."""
+    fields = CONFIG.model_dump()
+    if field != "nothing":
+        fields[field] = CONFIG_CHANGES[field]
+    other = Config.model_validate(fields)
+    digests_equal = other.digest() == CONFIG.digest()
+    expected_equal = field == "nothing"
+    if expected_equal:
+        digests_equal &= Config.from_json(CONFIG.to_json()).digest() == CONFIG.digest()
+    observed = {
+        "field": field,
+        "ours": getattr(CONFIG, field, None),
+        "theirs": getattr(other, field, None),
+        "differing_fields": sorted(k for k in fields if getattr(other, k) != getattr(CONFIG, k)),
+        "digests_equal": digests_equal,
+    }
+    assert evidence.record(
+        "config digest of two configs differing in at most one field",
+        f"differs: {field}",
+        observed,
+        {"digests_equal": expected_equal},
+        digests_equal == expected_equal
+        and observed["differing_fields"] == ([] if expected_equal else [field]),
+    ), observed
+
+
+def test_a_run_with_another_data_seed_is_refused_the_checkpoint(
+    evidence, local_checkpoints, tmp_path
+):
+    """train.run with only `data_seed` changed refuses the checkpoint; the same config resumes.
+
+    `data_seed` decides the data set and Grain's shuffle, so a checkpoint of one
+    data seed is not a point of a run with another: `train.run` (what `train` and
+    every worker call) raises CheckpointError naming `data_seed` with both values
+    and moves no step aside; the unchanged config then resumes the newest step."""
+    workdir = tmp_path / "job"
+    shutil.copytree(local_checkpoints, workdir / "checkpoints")
+    steps = checkpoint.committed_steps(workdir / "checkpoints")
+    other = CONFIG.model_copy(update={"data_seed": CONFIG.data_seed + 1})
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        train.run(other, workdir)
+    message = str(err.value)
+    kept = checkpoint.committed_steps(workdir / "checkpoints")
+    resumed = train.run(CONFIG, workdir)
+    observed = {
+        "message": message,
+        "steps_before": steps,
+        "steps_after_refusal": kept,
+        "rejected_dir": (workdir / "rejected").exists(),
+        "same_config_restored_step": resumed["restored_step"],
+        "same_config_losses": resumed["losses"],
+    }
+    assert evidence.record(
+        "a relaunch differing only in data_seed is refused; the same config resumes",
+        f"data_seed {CONFIG.data_seed} in the checkpoint vs {other.data_seed} in the run",
+        observed,
+        None,
+        "written by another config" in message
+        and f"`data_seed` {CONFIG.data_seed} there vs {other.data_seed} here" in message
+        and CONFIG.digest()[:12] in message
+        and other.digest()[:12] in message
+        and kept == steps
+        and not observed["rejected_dir"]
+        and resumed["restored_step"] == CONFIG.num_steps == steps[0]
+        and resumed["losses"] == {},
+    ), observed
+
+
 def test_saves_are_written_in_the_background(evidence, tmp_path):
     """checkpoint.manager's save returns before Orbax finalizes the step on another thread.
 

@@ -481,6 +481,90 @@ def test_reload_fails_a_transposed_square_kernel(evidence, run_dir, tmp_path):
     ), result.output
 
 
+def _transpose_orbax_fc2(folder: Path, arch: Arch) -> None:
+    """Rewrites the Orbax checkpoint at `folder` with fc2.kernel transposed: a checkpoint that
+    loads (digests recorded anew, shapes and dtypes the model's) but holds wrong values."""
+    arrays = checkpoint.flat_arrays(checkpoint.load_orbax(folder, arch))
+    arrays["fc2.kernel"] = np.ascontiguousarray(arrays["fc2.kernel"].T)
+    damaged = model.abstract_model(arch)
+    checkpoint.fill(damaged, arrays)
+    checkpoint.save_orbax(damaged, folder)
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [(), ("orbax",), ("safetensors",), ("safetensors", "orbax")],
+    ids=["neither", "orbax-only", "safetensors-only", "both"],
+)
+def test_reload_passes_only_when_both_artifacts_pass(evidence, run_dir, tmp_path, damaged):
+    """reload passes (exit 0) iff both artifacts pass; either one's transposed fc2 kernel alone
+    fails it (exit 1), and each artifact's verdict is its own.
+
+    The damaged artifact holds fc2.kernel transposed (square, so it still loads
+    with the model's shapes); its logits then miss the reference by far more
+    than the bound, while the intact artifact's stay within it with every
+    prediction the source's."""
+    arch = Arch()
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "reload.json").unlink(missing_ok=True)
+    if "safetensors" in damaged:
+        _rewrite(run / "converted.safetensors", "fc2.kernel", lambda a: np.ascontiguousarray(a.T))
+    if "orbax" in damaged:
+        _transpose_orbax_fc2(run / "orbax", arch)
+    # the damage is what it claims: only fc2.kernel of the damaged artifacts differs, transposed
+    intact = checkpoint.flat_arrays(checkpoint.load_orbax(run_dir / "orbax", arch))
+    loaded = {
+        "safetensors": checkpoint.flat_arrays(
+            checkpoint.load_safetensors(run / "converted.safetensors", arch)
+        ),
+        "orbax": checkpoint.flat_arrays(checkpoint.load_orbax(run / "orbax", arch)),
+    }
+    for name, arrays in loaded.items():
+        assert sorted(arrays) == sorted(intact), name
+        changed = sorted(k for k in intact if arrays[k].tobytes() != intact[k].tobytes())
+        assert changed == (["fc2.kernel"] if name in damaged else []), name
+        if name in damaged:
+            assert np.array_equal(arrays["fc2.kernel"], intact["fc2.kernel"].T), name
+    expected = {name: name not in damaged for name in ("safetensors", "orbax")}
+    expected_passed = expected["safetensors"] and expected["orbax"]  # both artifacts, or fail
+    expected_exit = 0 if expected_passed else 1
+    result = CliRunner().invoke(main, ["reload", str(run)])
+    report = json.loads((run / "reload.json").read_text())
+    bound = report["tolerance"]
+    examples = report["held_out_examples"]
+    observed = {
+        "exit": result.exit_code,
+        "passed": report["passed"],
+        **{
+            name: {
+                k: report[name][k]
+                for k in ("passed", "max_abs_logit_error", "identical_predictions")
+            }
+            for name in expected
+        },
+    }
+    ok = (
+        result.exit_code == expected_exit
+        and report["passed"] is expected_passed
+        and f"reload: {'PASS' if expected_passed else 'FAIL'}" in result.output
+    )
+    for name, verdict in expected.items():
+        r = report[name]
+        ok = ok and r["passed"] is verdict
+        if verdict:  # within the bound, every held-out prediction the source's
+            ok = ok and r["max_abs_logit_error"] <= bound and r["identical_predictions"] == examples
+        else:  # failed on the logits themselves, far beyond the bound
+            ok = ok and r["max_abs_logit_error"] > 100 * bound
+    assert evidence.record(
+        "reload passes iff both artifacts pass; exit 0 or 1 with it; each verdict its own",
+        f"fc2.kernel transposed in: {', '.join(damaged) or 'neither'}",
+        observed,
+        {"tolerance": bound, "examples": examples},
+        ok,
+    ), (observed, result.output)
+
+
 def test_orbax_digest_record_gates_the_checkpoint(run_dir, tmp_path):
     """load_orbax refuses a checkpoint whose digest record is absent, bad or unmatched, naming it.
 

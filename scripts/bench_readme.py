@@ -119,7 +119,7 @@ def render(project: Path) -> str:
     ]
 
     def cpu_of(path: Path) -> str:
-        label = next(iter(_cpu_groups([path])))
+        label = cpu_label(json.loads(path.read_text()).get("host"))
         known = label in letter and label != cpu_label(None)
         return f"CPU {letter[label]}" if known else label
 

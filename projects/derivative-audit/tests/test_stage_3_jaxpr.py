@@ -1120,3 +1120,28 @@ def test_every_random_primitive_is_refused_whoever_made_the_key(evidence, fn, ke
         {"drawn": sorted(drawn)},
         named == drawn and relaxed.accepted,
     ), (named, drawn)
+
+
+def _through_complex128(x):
+    return (x.astype(jnp.complex128) * 2).real.astype(jnp.float32)
+
+
+def test_complex128_is_refused_under_a_float32_policy_like_float64(evidence):
+    """A complex128 value (64-bit float parts) is wide under a float32 policy: the cast into it
+    and the product are each refused by name; with no float policy neither is."""
+    wide = {
+        f.reason.split("`")[1]
+        for f in jaxpr_audit.audit(_through_complex128, (X4,), F32).findings
+        if f.rule == "dtype-policy" and "`complex128" in f.reason
+    }
+    relaxed = jaxpr_audit.audit(
+        _through_complex128, (X4,), jaxpr_audit.Policy(float_dtype=None)
+    ).findings
+    assert evidence.record(
+        "complex128 refused under a float32 policy",
+        "float32 -> complex128 -> real -> float32",
+        {"refused": sorted(wide), "relaxed_rules": sorted({f.rule for f in relaxed})},
+        {"refused": ["convert_element_type", "mul"]},
+        wide == {"convert_element_type", "mul"}
+        and not any(f.rule == "dtype-policy" for f in relaxed),
+    ), (wide, relaxed)

@@ -1,5 +1,5 @@
 """The error bounds of `kernel_audit.reference`, written out again from their documented
-formulas in plain Python (loops over float64 values), for the stage-2 tests to compare against.
+formulas in plain Python (loops over float64 values), for the stage tests to compare against.
 
 Nothing here reads the library's constants: the unit roundoff comes from each dtype's own
 description (eps / 2) and the layer norm's epsilon is the documented 1e-5.
@@ -44,7 +44,8 @@ def _gelu_prime(z: float) -> float:
     return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
 
 
-def _act(z: float, activation: str) -> float:
+def act(z: float, activation: str) -> float:
+    """none, relu and the tanh form of gelu, in float64."""
     return {"none": z, "relu": max(z, 0.0), "gelu": _gelu(z)}[activation]
 
 
@@ -75,7 +76,7 @@ def matmul_bound_loop(x, w, b, activation: str, dtype: str) -> np.ndarray:
     out = np.zeros((len(x), len(b)))
     for i in range(len(x)):
         for j in range(len(b)):
-            y = _act(z[i][j], activation)
+            y = act(z[i][j], activation)
             err = e_z[i][j]
             if activation == "gelu":
                 err = 1.13 * err + 8 * U32 * (abs(z[i][j]) + abs(y))

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from bound_formulas import act, layer_norm_bound_loop, matmul_bound_loop
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,68 +39,6 @@ def matmul_inputs(seed: int, m: int, k: int, n: int, dtype: str):
 def row_inputs(seed: int, rows: int, cols: int, dtype: str):
     key = data.case_key(seed, "stage1-rows", rows, cols, dtype)
     return data.layer_norm_operands(key, rows, cols, kernels.DTYPES[dtype])
-
-
-# --- The error bounds, element by element in plain Python (the documented formulas) ---
-
-U32 = 2.0**-24  # unit roundoff of float32: half of 2**-23
-U_OUT = {"float32": 2.0**-24, "bfloat16": 2.0**-8}  # bfloat16 keeps 8 significand bits
-
-
-def _gamma(n: int, u: float) -> float:
-    return math.inf if n * u >= 1 else n * u / (1 - n * u)
-
-
-def _gelu(z: float) -> float:
-    return 0.5 * z * (1 + math.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
-
-
-def _act(z: float, activation: str) -> float:
-    return {"none": z, "relu": max(z, 0.0), "gelu": _gelu(z)}[activation]
-
-
-def _matmul_bound_loop(x, w, b, activation, dtype):
-    """gamma_{K+1} (sum_k |x_ik w_kj| + |b_j|) before the activation; gelu multiplies
-    it by its Lipschitz constant 1.13 and adds 8 float32 roundings of |z| + |y|; the
-    cast to `dtype` adds u_out (|y| + that error)."""
-    m, k = x.shape
-    n = w.shape[1]
-    out = np.zeros((m, n))
-    for i in range(m):
-        for j in range(n):
-            mag = sum(abs(float(x[i, t]) * float(w[t, j])) for t in range(k)) + abs(float(b[j]))
-            z = sum(float(x[i, t]) * float(w[t, j]) for t in range(k)) + float(b[j])
-            y = _act(z, activation)
-            err = _gamma(k + 1, U32) * mag
-            if activation == "gelu":
-                err = 1.13 * err + 8 * U32 * (abs(z) + abs(y))
-            out[i, j] = err + U_OUT[dtype] * (abs(y) + err)
-    return out
-
-
-def _layer_norm_bound_loop(x, g, b, dtype):
-    """Row by row, the docstring's propagation (eps = 1e-5), doubled."""
-    rows, c = x.shape
-    out = np.zeros((rows, c))
-    u = U32
-    for i in range(rows):
-        row = [float(v) for v in x[i]]
-        mean = sum(row) / c
-        d = [v - mean for v in row]
-        var = sum(v * v for v in d) / c
-        r = 1 / math.sqrt(var + 1e-5)
-        e_mu = _gamma(c + 1, u) * sum(abs(v) for v in row) / c
-        e_d = e_mu + u * max(abs(v) for v in d)
-        e_var = 2 * (sum(abs(v) for v in d) / c) * e_d + e_d**2 + _gamma(c + 2, u) * var
-        rel_r = e_var / (2 * (var + 1e-5)) + 2 * u
-        for j in range(c):
-            gj, bj = float(g[j]), float(b[j])
-            first = abs(gj) * (e_d * r + abs(d[j]) * r * rel_r) + 3 * u * (
-                abs(d[j]) * r * abs(gj) + abs(bj)
-            )
-            y = d[j] * r * gj + bj
-            out[i, j] = 2 * first + U_OUT[dtype] * (abs(y) + 2 * first)
-    return out
 
 
 def _operands(seed: int, shapes, dtype: str, scale: float):
@@ -125,7 +64,7 @@ def test_matmul_bound_equals_its_formula_element_by_element(
     hypothesis cases."""
     x, w, b = _operands(seed, [(m, k), (k, n), (n,)], dtype, scale)
     got = reference.matmul_error_bound(x, w, b, activation, dtype)
-    expected = _matmul_bound_loop(x, w, b, activation, dtype)
+    expected = matmul_bound_loop(x, w, b, activation, dtype)
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=0)
 
 
@@ -146,7 +85,7 @@ def test_layer_norm_bound_equals_its_formula_element_by_element(
     x, g, b = _operands(seed, [(rows, cols), (cols,), (cols,)], dtype, 1.0)
     x = np.asarray(jnp.asarray(level + spread * x.astype(np.float32), kernels.DTYPES[dtype]))
     got = reference.layer_norm_error_bound(x, g, b, dtype)
-    expected = _layer_norm_bound_loop(x, g, b, dtype)
+    expected = layer_norm_bound_loop(x, g, b, dtype)
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=0)
 
 
@@ -176,7 +115,7 @@ def test_epilogue_activation_against_float64(activation):
     is refused."""
     z = np.concatenate([np.linspace(-6, 6, 97), [0.0, -0.0, 1e-30, -1e-30]]).astype(np.float32)
     got = np.asarray(kernels.activate(jnp.asarray(z), activation), dtype=np.float64)
-    expected = np.array([_act(float(v), activation) for v in z])
+    expected = np.array([act(float(v), activation) for v in z])
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     if activation == "relu":
         assert np.array_equal(got, np.maximum(z, 0).astype(np.float64))

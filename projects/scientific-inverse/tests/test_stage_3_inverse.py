@@ -92,6 +92,11 @@ def test_coverage_summary_counts_each_parameter_over_seeds():
     np.testing.assert_allclose(got["z_std"], z.std(axis=0), rtol=1e-12)
     np.testing.assert_allclose(got["mean_se"], se.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(got["estimate_std"], theta.std(axis=0), rtol=1e-12)
+    # The standard error is the nominal level's, whatever rate the seeds reached: at a
+    # nominal 0.9 the rate stays 0.8 and the se is sqrt(0.9 x 0.1 / 5), not 0.8's.
+    other = train.coverage_summary(fits, lap, truth, 0.9)
+    assert other["rate"] == [0.8, 0.8] and other["nominal"] == 0.9
+    assert other["binomial_se"] == pytest.approx(math.sqrt(0.9 * 0.1 / 5), rel=1e-12)
 
 
 # The band stated by `report.coverage_verdict`'s docstring and its verdict text:

@@ -21,11 +21,13 @@ stage with more mutants than `SAMPLE` is scored on a random sample of
 `SAMPLE`, drawn with a seed made from the project and stage ids.
 
 `stage_hash` is the identity of what a report scored: the code of the
-target files, the stage's test files and the project's `tests/conftest.py`
-(their syntax trees without docstrings, so a comment or a docstring edit does
-not change it, while any change to what runs does), and the stage's part of
-`mutation.toml` (its targets and its declared equivalents). A report whose
-hash differs from the code on disk is stale.
+target files, the stage's test files, the project's `tests/conftest.py` and
+the helper modules of `tests/` those reach (`helper_modules`: imported, or run
+by file name, directly or through another helper), as syntax trees without
+docstrings, so a comment or a docstring edit does not change it, while any
+change to what runs does; and the stage's part of `mutation.toml` (its
+targets and its declared equivalents). A report whose hash differs from the
+code on disk is stale.
 """
 
 from __future__ import annotations
@@ -333,9 +335,45 @@ def stage_config(project: Path, stage: str) -> bytes:
     return json.dumps(mine, sort_keys=True).encode()
 
 
+def _named_helpers(text: str, helpers: set[str]) -> set[str]:
+    """The helper module names (stems of `tests/*.py`) a file imports as a top-level
+    module or names as a file, `"<stem>.py"`, in a string (a script run in a subprocess)."""
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found |= {h for h in helpers if f"{h}.py" in node.value}
+    return found & helpers
+
+
+def helper_modules(project: Path, roots: list[str]) -> set[str]:
+    """The helper modules in `tests/` (files that are neither `test_*.py` nor
+    `conftest.py`) that the files ``roots`` reach, transitively: a change to one
+    changes what those tests check. Paths relative to ``project``."""
+    folder = project / "tests"
+    helpers = {p.stem for p in folder.glob("*.py") if not p.name.startswith("test_")} - {
+        "conftest",
+        "__init__",
+    }
+    reached: set[str] = set()
+    pending = [project / r for r in roots]
+    while pending:
+        path = pending.pop()
+        if not path.is_file():
+            continue
+        for name in _named_helpers(path.read_text(encoding="utf-8"), helpers) - reached:
+            reached.add(name)
+            pending.append(folder / f"{name}.py")
+    return {f"tests/{name}.py" for name in reached}
+
+
 def stage_hash(project: Path, stage: str, tests: list[str], targets: list[Target]) -> str:
     """sha256 over what the stage's score depends on (module docstring)."""
-    paths = sorted({t.path for t in targets} | set(tests) | {"tests/conftest.py"})
+    roots = sorted(set(tests) | {"tests/conftest.py"})
+    paths = sorted({t.path for t in targets} | set(roots) | helper_modules(project, roots))
     digest = hashlib.sha256(f"stage {stage}\n".encode())
     digest.update(b"config\n" + stage_config(project, stage))
     for rel in paths:

@@ -138,6 +138,49 @@ def test_a_report_goes_stale_when_a_covered_file_changes_and_only_then(toy: Path
     assert third["2"] != second["2"] and third["1"] == second["1"], "stage 2's entry only"
 
 
+def test_a_helper_module_the_tests_reach_is_covered_and_no_other(toy: Path):
+    """A helper in tests/ imported by a stage's test, one run by file name from a
+    helper it imports (a subprocess script) and one that nothing reaches: editing
+    either of the first two stales stage 2 only; the third changes nothing."""
+
+    def hashes() -> dict[str, str]:
+        return {
+            s: mutants.stage_hash(toy, s, stage_tests(toy, s), mutants.stage_targets(toy, s))
+            for s in ("1", "2")
+        }
+
+    tests = toy / "tests"
+    (tests / "expected.py").write_text(
+        "from pathlib import Path\n\nMEAN = 3.0\nSCRIPT = Path(__file__).with_name('worker.py')\n",
+        encoding="utf-8",
+    )
+    (tests / "worker.py").write_text("print(3.0)\n", encoding="utf-8")
+    (tests / "unused.py").write_text("VALUE = 1\n", encoding="utf-8")
+    edit(
+        tests / "test_stage_2_mean.py",
+        "from toy_project",
+        "from expected import MEAN\nfrom toy_project",
+    )
+    assert mutants.helper_modules(toy, stage_tests(toy, "2")) == {
+        "tests/expected.py",
+        "tests/worker.py",
+    }
+    assert mutants.helper_modules(toy, stage_tests(toy, "1")) == set()
+    first = hashes()
+    for helper, old, new in [
+        ("expected.py", "MEAN = 3.0", "MEAN = 3.5"),
+        ("worker.py", "print(3.0)", "print(3.5)"),
+    ]:
+        before = hashes()
+        edit(tests / helper, old, new)
+        after = hashes()
+        assert after["2"] != before["2"] and after["1"] == before["1"], helper
+    edited = hashes()
+    assert edited["2"] != first["2"]
+    (tests / "unused.py").write_text("VALUE = 2\n", encoding="utf-8")
+    assert hashes() == edited, "a helper no test reaches is no stage's identity"
+
+
 def test_the_rerun_of_reported_kills_fails_on_one_that_does_not_reproduce(
     toy: Path, tmp_path: Path
 ):

@@ -1145,3 +1145,40 @@ def test_complex128_is_refused_under_a_float32_policy_like_float64(evidence):
         wide == {"convert_element_type", "mul"}
         and not any(f.rule == "dtype-policy" for f in relaxed),
     ), (wide, relaxed)
+
+
+def _sort_by(keys_dtype, payload_dtype):
+    """A two-operand sort whose keys and payload are cast in: its equation has two outputs."""
+
+    def fn(x):
+        keys, payload = jax.lax.sort((x.astype(keys_dtype), x.astype(payload_dtype)), num_keys=1)
+        return keys.astype(jnp.float32) + payload.astype(jnp.float32)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("keys_dtype", "payload_dtype", "sort_refused"),
+    [
+        (jnp.float32, jnp.float32, False),
+        (jnp.float64, jnp.float32, True),
+        (jnp.float32, jnp.float64, True),
+    ],
+    ids=["both-float32", "wide-first-output", "wide-second-output"],
+)
+def test_a_wide_dtype_in_any_output_of_an_equation_is_refused(
+    evidence, keys_dtype, payload_dtype, sort_refused
+):
+    """Under a float32 policy `sort` is refused whichever of its two outputs is float64, and
+    accepted when both are float32 (the control)."""
+    findings = jaxpr_audit.audit(_sort_by(keys_dtype, payload_dtype), (X4,), F32).findings
+    refused = sorted({f.primitive for f in findings if f.rule == "dtype-policy"})
+    observed = {"refused": refused}
+    ok = ("sort" in refused) is sort_refused
+    assert evidence.record(
+        "a float64 output refused wherever it sits among an equation's outputs",
+        f"sort keys {jnp.dtype(keys_dtype).name}, payload {jnp.dtype(payload_dtype).name}",
+        observed,
+        {"sort_refused": sort_refused},
+        ok,
+    ), observed

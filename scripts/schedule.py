@@ -47,10 +47,22 @@ class Done:
     started: float  # Seconds since the schedule began.
 
 
+def scratch_tmp(cache_dir: Path) -> Path:
+    """The temporary folder of the check runs that use ``cache_dir``: beside it, in
+    the folder the caller removes when its runs end."""
+    return cache_dir.parent / "tmp"
+
+
 def warm_env(cache_dir: Path) -> dict[str, str]:
     """The environment a warm server starts with: what JAX reads at import."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
+    # A forked run ends in `os._exit` (or is killed at its timeout), so `atexit`
+    # clean-up such as a `TemporaryDirectory` made at import never runs: what a
+    # run leaves in its temporary folder is removed with the caller's folder.
+    tmp = scratch_tmp(cache_dir)
+    tmp.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
     # Cache every program, not only those over JAX's default 1 s of compile:

@@ -7,7 +7,8 @@ jobs on it with one warm pytest server: a broken stage breaks its step, a stage
 test that reaches a later region breaks the earlier step, a bug is caught, a
 bug no test sees survives, a bug that breaks the import is broken, and a copy
 whose package is imported from elsewhere is refused. The server itself refuses
-to fork once a JAX backend runs, and kills a run past its timeout.
+to fork once a JAX backend runs, kills a run past its timeout, and keeps what a run
+leaves in its temporary folder inside the caller's scratch folder.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -25,7 +27,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import learner  # noqa: E402
 import seeded_bugs  # noqa: E402
-from schedule import Job, Worker, run_jobs  # noqa: E402
+from schedule import Job, Worker, run_jobs, scratch_tmp  # noqa: E402
 from scratch import run_pytest  # noqa: E402
 from warm_runner import TIMED_OUT, WRONG_IMPORT  # noqa: E402
 
@@ -193,6 +195,30 @@ def test_a_run_past_its_timeout_is_killed_with_its_children(toy: Path, worker: W
     # The grandchild was in the run's process group and died with it.
     subprocess.run([sys.executable, "-c", "import time; time.sleep(4)"], check=True)
     assert not marker.exists()
+
+
+def test_what_a_forked_run_leaves_in_its_temporary_folder_stays_in_the_scratch_folder(
+    toy: Path, worker: Worker
+):
+    # A conftest-style `TemporaryDirectory` made at import: its `atexit` clean-up
+    # never runs in a forked child, which ends in `os._exit`.
+    (toy / "tests/test_stage_1_sum.py").write_text(
+        textwrap.dedent(
+            """
+            import tempfile
+            PROBE = tempfile.TemporaryDirectory(prefix="leak-probe-")
+
+            def test_makes_a_folder():
+                assert PROBE.name
+            """
+        )
+    )
+    system_tmp = Path(tempfile.gettempdir())
+    before = set(system_tmp.glob("leak-probe-*"))
+    done = run_pytest(toy, ["tests/test_stage_1_sum.py"], worker.cache_dir, runner=worker.runner)
+    assert done.code == 0, done.output
+    assert set(system_tmp.glob("leak-probe-*")) == before
+    assert len(list(scratch_tmp(worker.cache_dir).glob("leak-probe-*"))) == 1
 
 
 def test_the_warm_server_refuses_to_fork_once_a_backend_runs():

@@ -13,6 +13,7 @@ import json
 
 import numpy as np
 import pytest
+from sklearn.datasets import load_digits
 from sklearn.metrics import accuracy_score, confusion_matrix, recall_score
 
 from engineering_release import checkpoint, data, evaluation, model, store
@@ -381,6 +382,44 @@ def test_verify_refuses_ids_counts_and_metric_sets(evaluated_store, how, message
     assert str(info.value) == message.format(
         n=n, short=n - 1, extra=n + 1, without=without, every=every
     )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    "how", ["first-two-swapped", "last-two-swapped", "reversed", "class-shuffled", "id-repeated"]
+)
+def test_verify_refuses_ids_out_of_held_out_order(evaluated_store, seed, how):
+    """verify_report refuses the held-out ids reordered (or one repeated), for both models, by the
+    documented rule: the held-out set's ids, in its ascending order; the untouched report passes.
+
+    Swaps at either end and an extra copy of one id change the ids alone; `reversed` and
+    `class-shuffled` move each prediction with its id, the latter within each true class
+    (labels from scikit-learn), so scikit-learn's confusion matrix, hence every stored
+    metric, still matches. The set of ids is unchanged in every case, so only an in-order
+    comparison refuses these."""
+    _, models, reports = evaluated_store
+    report = copy.deepcopy(reports[seed][1])
+    evaluation.verify_report(report, model_id=models[seed], policy=Policy())
+    ids, predictions = report["ids"], report["predictions"]
+    assert all(a < b for a, b in zip(ids, ids[1:], strict=False))  # Documented: ascending.
+    order = np.arange(len(ids))[::-1] if how == "reversed" else np.arange(len(ids))
+    if how == "class-shuffled":
+        labels, rng = load_digits().target[ids], np.random.default_rng(seed)
+        for c in range(data.NUM_CLASSES):
+            order[labels == c] = rng.permutation(np.flatnonzero(labels == c))
+        shuffled = [predictions[i] for i in order]
+        assert confusion_matrix(labels, shuffled).tolist() == report["metrics"]["confusion"]
+    report["ids"], report["predictions"] = [ids[i] for i in order], [predictions[i] for i in order]
+    if how == "first-two-swapped":
+        report["ids"][:2] = ids[1::-1]
+    elif how == "last-two-swapped":
+        report["ids"][-2:] = ids[:-3:-1]
+    elif how == "id-repeated":  # One extra copy of an id: the same set, one id too many.
+        report["ids"].insert(1, ids[0])
+    assert report["ids"] != reports[seed][1]["ids"]
+    with pytest.raises(evaluation.EvaluationMismatch) as info:
+        evaluation.verify_report(report, model_id=models[seed], policy=Policy())
+    assert str(info.value) == "The report's sample IDs are not the held-out set's."
 
 
 def test_rerun_counts_the_predictions_that_change(evaluated_store):

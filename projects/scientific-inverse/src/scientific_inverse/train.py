@@ -345,8 +345,10 @@ def fit_and_evaluate(
         for name, pred in predictions.items()
         if name != "short"
     }
-    # The short-window fit predicting the long window it never saw (extrapolation).
-    beyond = obs.ts > config.short_window
+    # The short-window fit predicting the long window it never saw (extrapolation):
+    # the times its data were padded to, not `ts > short_window`, whose float
+    # comparison counts the last seen time (0.1 * 12 > 1.2) as unseen.
+    beyond = np.isnan(short_obs.x)
     out["prediction_error"]["short_window_extrapolation_rmse_vs_truth"] = _rmse(
         predictions["short"][beyond], obs.x_true[beyond]
     )

@@ -62,6 +62,12 @@ def warm_env(cache_dir: Path) -> dict[str, str]:
     # run leaves in its temporary folder is removed with the caller's folder.
     tmp = scratch_tmp(cache_dir)
     tmp.mkdir(parents=True, exist_ok=True)
+    # Open to every account, as the system temporary folder is: some tests start
+    # a server under another one (PostgreSQL's initdb runs as `postgres`) in a
+    # folder made here, so this folder is world-writable with the sticky bit and
+    # the caller's private folder above it lets other accounts pass through.
+    tmp.chmod(0o1777)
+    tmp.parent.chmod(tmp.parent.stat().st_mode | 0o111)
     env["TMPDIR"] = str(tmp)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)

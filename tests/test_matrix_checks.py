@@ -14,6 +14,7 @@ leaves in its temporary folder inside the caller's scratch folder.
 from __future__ import annotations
 
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -219,6 +220,11 @@ def test_what_a_forked_run_leaves_in_its_temporary_folder_stays_in_the_scratch_f
     assert done.code == 0, done.output
     assert set(system_tmp.glob("leak-probe-*")) == before
     assert len(list(scratch_tmp(worker.cache_dir).glob("leak-probe-*"))) == 1
+    # Other accounts can pass through to it and make their own folders there, as
+    # in the system temporary folder (a server started as `postgres` does).
+    tmp = scratch_tmp(worker.cache_dir)
+    assert stat.S_IMODE(tmp.stat().st_mode) == 0o1777
+    assert stat.S_IMODE(tmp.parent.stat().st_mode) & 0o111 == 0o111
 
 
 def test_the_warm_server_refuses_to_fork_once_a_backend_runs():

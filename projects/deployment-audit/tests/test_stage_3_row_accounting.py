@@ -35,17 +35,43 @@ class _EchoModel:
         return np.asarray(x[:, :10], np.float32)
 
 
-def _run_waves(max_queue_rows: int, waves: list[list[int]]) -> list[dict]:
-    """Submits each wave of requests (sizes in rows; request k of the whole run
-    holds the value k) at once into the batcher, waits until the wave is
-    answered, and returns per wave: each request's answer ("503" or its values),
-    the wave's batches as (rows, requests) and `queued_rows` afterwards."""
-    config = ServeConfig(
+def _config(max_queue_rows: int) -> ServeConfig:
+    return ServeConfig(
         max_batch_size=MAX_BATCH,
         batch_timeout_ms=1.0,
         max_queue_rows=max_queue_rows,
         max_rows_per_request=MAX_BATCH,
     )
+
+
+async def _answers(tasks: list[asyncio.Task], runner: asyncio.Task) -> list:
+    """Every request's answer, in order: "503" for a full queue, else the sorted
+    values of its rows. Waits up to GUARD_S; raises the error that stopped the
+    batcher, or any refusal other than a full queue."""
+    answers = asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.wait({answers, runner}, timeout=GUARD_S, return_when="FIRST_COMPLETED")
+    if runner.done():
+        runner.result()  # Raises the error that stopped the batcher.
+        raise AssertionError("the batcher stopped with requests unanswered")
+    if not answers.done():
+        raise AssertionError(f"the batcher left requests unanswered for {GUARD_S:g} s")
+    got = []
+    for g in answers.result():
+        if isinstance(g, serve.Overloaded):
+            got.append("503")
+        elif isinstance(g, BaseException):
+            raise g  # Only a full queue may refuse a request.
+        else:
+            got.append(sorted({float(v) for v in np.ravel(g)}))
+    return got
+
+
+def _run_waves(max_queue_rows: int, waves: list[list[int]]) -> list[dict]:
+    """Submits each wave of requests (sizes in rows; request k of the whole run
+    holds the value k) at once into the batcher, waits until the wave is
+    answered, and returns per wave: each request's answer ("503" or its values),
+    the wave's batches as (rows, requests) and `queued_rows` afterwards."""
+    config = _config(max_queue_rows)
 
     async def scenario():
         stats = serve.Stats()
@@ -60,21 +86,7 @@ def _run_waves(max_queue_rows: int, waves: list[list[int]]) -> list[dict]:
                 x = np.full((n, data.NUM_FEATURES), k, np.float32)
                 tasks.append(asyncio.create_task(batcher.submit(x)))
                 k += 1
-            answers = asyncio.gather(*tasks, return_exceptions=True)
-            await asyncio.wait({answers, runner}, timeout=GUARD_S, return_when="FIRST_COMPLETED")
-            if runner.done():
-                runner.result()  # Raises the error that stopped the batcher.
-                raise AssertionError("the batcher stopped with requests unanswered")
-            if not answers.done():
-                raise AssertionError(f"the batcher left requests unanswered for {GUARD_S:g} s")
-            got = []
-            for g in answers.result():
-                if isinstance(g, serve.Overloaded):
-                    got.append("503")
-                elif isinstance(g, BaseException):
-                    raise g  # Only a full queue may refuse a request.
-                else:
-                    got.append(sorted({float(v) for v in np.ravel(g)}))
+            got = await _answers(tasks, runner)
             seen.append(
                 {
                     "answers": got,
@@ -162,12 +174,7 @@ def _run_with_a_batch_held(max_queue_rows: int, first: list[int], during: list[i
     """Submits `first` at once, holds the model inside the first batch, submits
     `during` while it runs, then releases it; returns every request's answer
     (`first` then `during`, request k holding the value k) and all batches."""
-    config = ServeConfig(
-        max_batch_size=MAX_BATCH,
-        batch_timeout_ms=1.0,
-        max_queue_rows=max_queue_rows,
-        max_rows_per_request=MAX_BATCH,
-    )
+    config = _config(max_queue_rows)
 
     async def scenario():
         stats, model = serve.Stats(), _HeldModel()
@@ -202,21 +209,7 @@ def _run_with_a_batch_held(max_queue_rows: int, first: list[int], during: list[i
         finally:
             model.called.set()  # Frees the waiting thread, whatever happened.
             model.release.set()
-        answers = asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.wait({answers, runner}, timeout=GUARD_S, return_when="FIRST_COMPLETED")
-        if runner.done():
-            runner.result()
-            raise AssertionError("the batcher stopped with requests unanswered")
-        if not answers.done():
-            raise AssertionError(f"the batcher left requests unanswered for {GUARD_S:g} s")
-        got = []
-        for g in answers.result():
-            if isinstance(g, serve.Overloaded):
-                got.append("503")
-            elif isinstance(g, BaseException):
-                raise g
-            else:
-                got.append(sorted({float(v) for v in np.ravel(g)}))
+        got = await _answers(tasks, runner)
         runner.cancel()
         return {
             "answers": got,

@@ -431,6 +431,17 @@ def test_outputs_and_bench_shape(report):
         assert m["n"] == len(m["times_s"]) == BENCH_ROUNDS, m
         assert 0 < m["min_s"] <= m["median_s"] <= m["p90_s"] <= m["max_s"], m
         assert m["compile_s"] > 0
+        # The summary figures from its own rounds, by hand: the ends of the sorted
+        # times, the mean of the middle two (4 rounds), and the 90th percentile by
+        # linear interpolation at rank 0.9 (n - 1) = 2.7.
+        t = sorted(m["times_s"])
+        by_hand = {
+            "min_s": t[0],
+            "max_s": t[-1],
+            "median_s": (t[1] + t[2]) / 2,
+            "p90_s": t[2] + 0.7 * (t[3] - t[2]),
+        }
+        assert {k: m[k] for k in by_hand} == pytest.approx(by_hand, rel=1e-12), (m, by_hand)
     for name in ("before", "after", "before_aa"):
         m = full["measurements"][name]
         assert m["n"] == BENCH_ROUNDS and 0 < m["median_s"] <= m["p90_s"], m

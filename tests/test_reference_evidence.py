@@ -50,8 +50,10 @@ def test_reference_evidence_is_stamped_current_and_passing(project: Path):
         assert json.loads(evidence.read_text(encoding="utf-8"))["records"], f"{where}: no records"
 
 
-def test_the_stage_hash_sees_regions_and_tests_and_nothing_else(tmp_path: Path):
-    """The identity the stamps rest on, against edits made here by hand."""
+def test_the_stage_hash_sees_regions_tests_and_harness_and_nothing_else(tmp_path: Path):
+    """The identity the stamps rest on, against edits made here by hand: a stage's
+    regions, its own test files and the harness every stage runs (conftest and
+    helper modules), never another stage's tests, a comment or a docstring."""
     progress = progress_module()
     src = tmp_path / "src" / "pkg"
     src.mkdir(parents=True)
@@ -90,3 +92,22 @@ def test_the_stage_hash_sees_regions_and_tests_and_nothing_else(tmp_path: Path):
     assert hashes() == changed, "a docstring or a comment changes nothing a test runs"
     (tmp_path / "tests" / "test_1.py").write_text("def test(): assert 1\n", encoding="utf-8")
     assert hashes()[0] != changed[0] and hashes()[1] == first[1]
+    before = hashes()
+    (tmp_path / "tests" / "test_2_other.py").write_text("def test(): pass\n", encoding="utf-8")
+    assert hashes() == before, "a test file the stage does not declare is not its identity"
+
+    # The harness: a conftest and a helper module, added then edited, each change
+    # every stage's identity; a docstring or comment in them changes nothing.
+    for name in ("conftest.py", "shared_checks.py"):
+        helper = tmp_path / "tests" / name
+        start = hashes()
+        helper.write_text("def tolerance():\n    return 1e-6\n", encoding="utf-8")
+        added = hashes()
+        assert added[0] != start[0] and added[1] != start[1], f"{name} added"
+        helper.write_text(
+            '"""Shared."""\n\ndef tolerance():  # why\n    return 1e-6\n', encoding="utf-8"
+        )
+        assert hashes() == added, f"{name}: a docstring or a comment changes nothing it runs"
+        helper.write_text("def tolerance():\n    return 1e-3\n", encoding="utf-8")
+        loosened = hashes()
+        assert loosened[0] != added[0] and loosened[1] != added[1], f"{name} edited"

@@ -3,10 +3,11 @@ and the session's trained model and exported artifact (trained once, shared by
 the stage tests).
 
 Evidence: every stage test records what it compared (check, condition,
-observed error, tolerance, passed) through the module-scoped `evidence`
-fixture; the records go to `evidence/stage_<n>.json` (directory overridable
-with the `EVIDENCE_DIR` environment variable) when the module finishes, so a
-person can read the observed figures after the run, passed or failed.
+observed error, tolerance, passed) through the `evidence` fixture, one per
+stage and shared by the stage's test files; as each file finishes, all of
+the stage's records so far go to `evidence/stage_<n>.json` (directory
+overridable with the `EVIDENCE_DIR` environment variable), so a person can
+read the observed figures after the run, passed or failed.
 """
 
 import datetime
@@ -128,7 +129,10 @@ class Evidence:
             "backend": jax.default_backend(),
             "records": self.records,
         }
-        path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+        # Written beside and renamed, so an interrupted run never leaves half a file.
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+        os.replace(partial, path)
         return path
 
 
@@ -142,13 +146,23 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+@pytest.fixture(scope="session")
+def stage_evidence() -> dict[str, Evidence]:
+    """Stage id -> the one `Evidence` that every test file of the stage adds to."""
+    return {}
+
+
 @pytest.fixture(scope="module")
-def evidence(request: pytest.FixtureRequest):
-    """The stage's `Evidence`; the stage number comes from `test_stage_<n>_*.py`."""
+def evidence(request: pytest.FixtureRequest, stage_evidence: dict[str, Evidence]):
+    """The stage's `Evidence`; the stage number comes from `test_stage_<n>_*.py`.
+
+    A stage with several test files shares one `Evidence`, written whole as each
+    file finishes, so a later file never replaces the figures an earlier one kept.
+    """
     match = re.match(r"test_stage_(\w+?)_", Path(request.module.__file__).name)
     if match is None:
         raise RuntimeError("The `evidence` fixture is for `test_stage_<n>_<topic>.py` files.")
-    log = Evidence(match.group(1))
+    log = stage_evidence.setdefault(match.group(1), Evidence(match.group(1)))
     yield log
     log.write(Path(os.environ.get("EVIDENCE_DIR", PROJECT_ROOT / "evidence")))
 

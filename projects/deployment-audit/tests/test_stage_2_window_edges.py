@@ -64,7 +64,7 @@ def _within_by_the_rule(kind: str, age: datetime.timedelta) -> bool:
 
 @pytest.mark.parametrize("edge", ["180 days old", "30 days ahead"])
 @pytest.mark.parametrize("kind", list(_versions()))
-def test_both_edges_of_the_window_are_inclusive_and_crossed_by_one_second(kind, edge):
+def test_both_edges_of_the_window_are_inclusive_and_crossed_by_one_second(evidence, kind, edge):
     """The verdict at, and one second and one day either side of, each window edge equals the
     documented rule evaluated with exact timedelta comparisons, for older, newer and the same jax.
 
@@ -75,7 +75,7 @@ def test_both_edges_of_the_window_are_inclusive_and_crossed_by_one_second(kind, 
     date. For three `created_at` values in three time zones, `now` in UTC."""
     made_by = _versions()[kind]
     centre = BACKWARD if edge == "180 days old" else -FORWARD
-    wrong = []
+    wrong, within = [], []
     for created in CREATED:
         for offset in OFFSETS:
             age = centre + offset
@@ -87,10 +87,17 @@ def test_both_edges_of_the_window_are_inclusive_and_crossed_by_one_second(kind, 
             }
             verdict = export.compatibility(manifest, now)
             expected = _within_by_the_rule(kind, age)
+            within.append(verdict["within_window"])
             if verdict["within_window"] is not expected:
                 wrong.append(
                     f"made by jax {made_by}, created {created.isoformat()}, age {age} "
                     f"(edge {edge}, offset {offset}): within={verdict['within_window']}, "
                     f"the rule says {expected} ({verdict['message']})"
                 )
-    assert not wrong, "\n".join(wrong)
+    assert evidence.record(
+        "compatibility window at its edge",
+        f"jax {made_by} ({kind}), {edge}, offsets -1 day, -1 s, 0, +1 s, +1 day, 3 zones",
+        {"verdicts": len(within), "within": sum(within), "disagreeing": wrong},
+        {"disagreements allowed with the documented rule": 0},
+        not wrong,
+    ), "\n".join(wrong)

@@ -141,7 +141,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_rows_taken_by_a_batch_are_released_from_the_queue_bound(case):
+def test_rows_taken_by_a_batch_are_released_from_the_queue_bound(evidence, case):
     """Once earlier batches ran, a wave queues exactly max_queue_rows rows and the next row gets
     503, as the plain-Python model of the rules says, for requests of 1 to 4 rows.
 
@@ -152,8 +152,14 @@ def test_rows_taken_by_a_batch_are_released_from_the_queue_bound(case):
     rows left once a wave is answered. Bounds of 4, 5, 8 and 12 rows, one to
     three earlier batches."""
     bound, waves = CASES[case]
-    got = _run_waves(bound, waves)
-    assert got == _reference(bound, waves), {"got": got, "bound": bound, "waves": waves}
+    got, expected = _run_waves(bound, waves), _reference(bound, waves)
+    assert evidence.record(
+        "row accounting against the plain-Python model",
+        f"{case}: queue bound {bound} rows, waves {waves}",
+        {"answers": [w["answers"] for w in got], "batches": [w["batches"] for w in got]},
+        {"differences allowed from the model": 0},
+        got == expected,
+    ), {"got": got, "expected": expected, "bound": bound, "waves": waves}
 
 
 class _HeldModel(_EchoModel):
@@ -262,7 +268,7 @@ HELD = {
 
 
 @pytest.mark.parametrize("case", list(HELD))
-def test_rows_behind_a_running_batch_still_count_and_its_rows_do_not(case):
+def test_rows_behind_a_running_batch_still_count_and_its_rows_do_not(evidence, case):
     """While a batch runs, a request is accepted exactly while the rows still queued behind it plus
     its own stay within max_queue_rows, as worked out by hand, for four bounds and batch shapes.
 
@@ -273,7 +279,13 @@ def test_rows_behind_a_running_batch_still_count_and_its_rows_do_not(case):
     Each case fills the bound exactly and passes it by one row."""
     bound, first, during, expected = HELD[case]
     got = _run_with_a_batch_held(bound, first, during)
-    assert got == {**expected, "queued_rows_after": 0}, got
+    assert evidence.record(
+        "rows queued behind a running batch against answers worked out by hand",
+        f"{case}: queue bound {bound} rows, {first} first, {during} while it runs",
+        got,
+        {"differences allowed from the hand-worked answers": 0},
+        got == {**expected, "queued_rows_after": 0},
+    ), got
 
 
 @settings(max_examples=40, derandomize=True, deadline=None, database=None)

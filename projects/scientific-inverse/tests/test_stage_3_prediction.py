@@ -19,8 +19,8 @@ observation only.
 
 Its own study runs (not the `study` fixture of `test_stage_3_inverse.py`); with
 the tiny config's batch shape it reuses that module's compiled fit when both run
-in one session. No `evidence` fixture here: the stage has one evidence file,
-which `test_stage_3_inverse.py` writes.
+in one session. Its records join `test_stage_3_inverse.py`'s in the stage's one
+evidence file.
 """
 
 import math
@@ -81,7 +81,7 @@ def _rmse(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize(("seed", "heldout_fraction"), [(0, 0.2), (1, 0.2), (2, 0.35)])
-def test_prediction_error_is_measured_on_the_heldout_times(seed, heldout_fraction):
+def test_prediction_error_is_measured_on_the_heldout_times(evidence, seed, heldout_fraction):
     """The held-out RMSEs equal a NumPy RK4 re-simulation's RMSE on the recorded held-out times.
 
     For the refined (dt 0.0125) and the coarse (dt 0.1) fit, against the noisy
@@ -125,7 +125,13 @@ def test_prediction_error_is_measured_on_the_heldout_times(seed, heldout_fractio
             # Power: every wrong-times figure lies outside the tolerance by far.
             for where, value in wrong.items():
                 assert abs(value - expected) > MIN_GAP * expected, (name, key, where, value)
-            assert reported[key] == pytest.approx(expected, rel=RTOL), (
+            assert evidence.record(
+                "held-out RMSE against a NumPy RK4 re-simulation on the recorded split",
+                f"{name} fit, {key}, seed {seed}, held-out fraction {heldout_fraction}",
+                {"reported": reported[key], "heldout_times": expected, **wrong},
+                {"rtol": RTOL, "min_gap_to_wrong_times": MIN_GAP},
+                reported[key] == pytest.approx(expected, rel=RTOL),
+            ), (
                 f"{name} {key} = {reported[key]!r}; over the held-out times it is "
                 f"{expected!r}, over the wrong times {wrong}"
             )
@@ -141,7 +147,13 @@ def test_prediction_error_is_measured_on_the_heldout_times(seed, heldout_fractio
     with_last_seen = _rmse(pred[seen - 1 :], obs.x_true[seen - 1 :])
     assert abs(with_last_seen - expected) > SHORT_GAP * expected, (with_last_seen, expected)
     reported = out["prediction_error"]["short_window_extrapolation_rmse_vs_truth"]
-    assert reported == pytest.approx(expected, rel=RTOL), (
+    assert evidence.record(
+        "short-window extrapolation RMSE over the times it never saw",
+        f"seed {seed}, {seen} seen times of {n_times}",
+        {"reported": reported, "unseen_times": expected, "with_last_seen": with_last_seen},
+        {"rtol": RTOL, "min_gap_to_last_seen": SHORT_GAP},
+        reported == pytest.approx(expected, rel=RTOL),
+    ), (
         f"extrapolation RMSE {reported!r}; over the {n_times - seen} unseen times it is "
         f"{expected!r}, with the last seen time {with_last_seen!r}"
     )

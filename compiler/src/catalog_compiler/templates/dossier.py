@@ -6,7 +6,7 @@ For each stage it shows the status of your evidence, then every check the
 stage's tests recorded (`evidence/stage_<id>.json`): the changed condition,
 the observed figures, the tolerance and the verdict, and the plots the stage
 wrote. A stage is **demonstrated** only when its last run passed and neither
-its code (the text of its exercise regions and its test files) nor its
+its code (its exercise regions, its test files and the test harness) nor its
 evidence file changed since (`evidence/progress.json`, written by
 `progress.py`). Otherwise it is **stale** (changed since), **failed**,
 **missing** (passed, but no evidence file) or **not yet** (never run here, or

@@ -110,11 +110,24 @@ def code_identity(text: str) -> bytes:
     return ast.dump(tree).encode()
 
 
+def test_harness(folder: Path) -> list[str]:
+    """The files under ``tests/`` that every stage's tests can run besides their
+    own: ``conftest.py`` and each helper module (a ``.py`` file not named
+    ``test_*``), as paths relative to ``folder``, sorted."""
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in (folder / "tests").rglob("*.py")
+        if not path.name.startswith("test_")
+    )
+
+
 def stage_code_hash(folder: Path, stage: str, tests: list[str]) -> str:
     """sha256 over, in order: every source file's regions of ``stage`` (the file's
-    path, then the lines between the markers) and the stage's test files (path,
-    then the code they run, :func:`code_identity`). Editing one of the stage's
-    regions or what one of its tests runs changes it."""
+    path, then the lines between the markers), the stage's test files and then the
+    test harness, :func:`test_harness` (each file's path, then the code it runs,
+    :func:`code_identity`). Editing one of the stage's regions or what one of its
+    tests runs changes it, a fixture or helper in ``conftest.py`` or a helper
+    module included: a stage that passed under another harness is not current."""
     digest = hashlib.sha256()
     for source in sorted((folder / "src").rglob("*.py"), key=lambda p: p.as_posix()):
         rel = source.relative_to(folder).as_posix()
@@ -135,6 +148,9 @@ def stage_code_hash(folder: Path, stage: str, tests: list[str]) -> str:
         digest.update(f"test {test}\n".encode())
         text = path.read_text(encoding="utf-8") if path.is_file() else None
         digest.update(b"<absent>" if text is None else code_identity(text))
+    for helper in test_harness(folder):
+        digest.update(f"harness {helper}\n".encode())
+        digest.update(code_identity((folder / helper).read_text(encoding="utf-8")))
     return digest.hexdigest()
 
 

@@ -307,8 +307,8 @@ def main(argv: list[str]) -> int:
                 Row(
                     "seeded-bugs",
                     project,
-                    passed=sum(o.verdict == "caught" for o in mine),
-                    failed=sum(o.verdict != "caught" for o in mine) + invalid,
+                    passed=sum(seeded_bugs.good(o) for o in mine),
+                    failed=sum(not seeded_bugs.good(o) for o in mine) + invalid,
                     seconds=sum(o.seconds for o in mine),
                 )
             )

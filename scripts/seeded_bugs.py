@@ -1,4 +1,5 @@
-"""The seeded-bug check: every plausible bug a project lists must fail its stage's tests.
+"""The seeded-bug check: every plausible bug a project lists must fail its stage's tests,
+and every correct reformulation it lists must pass them.
 
 Each ready project lists bugs in `seeded_bugs.toml` (LEARNING.md): an exact
 code replacement in one file, the stage whose tests must catch it, the test
@@ -10,6 +11,12 @@ script applies each bug alone to a scratch copy of its project and runs
 - exit 0: a SURVIVOR, the stage's tests let the bug through;
 - anything else (a collection or import error, a timeout): a BROKEN entry,
   since a seeded bug is a mistake that still runs.
+
+`reformulations.toml` (optional, same fields, `[[reformulations]]`) lists the
+other half: correct code written another way (reassociated arithmetic, another
+equivalent library call, a loop for a vectorised expression), each applied alone
+the same way, whose stage tests must all PASS: exit 0 is `passed`, exit 1 a
+correct solution REJECTED by the tests, anything else BROKEN.
 
 Commands:
   python scripts/seeded_bugs.py [<id> ...] [--jobs N]   run the check (default:
@@ -44,6 +51,11 @@ from warm_runner import WRONG_IMPORT
 BEGIN, END = "<!-- seeded-bugs:begin -->", "<!-- seeded-bugs:end -->"
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 FIELDS = {"id", "stage", "file", "find", "replace", "why", "tests"}
+# List file and table name of each kind of entry, and the pytest verdict it must get.
+KINDS = {
+    "bugs": ("seeded_bugs.toml", "bugs", "fail"),
+    "reformulations": ("reformulations.toml", "reformulations", "pass"),
+}
 MIN_PER_STAGE = 3
 
 
@@ -57,17 +69,23 @@ class Bug:
     replace: str
     why: str
     tests: tuple[str, ...]
+    expect: str = "fail"  # `fail`: a seeded bug; `pass`: a correct reformulation
 
 
-def load_bugs(project: Path, bugs_dir: Path | None = None) -> tuple[list[Bug], list[str]]:
-    """The project's bugs and every problem with its list (empty when valid):
-    its own `seeded_bugs.toml`, or with `bugs_dir`, `bugs_dir/<id>.toml`."""
-    path = bugs_dir / f"{project.name}.toml" if bugs_dir else project / "seeded_bugs.toml"
+def load_bugs(
+    project: Path, bugs_dir: Path | None = None, kind: str = "bugs"
+) -> tuple[list[Bug], list[str]]:
+    """The project's bugs (or, with `kind="reformulations"`, its correct
+    reformulations) and every problem with its list (empty when valid): its own
+    `seeded_bugs.toml` / `reformulations.toml`, or with `bugs_dir`, `bugs_dir/<id>.toml`.
+    A project without a reformulation list has none, which is no problem."""
+    filename, table, expect = KINDS[kind]
+    path = bugs_dir / f"{project.name}.toml" if bugs_dir else project / filename
     if not path.is_file():
-        return [], [f"{project.name}: no {path.name}"]
+        return [], [] if kind == "reformulations" else [f"{project.name}: no {path.name}"]
     try:
         with path.open("rb") as f:
-            entries = tomllib.load(f).get("bugs", [])
+            entries = tomllib.load(f).get(table, [])
     except tomllib.TOMLDecodeError as exc:
         return [], [f"{project.name}/{path.name}: {exc}"]
     stages = {s["id"]: s.get("tests", []) for s in read_manifest(project)["stages"]}
@@ -111,11 +129,12 @@ def load_bugs(project: Path, bugs_dir: Path | None = None) -> tuple[list[Bug], l
                 entry["replace"],
                 entry["why"].strip(),
                 tests,
+                expect,
             )
         )
     # A project's own list must cover each stage; a trial list (`bugs_dir`)
     # may try any few bugs.
-    for stage in stages if bugs_dir is None else []:
+    for stage in stages if bugs_dir is None and kind == "bugs" else []:
         count = sum(b.stage == stage for b in bugs)
         if count < MIN_PER_STAGE:
             problems.append(
@@ -156,12 +175,22 @@ def readme_with_table(project: Path, bugs: list[Bug]) -> str:
 @dataclass
 class Outcome:
     bug: Bug
-    verdict: str  # caught | SURVIVED | BROKEN
+    verdict: str  # caught | SURVIVED | BROKEN; for a reformulation passed | REJECTED | BROKEN
     seconds: float
     detail: str
 
 
+GOOD = {"caught", "passed"}
+
+
+def good(outcome: Outcome) -> bool:
+    """A seeded bug caught, or a correct reformulation passed."""
+    return outcome.verdict in GOOD
+
+
 def _judge(bug: Bug, code: int, output: str, first_failure: str) -> tuple[str, str]:
+    if bug.expect == "pass" and code in (0, 1):
+        return ("passed", "every test passed") if code == 0 else ("REJECTED", first_failure)
     if code == 1:
         return "caught", first_failure
     if code == 0:
@@ -192,7 +221,8 @@ def bug_job(
         verdict, detail = _judge(bug, done.code, done.output, done.first_failure)
         return Outcome(bug, verdict, done.seconds, detail)
 
-    return Job(f"{bug.project}/{bug.id}", "seeded-bugs", estimate, action)
+    kind = "" if bug.expect == "fail" else "reformulation:"
+    return Job(f"{bug.project}/{kind}{bug.id}", "seeded-bugs", estimate, action)
 
 
 def print_outcome(outcome: Outcome, n: int, total: int) -> None:
@@ -215,14 +245,17 @@ def summarize(
 ) -> int:
     """Print the per-project table and every bug not caught; write the JSON rows.
     Exit status: 1 on any survivor, broken or invalid entry, or a bug not applied."""
-    bad = [o for o in outcomes if o.verdict != "caught"]
-    header = ("project", "bugs", "caught", "survived", "broken", "seconds")
-    print("\n{:<28} {:>4} {:>6} {:>8} {:>6} {:>8}".format(*header))
+    bad = [o for o in outcomes if not good(o)]
+    header = ("project", "bugs", "caught", "survived", "reforms", "passed", "broken", "seconds")
+    print("\n{:<28} {:>4} {:>6} {:>8} {:>7} {:>6} {:>6} {:>8}".format(*header))
     for project in projects:
         mine = [o for o in outcomes if o.bug.project == project.name]
+        bugs = [o for o in mine if o.bug.expect == "fail"]
+        reforms = [o for o in mine if o.bug.expect == "pass"]
         print(
-            f"{project.name:<28} {len(mine):>4} {sum(o.verdict == 'caught' for o in mine):>6} "
-            f"{sum(o.verdict == 'SURVIVED' for o in mine):>8} "
+            f"{project.name:<28} {len(bugs):>4} {sum(o.verdict == 'caught' for o in bugs):>6} "
+            f"{sum(o.verdict == 'SURVIVED' for o in bugs):>8} {len(reforms):>7} "
+            f"{sum(o.verdict == 'passed' for o in reforms):>6} "
             f"{sum(o.verdict == 'BROKEN' for o in mine):>6} {sum(o.seconds for o in mine):>8.1f}"
         )
     for o in bad:
@@ -231,8 +264,8 @@ def summarize(
             f"  {o.bug.why}\n  " + o.detail.replace("\n", "\n  ")
         )
     print(
-        f"seeded bugs: {len(outcomes)} applied in {seconds:.0f} s, "
-        f"{len(bad)} not caught, {len(problems)} invalid list entries"
+        f"seeded bugs and reformulations: {len(outcomes)} applied in {seconds:.0f} s, "
+        f"{len(bad)} with the wrong verdict, {len(problems)} invalid list entries"
     )
     if report is not None:
         rows = []
@@ -242,8 +275,8 @@ def summarize(
             rows.append(
                 {
                     "row": project.name,
-                    "passed": sum(o.verdict == "caught" for o in mine),
-                    "failed": sum(o.verdict != "caught" for o in mine) + invalid,
+                    "passed": sum(good(o) for o in mine),
+                    "failed": sum(not good(o) for o in mine) + invalid,
                     "seconds": sum(o.seconds for o in mine),
                 }
             )
@@ -256,9 +289,10 @@ def load_all(
 ) -> tuple[list[Bug], list[str]]:
     bugs, problems = [], []
     for project in projects:
-        found, bad = load_bugs(project, bugs_dir)
-        bugs += [b for b in found if not only or b.id in only]
-        problems += bad
+        for kind in ("bugs",) if bugs_dir else tuple(KINDS):
+            found, bad = load_bugs(project, bugs_dir, kind)
+            bugs += [b for b in found if not only or b.id in only]
+            problems += bad
     return bugs, problems
 
 

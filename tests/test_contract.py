@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECTS = sorted(p for p in (ROOT / "projects").iterdir() if p.is_dir())
-HARDWARE = {"cpu", "cpu-multi-device", "gpu"}
+HARDWARE = {"cpu", "cpu-multi-device", "tpu", "gpu"}
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 # The file roles every project shares (STYLE.md, "One structure for every project").
 SHARED_MODULES = ["config.py", "data.py", "model.py", "train.py", "checkpoint.py", "cli.py"]

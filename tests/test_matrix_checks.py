@@ -13,6 +13,7 @@ leaves in its temporary folder inside the caller's scratch folder.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import stat
 import subprocess
@@ -165,6 +166,46 @@ def test_seeded_bug_verdicts_through_the_forked_path(
     assert outcome.verdict == verdict, outcome.detail
     # The bug was applied to a scratch copy, never to the project itself.
     assert find in (TOY / "src/toy_project/core.py").read_text()
+
+
+@pytest.mark.parametrize(
+    ("find", "replace", "verdict"),
+    [
+        ("return total(values) / len(values)", "return sum(values) / len(values)", "passed"),
+        ("return total(values) / len(values)", "return total(values) / 3.5", "REJECTED"),
+        ("return total(values) / len(values)", "return no_such_name / 1", "REJECTED"),
+        ('"""Stage 1 sums', 'import no_such_module_anywhere\n"""Stage 1 sums', "BROKEN"),
+    ],
+)
+def test_reformulation_verdicts_through_the_forked_path(
+    tmp_path: Path, worker: Worker, find: str, replace: str, verdict: str
+):
+    """A correct reformulation must pass its stage's tests: another equivalent call passes, a
+    wrong one is REJECTED (as a correct solution the tests refused would be), and one that
+    breaks collection is BROKEN."""
+    entry = dataclasses.replace(bug(find, replace, "2"), expect="pass")
+    job = seeded_bugs.bug_job(entry, tmp_path, worker.cache_dir, folder=TOY)
+    outcome = job.action(worker)
+    assert outcome.verdict == verdict, outcome.detail
+    assert seeded_bugs.good(outcome) == (verdict == "passed")
+
+
+def test_a_reformulation_list_loads_beside_the_seeded_bugs(tmp_path: Path):
+    """A project's `reformulations.toml` entries load with `expect="pass"`, are validated like
+    seeded bugs (a `find` that does not occur is refused), and need no minimum per stage."""
+    copy = tmp_path / "toy-project"
+    shutil.copytree(TOY, copy)
+    (copy / "reformulations.toml").write_text(
+        '[[reformulations]]\nid = "sum-builtin"\nstage = "2"\n'
+        'file = "src/toy_project/core.py"\nfind = "return total(values) / len(values)"\n'
+        'replace = "return sum(values) / len(values)"\nwhy = "The builtin sum."\n\n'
+        '[[reformulations]]\nid = "stale"\nstage = "1"\nfile = "src/toy_project/core.py"\n'
+        'find = "not in the file"\nreplace = "x"\nwhy = "Stale."\n'
+    )
+    found, problems = seeded_bugs.load_bugs(copy, kind="reformulations")
+    assert [(b.id, b.expect) for b in found] == [("sum-builtin", "pass")]
+    assert len(problems) == 1 and "`find` occurs 0 times" in problems[0]
+    assert seeded_bugs.load_bugs(TOY, kind="reformulations") == ([], [])
 
 
 def test_a_copy_whose_package_comes_from_elsewhere_is_refused(toy: Path, worker: Worker):

@@ -179,7 +179,7 @@ class Stage(Strict):
     title: Text
     deliverable: Text
     tests: list[Text]
-    hardware: Literal["cpu", "cpu-multi-device", "gpu"]
+    hardware: Literal["cpu", "cpu-multi-device", "tpu", "gpu"]
 
 
 class Manifest(Strict):

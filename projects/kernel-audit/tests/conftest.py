@@ -1,4 +1,4 @@
-"""Shared test set-up: JAX strict mode, the `gpu` marker, and the `evidence` fixture.
+"""Shared test set-up: JAX strict mode, the `tpu` marker, and the `evidence` fixture.
 
 Evidence: every stage test records what it compared (check, condition,
 observed error, tolerance, passed) through the `evidence` fixture, one per
@@ -49,16 +49,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         stage = stage_of.get(item.path.name)
         if stage is not None:
             item.add_marker(getattr(pytest.mark, f"stage{stage}"))
-    if jax.default_backend() == "gpu":
+    if jax.default_backend() == "tpu":
         return
     skip = pytest.mark.skip(
         reason=(
-            "needs a GPU: the compiled Pallas kernels and target timings run only there; "
+            "needs a TPU: the kernels compile (Mosaic) and are timed only there; "
             f"JAX backend is `{jax.default_backend()}` (kernels run interpreted)"
         )
     )
     for item in items:
-        if "gpu" in item.keywords:
+        if "tpu" in item.keywords:
             item.add_marker(skip)
 
 

@@ -27,6 +27,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.experimental import pallas as pl
 
 from kernel_audit import audit, checkpoint, data, kernels, train
 from kernel_audit import bench as bench_module
@@ -71,7 +72,8 @@ def ws(tmp_path_factory):
     patch.setattr(audit, "run_audit", _tripwire("the audit table"))
     patch.setattr(train, "train_and_evaluate", _tripwire("the training demo"))
     patch.setattr(bench_module, "run_bench", _tripwire("the bench"))
-    patch.setattr(kernels.pl, "pallas_call", _tripwire("a Pallas kernel build"))
+    # Both kernels call `pl.pallas_call` through the module, so this catches either.
+    patch.setattr(pl, "pallas_call", _tripwire("a Pallas kernel build"))
     yield root
     patch.undo()
     os.chdir(previous)
@@ -259,14 +261,22 @@ CHECK_DAMAGE = [
     (["4", "4"], "'N'"),
     (["4", "4", "4", "4"], "extra argument (4)"),
     (["4.5", "4", "4"], "'M'"),
-    (["4", "4", "4", "--blocks", "3", "16", "16"], "`block_m`"),
-    (["4", "4", "4", "--blocks", "16", "16", "0"], "`block_k`"),
-    (["4", "4", "4", "--blocks", "16", "-16", "16"], "`block_n`"),
-    (["4", "4", "4", "--blocks", "512", "16", "16"], "`block_m`"),
+    # Block sizes: each breaks one TPU rule (`targets.block_rule_violation`), the
+    # others being whole dimensions, or the VMEM budget.
+    (["4", "4", "4", "--blocks", "3", "4", "4"], "`block_m`"),
+    (["4", "4", "4", "--blocks", "4", "4", "0"], "`block_k`"),
+    (["4", "4", "4", "--blocks", "4", "-16", "4"], "`block_n`"),
+    (["4", "4", "4", "--blocks", "512", "4", "4"], "`block_m`"),
+    (["5", "64", "7", "--blocks", "64", "7", "64"], "`block_m` = `64` exceeds M = 5"),
+    (["16", "256", "256", "--blocks", "16", "64", "256"], "multiple of 128"),
+    (["16", "256", "256", "--blocks", "16", "256", "96"], "`block_k`"),
+    (["32", "256", "256", "--dtype", "bfloat16", "--blocks", "8", "256", "256"], "multiple of 16"),
+    (["1024", "1024", "1024", "--blocks", "1024", "1024", "1024"], "VMEM"),
     (["4", "4", "4", "--blocks", "16", "16"], "'--blocks'"),
     (["4", "4", "4", "--blocks", "a", "16", "16"], "'--blocks'"),
-    (["5", "64", "7", "--blocks", "64", "16", "16"], "`block_m`"),
     (["4", "4", "4", "--dtype", "float16"], "'--dtype'"),
+    (["4", "4", "4", "--precision", "fast"], "'--precision'"),
+    (["4", "4", "4", "--precision", "HIGHEST"], "'--precision'"),
     (["4", "4", "4", "--activation", "swish"], "'--activation'"),
     (["4", "4", "4", "--seed", "-1"], "'--seed'"),
     (["4", "4", "4", "--seed", str(2**31)], "'--seed'"),
@@ -281,13 +291,16 @@ def test_check_refuses_damaged_arguments(ws, args, needle):
 @pytest.mark.parametrize("dims", [("100000", "100000", "100000"), ("1", "5000", "5000")])
 def test_check_refuses_operands_too_large_to_build(ws, monkeypatch, dims):
     monkeypatch.setattr(data, "matmul_operands", _tripwire("building the operands"))
-    cli(ws, ["check", *dims, "--blocks", "16", "16", "16"], "entries")
+    cli(ws, ["check", *dims], "entries")
 
 
 # --- bench ------------------------------------------------------------------------------
 
 BENCH_DAMAGE = [
     (["--size", "huge"], "'--size'"),
+    (["--size", "gpu"], "'--size'"),
+    # The `tpu` size needs compiled kernels, refused in interpret mode on any machine.
+    (["--size", "tpu", "--mode", "interpret"], "`--size tpu`"),
     (["--repeats", "0"], "'--repeats'"),
     (["--repeats", "-2"], "'--repeats'"),
     (["--repeats", "x"], "'--repeats'"),
@@ -295,8 +308,11 @@ BENCH_DAMAGE = [
     (["--out", "a_folder"], "a_folder"),
     (["--out", "a_file/bench.json"], "`a_file` is a file"),
 ]
-if jax.default_backend() != "gpu":
-    BENCH_DAMAGE.append((["--mode", "compiled", "--size", "tiny"], "needs a GPU"))
+if jax.default_backend() != "tpu":
+    # Compiled kernels need a TPU (Mosaic); elsewhere `--mode compiled` is refused, and
+    # `--size tpu` with the automatic mode (interpret there) too.
+    BENCH_DAMAGE.append((["--mode", "compiled", "--size", "tiny"], "needs a TPU"))
+    BENCH_DAMAGE.append((["--size", "tpu"], "`--size tpu`"))
 
 
 @pytest.mark.parametrize(("args", "needle"), BENCH_DAMAGE)
@@ -385,16 +401,49 @@ def test_kernels_refuse_damaged_operands_before_building(ws, kernel, operand, ki
     ("kwargs", "needle"),
     [
         ({"activation": "swish"}, "`swish`"),
-        ({"blocks": kernels.MatmulBlocks(24, 16, 16)}, "`block_m`"),
-        ({"blocks": kernels.MatmulBlocks(16, 16, 16, num_stages=0)}, "`num_stages`"),
-        ({"blocks": kernels.MatmulBlocks("16", 16, 16)}, "`block_m`"),
-        ({"blocks": kernels.MatmulBlocks(True, 16, 16)}, "`block_m`"),
+        ({"precision": "fast"}, "Unknown precision `fast`"),
+        ({"precision": "HIGH"}, "Unknown precision `HIGH`"),
+        ({"precision": None}, "Unknown precision `None`"),
+        ({"blocks": kernels.MatmulBlocks(24, 8, 16)}, "`block_m` = `24` exceeds M = 8"),
+        ({"blocks": kernels.MatmulBlocks(4, 8, 16)}, "`block_m` = `4` breaks"),
+        ({"blocks": kernels.MatmulBlocks(8, 64, 16)}, "`block_n` = `64` breaks"),
+        ({"blocks": kernels.MatmulBlocks(8, 8, 0)}, "`block_k` must be a positive integer"),
+        ({"blocks": kernels.MatmulBlocks("16", 8, 16)}, "`block_m`"),
+        ({"blocks": kernels.MatmulBlocks(True, 8, 16)}, "`block_m`"),
     ],
 )
 def test_matmul_refuses_bad_options(ws, kwargs, needle):
     x, w, b = (_f32(*shape) for shape in MATMUL_OPERANDS.values())
     refused("matmul_bias_act", kernels.KernelInputError, needle, kernels.matmul_bias_act, x, w,
             b, **kwargs)  # fmt: skip
+
+
+def test_matmul_refuses_blocks_over_the_vmem_budget(ws):
+    """Blocks that obey the shape rules but overflow the VMEM budget are refused before a
+    kernel is built; abstract operands suffice (nothing of 1024^2 is allocated)."""
+    x, w = (jax.ShapeDtypeStruct((1024, 1024), jnp.float32) for _ in range(2))
+    b = jax.ShapeDtypeStruct((1024,), jnp.float32)
+    blocks = kernels.MatmulBlocks(1024, 1024, 1024)
+    refused("matmul_bias_act", kernels.KernelInputError, "VMEM", kernels.matmul_bias_act, x, w,
+            b, blocks=blocks)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("blocks", "dtype", "needle"),
+    [
+        (kernels.RowBlocks(12), "float32", "`block_rows` = `12` breaks"),
+        (kernels.RowBlocks(0), "float32", "`block_rows` must be a positive integer"),
+        (kernels.RowBlocks(16), "float32", "`block_rows` = `16` exceeds R = 8"),
+        (kernels.RowBlocks(8), "bfloat16", "multiple of 16"),
+    ],
+)
+def test_layer_norm_refuses_bad_row_blocks(ws, blocks, dtype, needle):
+    x, g, b = (_f32(*shape) for shape in ROW_OPERANDS.values())
+    if dtype == "bfloat16":
+        x, g, b = (a.astype(jnp.bfloat16) for a in (x, g, b))
+        x = jnp.concatenate([x, x, x])  # 24 rows: 8 is neither 16-aligned nor all of them.
+    refused("layer_norm", kernels.KernelInputError, needle, kernels.layer_norm, x, g, b,
+            blocks=blocks)  # fmt: skip
 
 
 def test_audit_cells_refuse_an_unknown_dtype(ws):

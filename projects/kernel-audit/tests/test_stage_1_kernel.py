@@ -5,23 +5,27 @@ the layer norm) is compared with a float64 NumPy version and with a plain
 `jax.numpy` version, under a per-element error bound derived from the
 floating-point error analysis (`kernel_audit.reference`), not picked to pass.
 Repeated under changed conditions: float32 and bfloat16, three activations,
-another seed, other block sizes. The bounds themselves are checked to catch
-realistic bugs (a dropped bias, bfloat16 accumulation, a skipped mean). Every
-kernel here runs in interpret mode on a CPU, and the records say so.
+another seed, other block sizes, both declared matmul precisions. The bounds
+take the arithmetic of the backend that runs (`reference`), and are checked to
+catch realistic bugs (a dropped bias, bfloat16 accumulation, a skipped mean).
+The kernels run interpreted on a CPU and compiled on a TPU (or interpreted
+there under `KERNEL_AUDIT_MODE=interpret`), and the records say which.
 """
 
 import json
 import math
+import os
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bound_formulas import act, layer_norm_bound_loop, matmul_bound_loop
+from bound_formulas import TANH_ABS, U32, act, layer_norm_bound_loop, matmul_bound_loop
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.experimental import pallas as pl
 
 from kernel_audit import data, kernels, reference
 from kernel_audit.cli import main
@@ -29,6 +33,7 @@ from kernel_audit.config import Config, ConfigError, load_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MODE = kernels.execution_mode(None)
+BACKEND = f"backend={jax.default_backend()}"
 
 
 def matmul_inputs(seed: int, m: int, k: int, n: int, dtype: str):
@@ -63,9 +68,11 @@ def test_matmul_bound_equals_its_formula_element_by_element(
     """matmul_error_bound equals the documented formula computed element by element in Python, over
     hypothesis cases."""
     x, w, b = _operands(seed, [(m, k), (k, n), (n,)], dtype, scale)
-    got = reference.matmul_error_bound(x, w, b, activation, dtype)
-    expected = matmul_bound_loop(x, w, b, activation, dtype)
-    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=0)
+    for precision in kernels.PRECISIONS:
+        for backend in ("cpu", "tpu"):
+            got = reference.matmul_error_bound(x, w, b, activation, dtype, precision, backend)
+            expected = matmul_bound_loop(x, w, b, activation, dtype, precision, backend)
+            np.testing.assert_allclose(got, expected, rtol=1e-10, atol=0)
 
 
 @settings(max_examples=30, derandomize=True, deadline=None, database=None)
@@ -84,9 +91,10 @@ def test_layer_norm_bound_equals_its_formula_element_by_element(
     hypothesis cases."""
     x, g, b = _operands(seed, [(rows, cols), (cols,), (cols,)], dtype, 1.0)
     x = np.asarray(jnp.asarray(level + spread * x.astype(np.float32), kernels.DTYPES[dtype]))
-    got = reference.layer_norm_error_bound(x, g, b, dtype)
-    expected = layer_norm_bound_loop(x, g, b, dtype)
-    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=0)
+    for backend in ("cpu", "tpu"):
+        got = reference.layer_norm_error_bound(x, g, b, dtype, backend)
+        expected = layer_norm_bound_loop(x, g, b, dtype, backend)
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=0)
 
 
 def test_gamma_is_finite_exactly_below_n_u_equal_to_one():
@@ -111,12 +119,20 @@ def test_gelu_lipschitz_constant_holds():
 
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
 def test_epilogue_activation_against_float64(activation):
-    """activate matches a float64 Python none, relu and tanh-gelu within 1e-5, zeros included; tanh
-    is refused."""
+    """activate matches a float64 Python none and relu exactly and tanh-gelu within its roundings
+    and the backend's tanh error, zeros included; tanh is refused.
+
+    gelu's tolerance is the bound's own epilogue term: 8 float32 roundings of |z| + |y| plus
+    half the documented tanh error of the backend that runs (2^-21 on a CPU, 2^-14 on a
+    TPU) times |z|."""
     z = np.concatenate([np.linspace(-6, 6, 97), [0.0, -0.0, 1e-30, -1e-30]]).astype(np.float32)
     got = np.asarray(kernels.activate(jnp.asarray(z), activation), dtype=np.float64)
     expected = np.array([act(float(v), activation) for v in z])
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    z64 = z.astype(np.float64)
+    tolerance = 8 * U32 * (np.abs(z64) + np.abs(expected))
+    if activation == "gelu":
+        tolerance += 0.5 * TANH_ABS[jax.default_backend()] * np.abs(z64)
+    assert np.all(np.abs(got - expected) <= tolerance), np.max(np.abs(got - expected) - tolerance)
     if activation == "relu":
         assert np.array_equal(got, np.maximum(z, 0).astype(np.float64))
     with pytest.raises(kernels.KernelInputError, match="Unknown activation `tanh`"):
@@ -144,11 +160,11 @@ def _primitives(fn, *args) -> list[str]:
 def test_a_shape_that_divides_its_blocks_builds_no_edge_mask():
     """Shapes that divide their blocks trace no iota and no select_n, in matmul and layer norm.
 
-    The mask is static: a reduction (K = 64, block_k = 32) or a row (C = 64 = the
-    column block) that divides its block builds no index comparison and no select,
-    so whole-block shapes pay nothing for the edge handling."""
-    x, w, b = matmul_inputs(7, 20, 64, 24, "float32")
-    blocks = kernels.MatmulBlocks(block_m=16, block_n=16, block_k=32)
+    The mask is static: a reduction (K = 256, block_k = 128) that divides its block
+    builds no index comparison and no select, so whole-block shapes pay nothing for
+    the edge handling; the layer norm's blocks hold whole rows and need none."""
+    x, w, b = matmul_inputs(7, 20, 256, 24, "float32")
+    blocks = kernels.MatmulBlocks(block_m=16, block_n=24, block_k=128)
     matmul = _primitives(
         lambda *a: kernels.matmul_bias_act(*a, blocks=blocks, activation="relu"), x, w, b
     )
@@ -159,20 +175,29 @@ def test_a_shape_that_divides_its_blocks_builds_no_edge_mask():
         assert names.count("select_n") == 0 and names.count("iota") == 0, names
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("dtype", "precision"),
+    [("float32", "highest"), ("float32", "default"), ("bfloat16", "highest")],
+)
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
-def test_matmul_matches_both_references(evidence, dtype, activation):
+def test_matmul_matches_both_references(evidence, dtype, precision, activation):
     """The fused matmul is within its bound of float64 NumPy and twice it of jax.numpy, 2 dtypes, 3
-    activations."""
-    x, w, b = matmul_inputs(0, 64, 96, 48, dtype)
-    blocks = kernels.MatmulBlocks(block_m=32, block_n=16, block_k=32)
-    y = kernels.matmul_bias_act(x, w, b, blocks=blocks, activation=activation)
-    assert y.shape == (64, 48) and y.dtype == kernels.DTYPES[dtype]
+    activations, both declared precisions.
+
+    (64, 256) x (256, 200) in blocks of (32, 128, 128): two reduction steps carry the
+    accumulator, and N = 200 leaves a last column block that runs past the array."""
+    x, w, b = matmul_inputs(0, 64, 256, 200, dtype)
+    blocks = kernels.MatmulBlocks(block_m=32, block_n=128, block_k=128)
+    y = kernels.matmul_bias_act(x, w, b, blocks=blocks, activation=activation, precision=precision)
+    assert y.shape == (64, 200) and y.dtype == kernels.DTYPES[dtype]
     f64 = reference.matmul_bias_act_f64(x, w, b, activation)
-    bound = reference.matmul_error_bound(x, w, b, activation, dtype)
-    condition = f"(64, 96) x (96, 48), {dtype}, {activation}, blocks 32/16/32, mode={MODE}"
+    bound = reference.matmul_error_bound(x, w, b, activation, dtype, precision)
+    condition = (
+        f"(64, 256) x (256, 200), {dtype}, {activation}, precision {precision}, "
+        f"blocks 32/128/128, {BACKEND}, mode={MODE}"
+    )
     ok_f64 = evidence.within_bound("matmul vs float64 NumPy", condition, y, f64, bound)
-    y_jnp = reference.matmul_bias_act_jnp(x, w, b, activation)
+    y_jnp = reference.matmul_bias_act_jnp(x, w, b, activation, precision)
     ok_jnp = evidence.within_bound(
         "matmul vs jax.numpy (two float32 computations: twice the bound)",
         condition,
@@ -188,16 +213,17 @@ def test_matmul_matches_both_references(evidence, dtype, activation):
 
 @pytest.mark.parametrize(
     ("seed", "blocks"),
-    [(1, (16, 16, 16)), (2, (64, 64, 64)), (3, (16, 64, 32))],
+    [(1, (8, 128, 128)), (2, (64, 256, 384)), (3, (16, 256, 128))],
 )
 def test_matmul_other_seed_and_blocks(evidence, seed, blocks):
     """The fused gelu matmul stays within its derived float64 bound for three other seeds and block
-    shapes."""
-    x, w, b = matmul_inputs(seed, 64, 64, 64, "float32")
+    shapes (one, two and three reduction steps)."""
+    x, w, b = matmul_inputs(seed, 64, 384, 256, "float32")
     y = kernels.matmul_bias_act(x, w, b, blocks=kernels.MatmulBlocks(*blocks), activation="gelu")
     assert evidence.within_bound(
         "matmul vs float64 NumPy, changed seed and blocks",
-        f"seed={seed}, blocks={blocks}, (64, 64) x (64, 64), float32 gelu, mode={MODE}",
+        f"seed={seed}, blocks={blocks}, (64, 384) x (384, 256), float32 gelu, {BACKEND}, "
+        f"mode={MODE}",
         y,
         reference.matmul_bias_act_f64(x, w, b, "gelu"),
         reference.matmul_error_bound(x, w, b, "gelu", "float32"),
@@ -210,11 +236,11 @@ def test_layer_norm_matches_both_references(evidence, dtype, seed):
     """The layer norm is within its derived bound of float64 NumPy and twice it of jax.numpy, for 2
     dtypes, 2 seeds."""
     x, g, b = row_inputs(seed, 24, 128, dtype)
-    y = kernels.layer_norm(x, g, b, blocks=kernels.RowBlocks(block_rows=8))
+    y = kernels.layer_norm(x, g, b, blocks=kernels.RowBlocks(block_rows=16))
     assert y.shape == (24, 128) and y.dtype == kernels.DTYPES[dtype]
     f64 = reference.layer_norm_f64(x, g, b)
     bound = reference.layer_norm_error_bound(x, g, b, dtype)
-    condition = f"(24, 128), {dtype}, seed={seed}, block_rows=8, mode={MODE}"
+    condition = f"(24, 128), {dtype}, seed={seed}, block_rows=16, {BACKEND}, mode={MODE}"
     ok_f64 = evidence.within_bound("layer norm vs float64 NumPy", condition, y, f64, bound)
     y_jnp = reference.layer_norm_jnp(x, g, b)
     ok_jnp = evidence.within_bound(
@@ -328,11 +354,12 @@ def test_execution_mode_is_declared_and_interpret_is_what_ran(evidence):
     """The declared execution mode equals the traced pallas_call's interpret flag and the HLO's.
 
     The mode a record names is the mode the program holds: the traced program's
-    `pallas_call` carries `interpret=True` exactly when the backend is not a GPU,
-    its lowered HLO holds no Triton kernel then, and the audit record names it."""
+    `pallas_call` carries `interpret=True` exactly when the backend is not a TPU (or
+    `KERNEL_AUDIT_MODE=interpret` asks for it), its lowered HLO holds a Mosaic
+    kernel (`tpu_custom_call`) exactly when compiled, and the audit record names it."""
     from kernel_audit import audit
 
-    x, w, b = matmul_inputs(6, 20, 64, 24, "float32")  # K a multiple of the block: no edge
+    x, w, b = matmul_inputs(6, 20, 256, 24, "float32")  # K a multiple of the block: no edge
 
     def call(x, w, b):
         return kernels.matmul_bias_act(x, w, b, activation="relu")
@@ -340,13 +367,13 @@ def test_execution_mode_is_declared_and_interpret_is_what_ran(evidence):
     flags = _pallas_interpret_flags(call, x, w, b)
     hlo = jax.jit(call).lower(x, w, b).as_text()
     record = audit.audit_layer_norm(data.ROW_CASES[0], "float32", kernels.RowBlocks(), seed=0)
-    on_gpu = jax.default_backend() == "gpu"
-    expected_mode = "compiled" if on_gpu else "interpret"
+    compiled = jax.default_backend() == "tpu" and os.environ.get("KERNEL_AUDIT_MODE") != "interpret"
+    expected_mode = "compiled" if compiled else "interpret"
     observed = {
         "backend": jax.default_backend(),
         "default_mode": kernels.execution_mode(None),
         "pallas_call_interpret_flags": [bool(f) for f in flags],
-        "hlo_mentions_triton": "triton" in hlo,
+        "hlo_holds_mosaic_kernel": "tpu_custom_call" in hlo,
         "audit_record_mode": record["execution_mode"],
     }
     assert evidence.record(
@@ -356,8 +383,8 @@ def test_execution_mode_is_declared_and_interpret_is_what_ran(evidence):
         {"expected_mode": expected_mode},
         observed["default_mode"] == expected_mode
         and observed["audit_record_mode"] == expected_mode
-        and flags == [not on_gpu]
-        and observed["hlo_mentions_triton"] == on_gpu,
+        and flags == [not compiled]
+        and observed["hlo_holds_mosaic_kernel"] == compiled,
     )
 
 
@@ -391,9 +418,9 @@ def test_same_seed_same_bits(evidence):
     """The same seed gives bit-equal matmul and layer-norm outputs; another seed gives different
     ones."""
     outs = []
-    blocks = kernels.MatmulBlocks(block_m=32, block_n=16, block_k=32)  # as in the first test
+    blocks = kernels.MatmulBlocks(block_m=32, block_n=128, block_k=128)  # as in the first test
     for seed in (7, 7, 8):
-        x, w, b = matmul_inputs(seed, 64, 96, 48, "bfloat16")
+        x, w, b = matmul_inputs(seed, 64, 256, 200, "bfloat16")
         y = kernels.matmul_bias_act(x, w, b, blocks=blocks, activation="gelu")
         xr, g, be = row_inputs(seed, 24, 128, "float32")
         ln = kernels.layer_norm(xr, g, be, blocks=kernels.RowBlocks(block_rows=8))
@@ -402,7 +429,7 @@ def test_same_seed_same_bits(evidence):
     other = not any(np.array_equal(a, b) for a, b in zip(outs[0], outs[2], strict=True))
     assert evidence.record(
         "determinism: same seed gives bitwise-equal kernel outputs; another seed differs",
-        "seeds 7, 7, 8; matmul (64, 96) x (96, 48) bfloat16, layer norm (24, 128) float32",
+        "seeds 7, 7, 8; matmul (64, 256) x (256, 200) bfloat16, layer norm (24, 128) float32",
         {"same_seed_bitwise_equal": same, "other_seed_differs": other},
         {"bitwise": True},
         same and other,
@@ -441,19 +468,35 @@ BAD_MATMUL = [
     ),
     ((_f32(0, 16), _f32(16, 8), _f32(8)), {}, r"at least 1"),
     (
-        (_f32(64, 64), _f32(64, 64), _f32(64)),
-        {"blocks": (24, 16, 16)},
-        r"`block_m` must be a power of two.*`24`",
+        (_f32(64, 256), _f32(256, 256), _f32(256)),
+        {"blocks": (12, 128, 128)},
+        r"`block_m` = `12` breaks the TPU block rule for the sublane axis.*multiple of 8",
     ),
     (
-        (_f32(64, 64), _f32(64, 64), _f32(64)),
-        {"blocks": (16, 8, 16)},
-        r"`block_n` must lie in \[16, 256\]",
+        (jnp.ones((64, 256), jnp.bfloat16),) * 1
+        + (jnp.ones((256, 256), jnp.bfloat16), jnp.ones((256,), jnp.bfloat16)),
+        {"blocks": (8, 128, 128)},
+        r"`block_m` = `8` breaks the TPU block rule for the sublane axis.*multiple of 16",
+    ),
+    (
+        (_f32(64, 256), _f32(256, 256), _f32(256)),
+        {"blocks": (16, 64, 128)},
+        r"`block_n` = `64` breaks the TPU block rule for the lane axis.*multiple of 128",
+    ),
+    (
+        (_f32(64, 300), _f32(300, 256), _f32(256)),
+        {"blocks": (16, 128, 100)},
+        r"`block_k` = `100` breaks the TPU block rule for the lane axis",
     ),
     (
         (_f32(5, 64), _f32(64, 64), _f32(64)),
-        {"blocks": (64, 16, 16)},
-        r"`block_m` = `64` exceeds the padded M = 5",
+        {"blocks": (16, 64, 64)},
+        r"`block_m` = `16` exceeds M = 5 rounded up to the tile \(8\)",
+    ),
+    (
+        (_f32(64, 64), _f32(64, 64), _f32(64)),
+        {"precision": "high"},
+        r"Unknown precision `high`",
     ),
     (
         (_f32(64, 64), _f32(64, 64), _f32(64)),
@@ -465,41 +508,44 @@ BAD_MATMUL = [
 
 @pytest.mark.parametrize(("operands", "kwargs", "message"), BAD_MATMUL)
 def test_bad_matmul_input_is_refused_before_any_kernel_runs(monkeypatch, operands, kwargs, message):
-    """Each of 11 bad matmul inputs is refused with its message before any pallas_call is built."""
+    """Each of 14 bad matmul inputs is refused with its message before any pallas_call is built."""
 
     def no_kernel(*args, **kw):
         raise AssertionError("a kernel was built for refused input")
 
-    monkeypatch.setattr(kernels.pl, "pallas_call", no_kernel)
+    monkeypatch.setattr(pl, "pallas_call", no_kernel)
     if "blocks" in kwargs:
         kwargs = {**kwargs, "blocks": kernels.MatmulBlocks(*kwargs["blocks"])}
     with pytest.raises(kernels.KernelInputError, match=message):
         kernels.matmul_bias_act(*operands, **kwargs)
 
 
-def test_shared_memory_rule_depends_on_the_dtype(evidence):
-    """check_matmul refuses (128, 128, 128) blocks for float32 and accepts them for bfloat16.
+def test_vmem_rule_depends_on_the_dtype_and_counts_every_buffer(evidence):
+    """check_matmul refuses (1024, 1024, 1024) blocks for float32 and accepts them for bfloat16,
+    at the byte count worked out by hand.
 
-    (128, 128, 128) blocks with 2 stages need 256 KiB of float32 tiles (refused)
-    but 128 KiB of bfloat16 tiles (accepted): the dtype decides."""
-    blocks = kernels.MatmulBlocks(128, 128, 128)
+    One program holds two buffers of each input and output block plus a float32
+    accumulator and a float32 product: for 1024^3 blocks that is 2 (2 * 1024^2 + 1024 +
+    1024^2) itemsize + 8 * 1024^2 bytes, 32 MiB + 8 KiB + 8 MiB (refused) in float32 and
+    16 MiB + 4 KiB + 8 MiB (accepted) in bfloat16, against a 32 MiB budget (float32 at
+    `default` precision: `highest` adds the bfloat16 split of the inputs)."""
+    blocks = kernels.MatmulBlocks(1024, 1024, 1024)
+    by_hand = {4: 2 * (3 * 2**20 + 1024) * 4 + 8 * 2**20, 2: 2 * (3 * 2**20 + 1024) * 2 + 8 * 2**20}
     refused_f32 = False
     try:
-        kernels.check_matmul(_f32(256, 256), _f32(256, 256), _f32(256), blocks, "none")
+        kernels.check_matmul(
+            _f32(2048, 2048), _f32(2048, 2048), _f32(2048), blocks, "none", "default"
+        )
     except kernels.KernelInputError as err:
-        refused_f32 = "shared memory" in str(err)
-    bf = jnp.ones((256, 256), jnp.bfloat16)
-    kernels.check_matmul(bf, bf, jnp.ones((256,), jnp.bfloat16), blocks, "none")
+        refused_f32 = f"need {by_hand[4]} bytes of VMEM" in str(err)
+    bf = jnp.ones((2048, 2048), jnp.bfloat16)
+    kernels.check_matmul(bf, bf, jnp.ones((2048,), jnp.bfloat16), blocks, "none")
     assert evidence.record(
-        "shared-memory rule: same blocks refused for float32, accepted for bfloat16",
-        "blocks 128/128/128, 2 stages, limit 227 KiB",
-        {
-            "float32_bytes": kernels.matmul_staged_bytes(blocks, 4),
-            "bfloat16_bytes": kernels.matmul_staged_bytes(blocks, 2),
-            "float32_refused": refused_f32,
-        },
-        {"limit_bytes": kernels.SHARED_MEMORY_BYTES},
-        refused_f32,
+        "VMEM rule: same blocks refused for float32, accepted for bfloat16",
+        "blocks 1024/1024/1024, budget 32 MiB",
+        {"float32_bytes": by_hand[4], "bfloat16_bytes": by_hand[2], "float32_refused": refused_f32},
+        {"limit_bytes": 32 * 2**20},
+        refused_f32 and by_hand[2] <= 32 * 2**20 < by_hand[4],
     )
 
 
@@ -507,21 +553,26 @@ def test_shared_memory_rule_depends_on_the_dtype(evidence):
     ("shape", "params", "blocks", "message"),
     [
         (
-            (8, 100),
+            (64, 100),
             (100, 100),
-            kernels.RowBlocks(8, 64),
-            r"`block_cols` = `64` is smaller than the row length C = 100",
+            kernels.RowBlocks(12),
+            r"`block_rows` = `12` breaks the TPU block rule for the sublane axis",
         ),
-        ((8, 100), (100, 100), kernels.RowBlocks(8, 96), r"`block_cols` must be a power of two"),
-        ((8, 100), (100, 100), kernels.RowBlocks(8, 256), r"wider than the padded row length 128"),
+        ((5, 100), (100, 100), kernels.RowBlocks(16), r"exceeds R = 5 rounded up to the tile"),
+        (
+            (512, 8192),
+            (8192, 8192),
+            kernels.RowBlocks(256),
+            r"`256` whole rows of C = 8192 `float32` values need \d+ bytes of VMEM",
+        ),
         ((8, 100), (99, 100), kernels.RowBlocks(8), r"`gamma` and `beta` of shape \(C,\)"),
-        ((8, 100), (100, 100), kernels.RowBlocks(3), r"`block_rows` must be a power of two"),
+        ((8, 100), (100, 100), kernels.RowBlocks(0), r"`block_rows` must be a positive integer"),
     ],
 )
 def test_bad_layer_norm_input_is_refused(monkeypatch, shape, params, blocks, message):
     """Each of 5 bad layer-norm inputs or blocks is refused with its message before any pallas_call
     is built."""
-    monkeypatch.setattr(kernels.pl, "pallas_call", lambda *a, **k: pytest.fail("kernel built"))
+    monkeypatch.setattr(pl, "pallas_call", lambda *a, **k: pytest.fail("kernel built"))
     with pytest.raises(kernels.KernelInputError, match=message):
         kernels.layer_norm(_f32(*shape), _f32(params[0]), _f32(params[1]), blocks=blocks)
 
@@ -529,8 +580,8 @@ def test_bad_layer_norm_input_is_refused(monkeypatch, shape, params, blocks, mes
 def test_cli_check_refuses_bad_blocks_and_runs_good_ones(evidence):
     """The check command exits 2 naming block_m for blocks too large for M, and exits 0 naming the
     mode for good ones."""
-    bad = CliRunner().invoke(main, ["check", "5", "64", "7", "--blocks", "64", "16", "16"])
-    good = CliRunner().invoke(main, ["check", "5", "64", "7", "--blocks", "16", "16", "16"])
+    bad = CliRunner().invoke(main, ["check", "5", "64", "7", "--blocks", "64", "7", "64"])
+    good = CliRunner().invoke(main, ["check", "5", "64", "7", "--blocks", "5", "7", "64"])
     observed = {
         "bad_exit": bad.exit_code,
         "bad_names_block_m": "`block_m`" in bad.output,
@@ -540,7 +591,7 @@ def test_cli_check_refuses_bad_blocks_and_runs_good_ones(evidence):
     }
     assert evidence.record(
         "CLI `check`: invalid blocks are one clear error (exit 2); valid ones run and pass",
-        "(5, 64) x (64, 7): block_m 64 vs 16",
+        "(5, 64) x (64, 7): block_m 64 vs 5",
         observed,
         {"bad_exit": 2, "good_exit": 0},
         observed["bad_exit"] == 2

@@ -3,11 +3,15 @@
 Independent check: each bound of `kernel_audit.reference`, element by element,
 against its documented formula written out in plain Python (`bound_formulas.py`)
 with the unit roundoff taken from each dtype's description (eps / 2), for both
-dtypes and several reduction lengths; and an error between one and two bounds
+dtypes, several reduction lengths, both declared matmul precisions and the
+arithmetic of both backends (CPU and TPU; a bound is plain NumPy, so both are
+checked wherever the test runs); and an error between one and two bounds
 refused by the audit's own verdict, so a bound twice too loose shows.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +26,9 @@ from bound_formulas import (
 )
 
 from kernel_audit import audit, data, kernels, reference
+
+# Bounds are NumPy: the arithmetic of either backend is checked on any machine.
+BACKENDS = ("cpu", "tpu")
 
 
 def test_unit_roundoff_is_half_the_machine_epsilon(evidence):
@@ -41,19 +48,22 @@ def test_unit_roundoff_is_half_the_machine_epsilon(evidence):
 @pytest.mark.parametrize("shape", [(1, 1, 1), (3, 70, 2), (2, 300, 3), (2, 2048, 2)])
 def test_matmul_bound_equals_its_formula_over_reduction_lengths(evidence, shape, dtype):
     """matmul_error_bound equals its documented formula, element by element, for K from 1 to 2048,
-    three activations and both output dtypes."""
+    three activations, both output dtypes, both precisions and the CPU's and the TPU's
+    arithmetic."""
     m, k, n = shape
     x, w, b = data.matmul_operands(
         data.case_key(3, "bound-formula", *shape, dtype), m, k, n, kernels.DTYPES[dtype]
     )
     ok = True
-    for activation in ("none", "relu", "gelu"):
+    for activation, precision, backend in itertools.product(
+        ("none", "relu", "gelu"), kernels.PRECISIONS, BACKENDS
+    ):
         ok &= same_bound(
             evidence,
             "matmul_error_bound vs its formula element by element",
-            f"(M, K, N)={shape}, {dtype}, {activation}",
-            reference.matmul_error_bound(x, w, b, activation, dtype),
-            matmul_bound_loop(x, w, b, activation, dtype),
+            f"(M, K, N)={shape}, {dtype}, {activation}, {precision}, {backend}",
+            reference.matmul_error_bound(x, w, b, activation, dtype, precision, backend),
+            matmul_bound_loop(x, w, b, activation, dtype, precision, backend),
         )
     assert ok
 
@@ -67,13 +77,16 @@ def test_layer_norm_bound_equals_its_formula_over_row_lengths(evidence, shape, d
     x, g, b = data.layer_norm_operands(
         data.case_key(3, "ln-bound-formula", *shape, dtype), rows, cols, kernels.DTYPES[dtype]
     )
-    assert same_bound(
-        evidence,
-        "layer_norm_error_bound vs its formula element by element",
-        f"(R, C)={shape}, {dtype}",
-        reference.layer_norm_error_bound(x, g, b, dtype),
-        layer_norm_bound_loop(x, g, b, dtype),
-    )
+    ok = True
+    for backend in BACKENDS:
+        ok &= same_bound(
+            evidence,
+            "layer_norm_error_bound vs its formula element by element",
+            f"(R, C)={shape}, {dtype}, {backend}",
+            reference.layer_norm_error_bound(x, g, b, dtype, backend),
+            layer_norm_bound_loop(x, g, b, dtype, backend),
+        )
+    assert ok
 
 
 @pytest.mark.parametrize(
@@ -87,17 +100,18 @@ def test_dense_grad_bound_equals_its_formula(evidence, shape, activation):
     k_ops, k_g = jax.random.split(data.case_key(3, "grad-bound-formula", *shape, activation))
     x, w, b = data.matmul_operands(k_ops, m, k, n, jnp.float32)
     g = jax.random.normal(k_g, (m, n), jnp.float32)
-    got = reference.dense_grad_error_bound(x, w, b, g, activation)
-    expected = dense_grad_bound_loop(x, w, b, g, activation)
     ok = True
-    for name, gb, eb in zip(["dx", "dw", "db"], got, expected, strict=True):
-        ok &= same_bound(
-            evidence,
-            f"dense_grad_error_bound {name} vs its formula element by element",
-            f"(M, K, N)={shape}, {activation}, float32",
-            gb,
-            eb,
-        )
+    for precision, backend in itertools.product(kernels.PRECISIONS, BACKENDS):
+        got = reference.dense_grad_error_bound(x, w, b, g, activation, precision, backend)
+        expected = dense_grad_bound_loop(x, w, b, g, activation, precision, backend)
+        for name, gb, eb in zip(["dx", "dw", "db"], got, expected, strict=True):
+            ok &= same_bound(
+                evidence,
+                f"dense_grad_error_bound {name} vs its formula element by element",
+                f"(M, K, N)={shape}, {activation}, float32, {precision}, {backend}",
+                gb,
+                eb,
+            )
     assert ok
 
 
@@ -109,17 +123,18 @@ def test_layer_norm_grad_bound_equals_its_formula(evidence, shape):
     k_ops, k_g = jax.random.split(data.case_key(3, "ln-grad-bound-formula", *shape))
     x, gam, bet = data.layer_norm_operands(k_ops, rows, cols, jnp.float32)
     g = jax.random.normal(k_g, (rows, cols), jnp.float32)
-    got = reference.layer_norm_grad_error_bound(x, gam, bet, g)
-    expected = layer_norm_grad_bound_loop(x, gam, g)
     ok = True
-    for name, gb, eb in zip(["dx", "dgamma", "dbeta"], got, expected, strict=True):
-        ok &= same_bound(
-            evidence,
-            f"layer_norm_grad_error_bound {name} vs its formula element by element",
-            f"(R, C)={shape}, float32",
-            gb,
-            eb,
-        )
+    for backend in BACKENDS:
+        got = reference.layer_norm_grad_error_bound(x, gam, bet, g, backend)
+        expected = layer_norm_grad_bound_loop(x, gam, g, backend)
+        for name, gb, eb in zip(["dx", "dgamma", "dbeta"], got, expected, strict=True):
+            ok &= same_bound(
+                evidence,
+                f"layer_norm_grad_error_bound {name} vs its formula element by element",
+                f"(R, C)={shape}, float32, {backend}",
+                gb,
+                eb,
+            )
     assert ok
 
 
@@ -129,7 +144,9 @@ def test_an_error_between_one_and_two_bounds_is_refused(evidence):
     stage's bound check for every gradient bound.
 
     The bound each verdict uses is the library's; the error put on the float64 value is a
-    multiple of the bound recomputed here from the formula with u = eps / 2."""
+    multiple of the bound recomputed here from the formula with u = eps / 2, for the
+    arithmetic of the backend this runs on (the library's bound defaults to it)."""
+    runs = jax.default_backend()
     verdicts = {}
     forward = []
     for dtype in ("float32", "bfloat16"):
@@ -140,7 +157,7 @@ def test_an_error_between_one_and_two_bounds_is_refused(evidence):
                 f"matmul {dtype} gelu",
                 reference.matmul_bias_act_f64(x, w, b, "gelu"),
                 reference.matmul_error_bound(x, w, b, "gelu", dtype),
-                matmul_bound_loop(x, w, b, "gelu", dtype),
+                matmul_bound_loop(x, w, b, "gelu", dtype, backend=runs),
             )
         )
         xr, g, be = data.layer_norm_operands(key_ln, 4, 300, kernels.DTYPES[dtype])
@@ -149,7 +166,7 @@ def test_an_error_between_one_and_two_bounds_is_refused(evidence):
                 f"layer norm {dtype}",
                 reference.layer_norm_f64(xr, g, be),
                 reference.layer_norm_error_bound(xr, g, be, dtype),
-                layer_norm_bound_loop(xr, g, be, dtype),
+                layer_norm_bound_loop(xr, g, be, dtype, runs),
             )
         )
     for name, f64, bound, true_bound in forward:
@@ -173,7 +190,7 @@ def test_an_error_between_one_and_two_bounds_is_refused(evidence):
             ["dx", "dw", "db"],
             reference.dense_grads_f64(x, w, b, g, "gelu"),
             reference.dense_grad_error_bound(x, w, b, g, "gelu"),
-            dense_grad_bound_loop(x, w, b, g, "gelu"),
+            dense_grad_bound_loop(x, w, b, g, "gelu", backend=runs),
             strict=True,
         )
     ] + [
@@ -182,7 +199,7 @@ def test_an_error_between_one_and_two_bounds_is_refused(evidence):
             ["dx", "dgamma", "dbeta"],
             reference.layer_norm_grads_f64(xr, gam, bet, gr),
             reference.layer_norm_grad_error_bound(xr, gam, bet, gr),
-            layer_norm_grad_bound_loop(xr, gam, gr),
+            layer_norm_grad_bound_loop(xr, gam, gr, runs),
             strict=True,
         )
     ]

@@ -6,8 +6,9 @@
     kernel-audit bench [--out FILE.json] [--size ...]     timings, each with its mode
 
 With no `--config`, `audit` runs `Config.default()` and writes
-`runs/audit-<UTC time>/report.json` and `audit.png`. On a machine without a
-GPU the kernels run in the Pallas interpreter, and every record says so.
+`runs/audit-<UTC time>/report.json` and `audit.png`. On a TPU the kernels are
+compiled (Mosaic); on any other machine they run in the Pallas interpreter, and
+every record says which.
 """
 
 import datetime
@@ -98,11 +99,29 @@ def audit(config_path: str | None, workdir: str | None) -> None:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32")
 @click.option("--activation", type=click.Choice(["none", "relu", "gelu"]), default="gelu")
 @click.option(
-    "--blocks", type=(int, int, int), default=(32, 32, 32), show_default=True, help="BM BN BK."
+    "--blocks",
+    type=(int, int, int),
+    default=None,
+    help="BM BN BK, used as given (refused when a TPU block rule forbids them); default: "
+    "256 256 512, each replaced by the whole dimension where that is smaller.",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["highest", "default"]),
+    default="highest",
+    show_default=True,
+    help="Matmul precision of float32 operands (`default`: bfloat16 inputs on a TPU).",
 )
 @click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True)
 def check(
-    m: int, k: int, n: int, dtype: str, activation: str, blocks: tuple[int, int, int], seed: int
+    m: int,
+    k: int,
+    n: int,
+    dtype: str,
+    activation: str,
+    blocks: tuple[int, int, int] | None,
+    precision: str,
+    seed: int,
 ) -> None:
     """Run the fused matmul once on an (M, K) x (K, N) problem and compare it with
     both references; block sizes invalid for the shape or dtype are refused."""
@@ -118,17 +137,18 @@ def check(
                 f"{name} would hold {entries} entries for (M, K, N) = `{(m, k, n)}`, more "
                 f"than the {MAX_CHECK_ENTRIES} `check` builds; use smaller dimensions."
             )
+    if blocks is None:
+        fitted = kernels.fit_matmul_blocks(m, k, n)
+    else:
+        fitted = kernels.MatmulBlocks(*blocks)
     record = audit_module.audit_matmul(
-        data.MatmulCase("cli", m, k, n),
-        dtype,
-        activation,
-        kernels.MatmulBlocks(*blocks),
-        seed,
+        data.MatmulCase("cli", m, k, n), dtype, activation, fitted, seed, precision=precision
     )
     if record.get("refused"):
         raise BadInput(record["refused"])
     click.echo(
-        f"({m}, {k}) x ({k}, {n}) {dtype} {activation}, blocks {blocks} "
+        f"({m}, {k}) x ({k}, {n}) {dtype} {activation} at precision {precision}, blocks "
+        f"{(fitted.block_m, fitted.block_n, fitted.block_k)} "
         f"[{record['execution_mode']}]: max |kernel - f64| = "
         f"{record['max_abs_error_vs_f64']:.3g}, {record['bound_used_vs_f64']:.3f} of the "
         f"bound; {'PASS' if record['passed'] else 'FAIL'}"

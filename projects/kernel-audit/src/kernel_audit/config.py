@@ -60,13 +60,15 @@ class Config(BaseModel):
     """Names of rows of `data.ROW_CASES` to audit with the layer norm."""
 
     matmul_blocks: tuple[tuple[int, int, int], ...] = Field(
-        default=((16, 16, 16), (32, 32, 32), (64, 64, 32)), min_length=1
+        default=((16, 128, 128), (32, 128, 256), (64, 256, 512)), min_length=1
     )
-    """(block_m, block_n, block_k) triples swept; a triple the kernel refuses for a
-    shape (e.g. larger than the padded dimension) is recorded as refused."""
+    """(block_m, block_n, block_k) targets swept; each is fitted to a shape (a block
+    wider than its dimension becomes the whole dimension, `fit_matmul_blocks`), and a
+    fitted triple the kernel refuses (a TPU block rule) is recorded as refused."""
 
-    row_blocks: tuple[int, ...] = Field(default=(1, 8), min_length=1)
-    """`block_rows` values swept for the layer norm."""
+    row_blocks: tuple[int, ...] = Field(default=(8, 16, 32), min_length=1)
+    """`block_rows` targets swept for the layer norm, fitted to the row count; 8 rows
+    are refused for bfloat16, whose native tile has 16."""
 
     hidden: int = Field(default=48, ge=1, le=1024)
     """Width of the training demo's hidden layer."""
@@ -113,8 +115,8 @@ class Config(BaseModel):
             activations=("gelu",),
             matmul_cases=("divides", "ragged"),
             row_cases=("divides", "ragged"),
-            matmul_blocks=((16, 16, 16),),
-            row_blocks=(8,),
+            matmul_blocks=((16, 128, 128),),
+            row_blocks=(16,),
             hidden=16,
             batch_size=20,
             train_steps=5,

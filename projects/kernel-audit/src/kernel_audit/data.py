@@ -34,11 +34,13 @@ class RowCase:
     cols: int
 
 
-# Shapes that divide 16/32-wide blocks, shapes that do not (masked edges), tiny
-# and degenerate shapes, and a long reduction. The audit crosses them with dtypes.
+# Shapes that divide TPU-shaped blocks (rows in 8s or 16s, columns and the reduction
+# in 128s), shapes that do not (masked edges), tiny and degenerate shapes (a block
+# then spans the whole dimension), and a long reduction. The audit crosses them
+# with dtypes and block sizes.
 MATMUL_CASES = (
-    MatmulCase("divides", 64, 64, 64),
-    MatmulCase("ragged", 50, 70, 33),
+    MatmulCase("divides", 64, 256, 256),
+    MatmulCase("ragged", 50, 300, 200),
     MatmulCase("tiny", 1, 1, 1),
     MatmulCase("single_row", 1, 37, 19),
     MatmulCase("single_column", 23, 29, 1),
@@ -46,7 +48,7 @@ MATMUL_CASES = (
 )
 ROW_CASES = (
     RowCase("divides", 32, 64),
-    RowCase("ragged", 13, 70),
+    RowCase("ragged", 37, 70),
     RowCase("tiny", 1, 1),
     RowCase("single_row", 1, 300),
     RowCase("long_row", 5, 2000),

@@ -125,6 +125,9 @@ def run_stages(
     )
     seconds = time.perf_counter() - start
     sys.stdout.write(output[-4000:])
+    if xml.exists():
+        # Kept reports name files relative to the project, never this machine's paths.
+        xml.write_text(xml.read_text().replace(f"{project}/", ""))
     parsed = parse_junit(xml, stages) if xml.exists() else {}
     return {"mode": mode, "exit_code": code, "wall_seconds": seconds, "stages": parsed}
 

@@ -46,9 +46,11 @@ IGNORED = shutil.ignore_patterns(
     "*.pyc",
     "mlruns",
     "*.db",
-    # The mutation report and its config quote the reference's lines.
+    # The mutation report and its config quote the reference's lines, and a
+    # hardware probe times hand-written kernels of the stages' own kind.
     "mutation-report.json",
     "mutation.toml",
+    "probes",
 )
 NOTE = """\
 > **Starter.** This is the learner's copy of `{id}`: the code of each stage

@@ -107,7 +107,11 @@ def matmul_vmem_bytes(
     at `highest` (`split_float32`) also holds each input block split into three
     bfloat16 parts and a second float32 partial product: on a TPU v5e, (1024, 1024,
     512) float32 blocks at `highest` took 34.47 MB of scoped VMEM, 9.3 MB more than
-    the first three terms."""
+    the first three terms. The count is symmetric in `block_m` and `block_n`, and
+    Mosaic is not: there (1024, 512, 1024) float32 blocks at `highest` (counted
+    32.5 MB) overflowed the 33.5 MB limit while (512, 1024, 1024) compiled, so a
+    count just under the limit can still fail to compile, which the bench records
+    as a failed path."""
     inputs = (block_m * block_k + block_k * block_n + block_n) * itemsize
     output = block_m * block_n * itemsize
     needed = 2 * (inputs + output) + 2 * block_m * block_n * 4

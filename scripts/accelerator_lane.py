@@ -13,7 +13,8 @@ each test's outcome and skip reason are kept; `--mode interpret` sets
 reads `KERNEL_AUDIT_MODE`). `bugs` applies each seeded bug
 alone to a scratch copy and runs the tests it names with `-x`: exit 1 is caught,
 0 survived, anything else broken. Both write JSON under DIR with the device
-kind and the jax, jaxlib and libtpu versions.
+kind and the jax, jaxlib and libtpu versions; `scripts/accelerator_report.py`
+turns them into the project's `accelerator-report.json`.
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ def main() -> None:
     args = parser.parse_args()
     project = ROOT / "projects" / args.project
     args.out.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": machine(), "project": project.name}
+    payload = {"machine": machine(), "project": project.name, "written_at": int(time.time())}
     if args.command == "run":
         modes = args.mode or ["auto"]
         payload["runs"] = [

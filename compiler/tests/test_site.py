@@ -452,3 +452,53 @@ def test_ids_that_cannot_name_a_file_are_refused(tmp_path: Path, kind: str, bad_
     with pytest.raises(ValueError, match="kebab-case"):
         build(tmp_path / "site", inputs)
     assert not (tmp_path / "site").exists()
+
+
+def test_project_page_shows_where_each_stage_last_ran_on_an_accelerator(tmp_path: Path) -> None:
+    """A stage with an accelerator report shows its device, date, commit, counts per
+    mode and seeded bugs, `current` while its code hash equals the mutation
+    report's and `stale` once not; a stage without one says so."""
+    folder = tmp_path / "proj-two"
+    folder.mkdir()
+    counts = {"passed": 3, "failed": 0, "skipped": 1, "seconds": 1.0, "failures": []}
+    counts["skips"] = [{"test": "test_stage_1.py::test_x", "reason": "needs sockets"}]
+    report = {
+        "schema_version": 1,
+        "project": "proj-two",
+        "device": {
+            "backend": "tpu",
+            "device_kind": "TPU v5 lite",
+            "device_count": 1,
+            "jax": "0.10.2",
+            "jaxlib": "0.10.2",
+            "libtpu": "0.0.42.1",
+        },
+        "commit": "1234567" + "0" * 33,
+        "ran_on": "2026-12-06",
+        "command": "lane",
+        "code_hashes": {"1": "a" * 64},
+        "runs": [
+            {"mode": "auto", "exit_code": 0, "wall_seconds": 2.0, "stages": {"1": counts}},
+            {"mode": "interpret", "exit_code": 0, "wall_seconds": 2.0, "stages": {"1": counts}},
+        ],
+        "seeded_bugs": [{"id": "b", "stage": "1", "outcome": "caught", "seconds": 1.0}],
+    }
+    (folder / "accelerator-report.json").write_text(json.dumps(report))
+    inputs = synthetic_inputs()
+    inputs["projects"][1]["folder"] = str(folder)
+    texts = {}
+    for code_hash in ("a" * 64, "b" * 64):
+        mutation = {"stages": {"1": {"code_hash": code_hash}}}
+        (folder / "mutation-report.json").write_text(json.dumps(mutation))
+        build(tmp_path / code_hash[0], inputs)
+        texts[code_hash[0]] = read_page(
+            tmp_path / code_hash[0] / "projects" / "proj-two.html"
+        ).text()
+    for text in texts.values():
+        assert "passed on TPU v5 lite (2026-12-06, 1234567)" in text
+        assert "default mode 3 passed, 1 skipped; interpret 3 passed, 1 skipped" in text
+        assert "seeded bugs 1 of 1 caught" in text
+    assert "current" in texts["a"] and "stale" not in texts["a"]
+    assert "stale: code changed since" in texts["b"]
+    unreported = read_page(tmp_path / "a" / "projects" / "proj-one.html").text()
+    assert "not run on an accelerator yet" in unreported

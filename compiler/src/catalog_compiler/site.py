@@ -36,6 +36,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from catalog_compiler import accelerator
 from catalog_compiler import route_text as text
 from catalog_compiler.portfolio import dossier_module, project_roles, roles_json
 from catalog_compiler.site_evidence import capability_map, lesson_context
@@ -158,7 +159,15 @@ def _project_context(project: dict, index: SiteIndex) -> dict:
         "used_by": used_by,
         "starter": _starter_context(project),
         "evidence": _evidence_context(project, index.catalog),
+        "accelerator": _accelerator_context(project),
     }
+
+
+def _accelerator_context(project: dict) -> dict[str, dict]:
+    """Stage id -> where its tests last ran on an accelerator and whether that is
+    current (`accelerator.stage_summaries`); empty without a report."""
+    folder = Path(project["folder"]) if project.get("folder") else None
+    return (accelerator.stage_summaries(folder) if folder else None) or {}
 
 
 def _evidence_context(project: dict, catalog: dict) -> dict | None:

@@ -46,11 +46,13 @@ IGNORED = shutil.ignore_patterns(
     "*.pyc",
     "mlruns",
     "*.db",
-    # The mutation report and its config quote the reference's lines, and a
-    # hardware probe times hand-written kernels of the stages' own kind.
+    # The mutation report and its config quote the reference's lines, a hardware
+    # probe times hand-written kernels of the stages' own kind, and the
+    # accelerator report describes a run of the reference's code.
     "mutation-report.json",
     "mutation.toml",
     "probes",
+    "accelerator-report.json",
 )
 NOTE = """\
 > **Starter.** This is the learner's copy of `{id}`: the code of each stage

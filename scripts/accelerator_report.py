@@ -1,0 +1,121 @@
+"""Writes `projects/<id>/accelerator-report.json` from the accelerator lane's JSON.
+
+    python scripts/accelerator_report.py PROJECT --commit SHA --lane LANE.json [--lane ...]
+        [--command TEXT]
+
+`scripts/accelerator_lane.py` runs on the accelerator machine, which has the
+project's files but not this repository's tooling, so it records what ran and
+how it went but not the code hash; this script, run here, adds it. Each `--lane`
+is a `lane-run-*.json` (one run per execution mode) or `lane-bugs-*.json` (seeded
+bugs run on the chip); all must name the same project and device. The code
+hashes are those of the commit that was sent to the machine (`--commit`), taken
+from a `git archive` of it, so a report made after later edits still names what
+ran; the report is validated (`catalog_compiler.accelerator`) before it is
+written, atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import mutants  # noqa: E402
+from catalog_compiler.accelerator import REPORT, AcceleratorReport  # noqa: E402
+from scratch import stage_ids, stage_tests  # noqa: E402
+
+
+def code_hashes_at(project: str, commit: str) -> dict[str, str]:
+    """Stage id -> `mutants.stage_hash` of `projects/<project>` as it was at `commit`."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", commit, f"projects/{project}"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tempfile.TemporaryDirectory() as scratch:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(scratch, filter="data")
+        folder = Path(scratch) / "projects" / project
+        return {
+            stage: mutants.stage_hash(
+                folder, stage, stage_tests(folder, stage), mutants.stage_targets(folder, stage)
+            )
+            for stage in stage_ids(folder)
+        }
+
+
+def build(project: str, commit: str, lanes: list[dict], command: str) -> dict:
+    """The report's JSON from the lane payloads (raises ValueError when they disagree)."""
+    devices = {json.dumps(lane["machine"], sort_keys=True) for lane in lanes}
+    names = {lane["project"] for lane in lanes}
+    if names != {project} or len(devices) != 1:
+        raise ValueError(f"lane files name projects {sorted(names)} and {len(devices)} devices")
+    full = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    runs = [run for lane in lanes for run in lane.get("runs", [])]
+    bugs = [
+        {k: bug[k] for k in ("id", "stage", "outcome")} | {"seconds": bug.get("seconds", 0.0)}
+        for lane in lanes
+        for bug in lane.get("bugs", [])
+    ]
+    stamps = [lane["written_at"] for lane in lanes if "written_at" in lane]
+    payload = {
+        "schema_version": 1,
+        "project": project,
+        "device": lanes[0]["machine"],
+        "commit": full,
+        "ran_on": time.strftime("%Y-%m-%d", time.gmtime(max(stamps) if stamps else time.time())),
+        "command": command,
+        "code_hashes": code_hashes_at(project, full),
+        "runs": runs,
+        "seeded_bugs": bugs,
+    }
+    return AcceleratorReport.model_validate(payload).model_dump(mode="json")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("project")
+    parser.add_argument("--commit", required=True)
+    parser.add_argument("--lane", type=Path, action="append", required=True)
+    parser.add_argument(
+        "--command",
+        default="python scripts/accelerator_lane.py run PROJECT --mode auto --mode interpret; "
+        "python scripts/accelerator_lane.py bugs PROJECT",
+    )
+    args = parser.parse_args()
+    lanes = []
+    for path in args.lane:
+        lane = json.loads(path.read_text(encoding="utf-8"))
+        # The lane names its files `lane-<command>-<unix seconds>.json`.
+        stamp = path.stem.rsplit("-", 1)[-1]
+        if "written_at" not in lane and stamp.isdigit():
+            lane["written_at"] = int(stamp)
+        lanes.append(lane)
+    try:
+        report = build(args.project, args.commit, lanes, args.command)
+    except (ValueError, KeyError, subprocess.CalledProcessError) as err:
+        sys.exit(f"accelerator_report: {err}")
+    target = ROOT / "projects" / args.project / REPORT
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
+    print(f"wrote {target.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

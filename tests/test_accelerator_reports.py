@@ -1,0 +1,125 @@
+"""Every committed `accelerator-report.json` is well formed and says what ran where.
+
+CI has no accelerator, so these reports are what a lent chip left behind
+(`scripts/accelerator_lane.py` there, `scripts/accelerator_report.py` here). For
+each ready project that has one: it validates against
+`catalog_compiler.accelerator.AcceleratorReport` (every skip names its reason,
+counts agree with their lists), names its own project and a non-CPU device, and
+hashes exactly the manifest's stages; every stage passed or was skipped with
+its reason, in every mode; no seeded bug run there survived. Negative controls
+show the schema refusing a skip without a reason, a count that disagrees with
+its list and a run that leaves a stage out, and `stage_summaries` calling a
+stage stale once its code hash differs from the mutation report's.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from catalog_compiler import accelerator  # noqa: E402
+from ready_projects import ready_projects  # noqa: E402
+from scratch import stage_ids  # noqa: E402
+
+REPORTED = [p for p in ready_projects() if (p / accelerator.REPORT).is_file()]
+
+
+def test_at_least_one_project_has_run_on_an_accelerator():
+    assert REPORTED, "no project keeps an accelerator-report.json"
+
+
+@pytest.mark.parametrize("project", REPORTED, ids=lambda p: p.name)
+def test_report_is_valid_and_every_stage_passed_or_skipped_with_its_reason(project: Path):
+    report = accelerator.load(project)
+    assert report.project == project.name
+    assert report.device.backend != "cpu", "an accelerator report must come from an accelerator"
+    assert list(report.code_hashes) == stage_ids(project)
+    for stage in report.code_hashes:
+        verdict = accelerator.stage_verdict(report, stage)
+        runs = {run.mode: run.stages[stage] for run in report.runs}
+        assert verdict in ("passed", "skipped"), (stage, verdict, runs)
+    survived = [b.id for b in report.seeded_bugs if b.outcome != "caught"]
+    assert not survived, f"seeded bugs not caught on {report.device.device_kind}: {survived}"
+
+
+def _sample() -> dict:
+    """A minimal valid report, written out by hand."""
+    stage = {"passed": 2, "failed": 0, "skipped": 1, "seconds": 1.5, "failures": []}
+    stage["skips"] = [{"test": "test_a.py::test_x", "reason": "needs two processes"}]
+    return {
+        "schema_version": 1,
+        "project": "toy",
+        "device": {
+            "backend": "tpu",
+            "device_kind": "TPU v5 lite",
+            "device_count": 1,
+            "jax": "0.10.2",
+            "jaxlib": "0.10.2",
+            "libtpu": "0.0.42.1",
+        },
+        "commit": "0" * 40,
+        "ran_on": "2026-12-06",
+        "command": "python scripts/accelerator_lane.py run toy",
+        "code_hashes": {"1": "a" * 64, "2": "b" * 64},
+        "runs": [
+            {
+                "mode": "auto",
+                "exit_code": 0,
+                "wall_seconds": 3.0,
+                "stages": {"1": stage, "2": copy.deepcopy(stage)},
+            }
+        ],
+        "seeded_bugs": [{"id": "off-by-one", "stage": "1", "outcome": "caught", "seconds": 2.0}],
+    }
+
+
+def test_the_schema_accepts_the_sample():
+    report = accelerator.AcceleratorReport.model_validate(_sample())
+    assert accelerator.stage_verdict(report, "1") == "passed"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda r: r["runs"][0]["stages"]["1"]["skips"][0].update(reason=""),
+        lambda r: r["runs"][0]["stages"]["1"].update(skipped=0),
+        lambda r: r["runs"][0]["stages"].pop("2"),
+        lambda r: r.update(commit="829c30b"),
+        lambda r: r["device"].update(extra="x"),
+    ],
+    ids=["skip-without-reason", "count-disagrees", "stage-left-out", "short-commit", "unknown-key"],
+)
+def test_the_schema_refuses_a_damaged_report(damage):
+    report = _sample()
+    damage(report)
+    with pytest.raises(ValidationError):
+        accelerator.AcceleratorReport.model_validate(report)
+
+
+def test_verdicts_fail_a_failure_and_skip_only_when_every_test_skipped():
+    report = _sample()
+    report["runs"][0]["stages"]["1"].update(
+        failed=1, failures=[{"test": "test_a.py::test_y", "message": "AssertionError"}]
+    )
+    report["runs"][0]["stages"]["2"].update(passed=0)
+    parsed = accelerator.AcceleratorReport.model_validate(report)
+    assert accelerator.stage_verdict(parsed, "1") == "failed"
+    assert accelerator.stage_verdict(parsed, "2") == "skipped"
+
+
+def test_a_stage_is_current_only_while_its_code_hash_matches_the_mutation_report(tmp_path):
+    (tmp_path / accelerator.REPORT).write_text(json.dumps(_sample()))
+    stages = {"1": {"code_hash": "a" * 64}, "2": {"code_hash": "c" * 64}}
+    (tmp_path / "mutation-report.json").write_text(json.dumps({"stages": stages}))
+    summary = accelerator.stage_summaries(tmp_path)
+    assert (summary["1"]["current"], summary["2"]["current"]) == (True, False)
+    assert summary["1"]["bugs_caught"] == summary["1"]["bugs_run"] == 1
+    assert accelerator.stage_summaries(tmp_path / "elsewhere") is None

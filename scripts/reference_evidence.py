@@ -23,7 +23,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from catalog_compiler.starters import copy_project
+from catalog_compiler.starters import LEARNER_TOOLS, copy_project
 from ready_projects import ready_projects
 from scratch import ROOT
 
@@ -31,7 +31,7 @@ from scratch import ROOT
 def refresh(project: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="reference-evidence-") as tmp:
         copy = copy_project(project, Path(tmp) / project.name)
-        for name in ("progress.py", "dossier.py"):
+        for name in LEARNER_TOOLS:
             source = resources.files("catalog_compiler").joinpath("templates", name)
             (copy / name).write_bytes(source.read_bytes())
         env = dict(os.environ, PYTHONPATH=str(copy / "src"), MPLBACKEND="Agg")

@@ -127,6 +127,7 @@ def test_starter_strips_sources_adds_progress_and_leaves_outputs_behind(tmp_path
         "dossier.py",
         "hints.json",
         "hints.py",
+        "learner_files.py",
         "progress.py",
         "src/demo/__init__.py",
         "src/demo/shapes.py",

@@ -140,7 +140,13 @@ def _coverage(
 
     root = _root(root)
     for folder in folders:
-        if not folder.is_dir():
+        try:
+            is_folder = folder.is_dir()
+        except OSError as error:  # e.g. a path longer than the system allows
+            raise click.BadParameter(
+                f"`{folder}` cannot be examined: {error.strerror}.", param_hint="EVIDENCE_DIR"
+            ) from None
+        if not is_folder:
             raise click.BadParameter(f"`{folder}` is not a folder.", param_hint="EVIDENCE_DIR")
     compiled = compile_catalog(root)
     if not compiled.ok:

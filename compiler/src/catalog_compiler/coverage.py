@@ -13,11 +13,15 @@ under the milestones whose phases hold their lessons; required route
 practice and optional extensions are kept apart, as the catalog's scopes
 say. Evidence that cannot be read, or that names a project or stage the
 catalog does not know, is a diagnostic (COV001-COV003), never a crash.
+Every file is read as `progress.py` reads it (``read_bytes``): a link, a
+folder, a FIFO or another special file, one too large or unreadable, or a
+path too long for the system is a reason, never a hang or a traceback.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +30,10 @@ from catalog_compiler.diagnostics import START, Diagnostic
 from catalog_compiler.portfolio import progress_module
 
 REQUIRED = "Required route practice"
+REMEDY = (
+    "pass the `evidence/` folder that `progress.py` wrote, its `progress.json` a regular "
+    "file, by a path this system accepts"
+)
 
 
 @dataclass
@@ -85,14 +93,16 @@ def read_evidence(
         shown = str(folder)
         stamps_path = folder / "progress.json"
         try:
-            stamps = json.loads(stamps_path.read_text(encoding="utf-8"))
+            stamps = progress.read_json(stamps_path, REMEDY)
+            if stamps is None:
+                raise FileNotFoundError(2, os.strerror(2))
             if not isinstance(stamps, dict) or not isinstance(stamps.get("stages"), dict):
                 raise ValueError("no `stages` mapping")
             project_id = stamps["project"]
             if not isinstance(project_id, str):
                 raise ValueError("`project` is not text")
         except (OSError, ValueError, KeyError, UnicodeDecodeError) as error:
-            reason = getattr(error, "strerror", None) or str(error)
+            reason = (getattr(error, "strerror", None) or str(error)).rstrip(".")
             problems.append(
                 rules.EVIDENCE_UNREADABLE.at(
                     f"{shown}/progress.json", START, "", f"Cannot read the stamps: {reason}."
@@ -112,7 +122,7 @@ def read_evidence(
             continue
         read[project_id] = folder
         stages = {s["id"]: s for s in manifest["stages"]}
-        code = folder.parent if (folder.parent / "project.toml").is_file() else None
+        code = folder.parent if _is_file(folder.parent / "project.toml") else None
         for stage_id, record in stamps["stages"].items():
             stage = stages.get(stage_id)
             if stage is None:
@@ -129,19 +139,31 @@ def read_evidence(
     return states, problems, read
 
 
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file or a link to one; False when it cannot be
+    examined at all (too long a path, no permission), unlike ``Path.is_file``."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _stage_state(progress, folder: Path, code: Path | None, stage: dict, record) -> StageState:
     source = str(folder)
     if not isinstance(record, dict) or record.get("result") != "passed":
         return StageState(False, "its last run did not pass", source)
     evidence = folder / f"stage_{stage['id']}.json"
-    if not evidence.is_file():
+    if not _is_file(evidence):
         return StageState(False, "no evidence file", source)
-    if record.get("evidence_sha256") != progress.file_sha256(evidence):
-        return StageState(False, "its evidence changed since the stamp", source)
-    if code is not None and record.get("code_hash") != progress.stage_code_hash(
-        code, stage["id"], stage["tests"]
-    ):
-        return StageState(False, "its code changed since the run that passed", source)
+    try:
+        if record.get("evidence_sha256") != progress.file_sha256(evidence):
+            return StageState(False, "its evidence changed since the stamp", source)
+        if code is not None and record.get("code_hash") != progress.stage_code_hash(
+            code, stage["id"], stage["tests"]
+        ):
+            return StageState(False, "its code changed since the run that passed", source)
+    except OSError as error:  # progress.Unreadable included: its message names the file.
+        return StageState(False, str(error).rstrip("."), source)
     return StageState(True, "passed and current", source)
 
 

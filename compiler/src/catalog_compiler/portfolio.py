@@ -74,6 +74,7 @@ def _template_module(name: str) -> ModuleType:
 
 @cache
 def progress_module() -> ModuleType:
+    _template_module("learner_files")  # `progress` imports it by name, as in a starter.
     return _template_module("progress")
 
 

@@ -7,7 +7,8 @@ Contract:
   ``progress.py`` (the learner's one command: the current stage, its failing
   check), ``hints.py`` (``progress.py hint`` and ``watch``) with
   ``hints.json`` (each region's hint and its reference, compressed, for the
-  ladder's last level), ``dossier.py`` (``progress.py dossier``) and the
+  ladder's last level), ``dossier.py`` (``progress.py dossier``),
+  ``learner_files.py`` (how they all read and write the learner's files) and the
   ``roles.json`` it is given, and puts a short note at the top of the README.
   ``seeded_bugs.toml`` keeps each mistake's stage, file, reason and tests but
   not its code (``find``/``replace`` quote the reference). It raises
@@ -46,14 +47,19 @@ IGNORED = shutil.ignore_patterns(
     "*.pyc",
     "mlruns",
     "*.db",
-    # The mutation report and its config quote the reference's lines, a hardware
-    # probe times hand-written kernels of the stages' own kind, and the
-    # accelerator report describes a run of the reference's code.
+    # The mutation report, its config and the correct reformulations quote the
+    # reference's lines, a hardware probe times hand-written kernels of the
+    # stages' own kind, and the accelerator report describes a run of the
+    # reference's code.
     "mutation-report.json",
     "mutation.toml",
+    "reformulations.toml",
     "probes",
     "accelerator-report.json",
 )
+# The learner's commands a starter ships (templates/), in import order: every
+# other one imports `progress`, which imports `learner_files`.
+LEARNER_TOOLS = ("learner_files.py", "progress.py", "hints.py", "dossier.py")
 NOTE = """\
 > **Starter.** This is the learner's copy of `{id}`: the code of each stage
 > is yours to write. Every exercise region (`# --- exercise stage N: hint ---`)
@@ -121,7 +127,7 @@ def starter_files(
             files[rel] = text.encode("utf-8")
         else:
             files[rel] = path.read_bytes()
-    for name in ("progress.py", "hints.py", "dossier.py"):
+    for name in LEARNER_TOOLS:
         files[name] = resources.files("catalog_compiler").joinpath("templates", name).read_bytes()
     files["hints.json"] = hints_json(project)
     if "seeded_bugs.toml" in files:

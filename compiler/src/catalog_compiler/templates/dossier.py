@@ -15,6 +15,11 @@ its exercise regions are still to write).
 It closes with the skills and review questions of every route whose skill
 evidence points at this project (`roles.json`, written with the starter),
 each question beside the stages whose evidence bears on it.
+
+Files are read as `progress.py` reads them (its module docstring): an
+evidence file or `roles.json` that is not JSON of the shape expected is
+shown as none, said in one line on stderr; one that is a link, a folder, a
+FIFO, too large or unreadable stops the dossier with one line (exit 2).
 """
 
 from __future__ import annotations
@@ -22,8 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import html
-import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -91,13 +94,47 @@ def stage_status(folder: Path, stage: dict, record: dict | None) -> tuple[str, s
 
 
 def load_evidence(folder: Path, stage_id: str) -> dict | None:
+    """A stage's evidence with its records (each an object), or None when there is no
+    file or it is not such evidence (said on stderr)."""
+    path = folder / "evidence" / f"stage_{stage_id}.json"
     try:
-        data = json.loads(
-            (folder / "evidence" / f"stage_{stage_id}.json").read_text(encoding="utf-8")
-        )
-    except (OSError, ValueError):
+        data = progress.read_json(path)
+    except ValueError as error:
+        data, problem = None, f"is not valid JSON ({error})"
+    else:
+        problem = "is not an object with a `records` list"
+    if data is None and not path.is_file():
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("records"), list) else None
+    if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+        rerun = f"a run of stage {stage_id} rewrites it"
+        _warn(path, folder, f"{problem}: shown as no evidence; {rerun}")
+        return None
+    return dict(data, records=[r for r in data["records"] if isinstance(r, dict)])
+
+
+def _warn(path: Path, folder: Path, problem: str) -> None:
+    print(f"progress.py dossier: {progress.shown(path, folder)} {problem}.", file=sys.stderr)
+
+
+def _roles_problem(roles: object) -> str | None:
+    """Why ``roles`` is not `roles.json` as the starter ships it, or None."""
+    if not isinstance(roles, dict) or not isinstance(roles.get("roles"), list):
+        return "is not an object with a `roles` list"
+    for role in roles["roles"]:
+        if not (
+            isinstance(role, dict)
+            and all(isinstance(role.get(k), str) for k in ("title", "portfolio"))
+            and isinstance(role.get("reviewQuestions"), list)
+            and isinstance(role.get("skills"), list)
+            and all(
+                isinstance(skill, dict)
+                and all(isinstance(skill.get(k), str) for k in ("skill", "scope"))
+                and isinstance(skill.get("stageIds"), list)
+                for skill in role["skills"]
+            )
+        ):
+            return "holds a route without its title, portfolio, skills or questions"
+    return None
 
 
 def figures(value: object) -> str:
@@ -143,9 +180,15 @@ def collect(folder: Path, roles: dict | None = None, generated_at: str | None = 
             }
         )
     if roles is None:
+        path = folder / "roles.json"
         try:
-            roles = json.loads((folder / "roles.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            roles = progress.read_json(path, progress.RESTORE)
+            problem = None if roles is None else _roles_problem(roles)
+        except ValueError as error:
+            problem = f"is not valid JSON ({error})"
+        if problem:
+            _warn(path, folder, f"{problem}: the capability map is left out; {progress.RESTORE}")
+        if roles is None or problem:
             roles = {"roles": []}
     return {
         "project": project,
@@ -335,13 +378,14 @@ def write(folder: Path, out: Path, data: dict | None = None) -> Path:
     """Write ``out``/index.html, dossier.md and the stages' plots; return the page.
     ``data`` is what :func:`collect` returns (default: collected now)."""
     data = data or collect(folder)
-    out.mkdir(parents=True, exist_ok=True)
     for s in data["stages"]:
-        for name in s["plots"]:
-            shutil.copyfile(folder / "evidence" / name, out / name)
-    (out / "dossier.md").write_text(markdown(data), encoding="utf-8")
+        for name in s["plots"]:  # Read and written as any evidence: never through a link.
+            plot = progress.read_bytes(folder / "evidence" / name)
+            if plot is not None:
+                progress.write_atomic(out / name, plot)
+    progress.write_atomic(out / "dossier.md", markdown(data))
     page = out / "index.html"
-    page.write_text(html_page(data), encoding="utf-8")
+    progress.write_atomic(page, html_page(data))
     return page
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ast
 import base64
 import difflib
-import json
 import re
 import sys
 import zlib
@@ -54,15 +53,35 @@ CONFIG_UPDATE = re.compile(
 )
 
 
+# Each region of `hints.json` and the type of each of its fields.
+REGION_FIELDS = {"stage": str, "path": str, "hint": str, "index": int, "reference": str}
+
+
 def load_regions(folder: Path = progress.HERE) -> list[dict]:
+    """The regions of `hints.json`: none when it is absent or not JSON; those of
+    another shape are left out. :class:`progress.Unreadable` when the file is
+    unusable (a link, a folder, a FIFO, too large, unreadable)."""
     try:
-        return json.loads((folder / HINTS).read_text(encoding="utf-8"))["regions"]
-    except (OSError, ValueError, KeyError):
+        data = progress.read_json(folder / HINTS, progress.RESTORE)
+    except ValueError:
         return []
+    regions = data.get("regions") if isinstance(data, dict) else None
+    return [
+        r
+        for r in (regions if isinstance(regions, list) else [])
+        if isinstance(r, dict) and all(isinstance(r.get(k), t) for k, t in REGION_FIELDS.items())
+    ]
 
 
 def reference_lines(region: dict) -> list[str]:
-    return zlib.decompress(base64.b64decode(region["reference"])).decode("utf-8").splitlines()
+    try:
+        text = zlib.decompress(base64.b64decode(region["reference"])).decode("utf-8")
+    except (ValueError, zlib.error):
+        raise progress.Unreadable(
+            f"{HINTS} holds a reference for {region['path']} that does not decode: "
+            f"{progress.RESTORE}."
+        ) from None
+    return text.splitlines()
 
 
 def current_stage(folder: Path = progress.HERE) -> str | None:
@@ -114,8 +133,8 @@ def checks_of(stage: dict, folder: Path) -> list[tuple[str, str]]:
     found = []
     for test in stage["tests"]:
         try:
-            tree = ast.parse((folder / test).read_text(encoding="utf-8"))
-        except (OSError, SyntaxError):
+            tree = ast.parse(progress.read_text(folder / test) or "")
+        except (OSError, SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith(
@@ -140,7 +159,7 @@ def strict_modes(folder: Path) -> list[str]:
     """The strict JAX settings `tests/conftest.py` makes (those :data:`STRICT`
     explains; caches and the like are left out), each with what it means."""
     try:
-        text = (folder / "tests" / "conftest.py").read_text(encoding="utf-8")
+        text = progress.read_text(folder / "tests" / "conftest.py") or ""
     except OSError:
         return []
     modes = []
@@ -212,7 +231,11 @@ def hint(stage_id: str | None, folder: Path = progress.HERE) -> int:
     left = [(rel, hint_text) for rel, _, hint_text in todo]
     region = next((r for key in left for r in regions if (r["path"], r["hint"]) == key), regions[0])
     source = folder / region["path"]
-    text = source.read_text(encoding="utf-8").splitlines()
+    found = progress.read_text(source)
+    if found is None:
+        print(f"progress.py hint: {region['path']} is missing: {progress.RESTORE}", file=sys.stderr)
+        return 2
+    text = found.splitlines()
     try:
         line = marker_line(text, region)
     except LookupError as gone:

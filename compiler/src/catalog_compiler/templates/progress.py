@@ -7,6 +7,7 @@ Run from the project folder, with the project's environment active (README.md):
     python progress.py hint [STAGE]  # the next hint for the stage's first region to write
     python progress.py watch         # rerun the current stage whenever a file is saved
     python progress.py dossier       # your evidence, as dossier/index.html and dossier.md
+    python progress.py --help        # this list (`watch --runs N`, `dossier --out DIR`)
 
 A run starts at the first stage that is not passed and stops at the first
 that fails; the stages after it are not run. When a stage fails, it shows
@@ -23,8 +24,17 @@ evidence, is not run again (``--all`` runs it). The dossier (`dossier.py`)
 reads those stamps: a stage is shown as demonstrated only when it passed and
 neither its code nor its evidence changed since.
 
+Every file these commands read is taken as untrusted (:func:`read_bytes`):
+one that is a symbolic link, a folder, a FIFO or another special file, over
+:data:`MAX_BYTES`, or unreadable stops the command with one line naming it and
+what to do; stamps that are not valid JSON, or not of the shape written here,
+are set aside with one line and written afresh. Nothing is written through a
+link (:func:`write_atomic`), and a stage does not run while its evidence file
+is one (:func:`check_evidence`): the tests would write through it.
+
 Exit status: 0 when every stage passes, 1 when one fails, 2 when this Python
-cannot run the project (it is not the project's environment).
+cannot run the project (it is not the project's environment) or a file it
+needs is unusable.
 """
 
 from __future__ import annotations
@@ -45,6 +55,21 @@ import tomllib
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+# hints.py and dossier.py use these as progress.*.
+from learner_files import (  # noqa: F401
+    AFRESH,
+    MAX_BYTES,
+    RESTORE,
+    Unreadable,
+    check_evidence,
+    read_bytes,
+    read_json,
+    read_text,
+    regular_file,
+    shown,
+    write_atomic,
+)
 
 HERE = Path(__file__).resolve().parent
 OPEN = re.compile(r"^\s*# --- exercise stage (?P<stage>[A-Za-z0-9_-]+): (?P<hint>.+?) ---\s*$")
@@ -72,15 +97,21 @@ class StageRun:
 
 
 def manifest(folder: Path = HERE) -> dict:
-    with (folder / "project.toml").open("rb") as f:
-        return tomllib.load(f)
+    path = folder / "project.toml"
+    text = read_text(path)
+    if text is None:
+        raise Unreadable(f"{shown(path)} is missing: {RESTORE}.")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise Unreadable(f"{shown(path)} is not valid TOML ({error}): {RESTORE}.") from None
 
 
 def unwritten_regions(folder: Path = HERE) -> dict[str, list[tuple[str, int, str]]]:
     """Per stage: (file, line, hint) of each region that still raises the starter's error."""
     found: dict[str, list[tuple[str, int, str]]] = {}
     for source in sorted((folder / "src").rglob("*.py")):
-        lines = source.read_text(encoding="utf-8").splitlines()
+        lines = (read_text(source) or "").splitlines()
         for number, line in enumerate(lines, start=1):
             opening = OPEN.match(line)
             if opening and number < len(lines) and UNWRITTEN.match(lines[number]):
@@ -132,7 +163,7 @@ def stage_code_hash(folder: Path, stage: str, tests: list[str]) -> str:
     for source in sorted((folder / "src").rglob("*.py"), key=lambda p: p.as_posix()):
         rel = source.relative_to(folder).as_posix()
         inside = False
-        for line in source.read_text(encoding="utf-8").splitlines():
+        for line in (read_text(source) or "").splitlines():
             opening = OPEN.match(line)
             if opening:
                 inside = opening["stage"] == stage
@@ -146,33 +177,80 @@ def stage_code_hash(folder: Path, stage: str, tests: list[str]) -> str:
     for test in tests:
         path = folder / test
         digest.update(f"test {test}\n".encode())
-        text = path.read_text(encoding="utf-8") if path.is_file() else None
+        text = read_text(path)
         digest.update(b"<absent>" if text is None else code_identity(text))
     for helper in test_harness(folder):
         digest.update(f"harness {helper}\n".encode())
-        digest.update(code_identity((folder / helper).read_text(encoding="utf-8")))
+        digest.update(code_identity(read_text(folder / helper) or ""))
     return digest.hexdigest()
 
 
 def file_sha256(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    """sha256 of an evidence file, None when there is none (:func:`read_bytes`)."""
+    data = read_bytes(path)
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+# The type of each field of a stamp that the tools read; one of another type is dropped.
+RECORD_FIELDS = {
+    "result": str,
+    "code_hash": str,
+    "evidence_sha256": str,
+    "command": str,
+    "ran_at": str,
+    "environment": dict,
+    "failure": dict,
+}
+_warned: set[Path] = set()
 
 
 def load_state(folder: Path = HERE) -> dict:
-    """The stamps, or an empty state when there are none or they do not parse."""
+    """The stamps: empty when there are none; when they are not JSON or not of the
+    shape :func:`save_state` writes, empty too, said once on stderr (the next save
+    replaces them). :class:`Unreadable` when the file itself is unusable."""
+    path = folder / STATE
     try:
-        state = json.loads((folder / STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {"stages": {}}
-    return state if isinstance(state.get("stages"), dict) else {"stages": {}}
+        state = read_json(path)
+        if state is None:
+            return {"stages": {}}
+        problem = _state_problem(state)
+    except ValueError as error:
+        problem = f"is not valid JSON ({error})"
+    if problem is None:
+        for record in state["stages"].values():
+            for key, kind in RECORD_FIELDS.items():
+                if key in record and not isinstance(record[key], kind):
+                    del record[key]
+            failure = record.get("failure", {})
+            if not all(isinstance(failure.get(k), str) for k in ("test", "assertion")):
+                record.pop("failure", None)
+        return state
+    if path not in _warned:
+        _warned.add(path)
+        print(
+            f"progress.py: {shown(path)} {problem}: its stamps are set aside and written "
+            "afresh (stamped stages run again).",
+            file=sys.stderr,
+        )
+    return {"stages": {}}
+
+
+def _state_problem(state: object) -> str | None:
+    """Why ``state`` is not stamps as :func:`save_state` writes them, or None."""
+    if not isinstance(state, dict):
+        return f"holds a JSON {type(state).__name__}, not an object of stamps"
+    if not isinstance(state.get("stages"), dict):
+        return "has no `stages` object"
+    if not all(isinstance(record, dict) for record in state["stages"].values()):
+        return "has a stage stamp that is not an object"
+    hints = state.get("hints", {})
+    if not isinstance(hints, dict) or not all(isinstance(level, int) for level in hints.values()):
+        return "has a `hints` entry that is not a level number"
+    return None
 
 
 def save_state(state: dict, folder: Path = HERE) -> None:
-    path = folder / STATE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)  # A crash mid-write leaves the old stamps, never half a file.
+    write_atomic(folder / STATE, json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
 def test_command(tests: list[str]) -> list[str]:
@@ -184,10 +262,11 @@ def stamp(folder: Path, stage: dict, result: str, ran_at: str | None = None) -> 
     evidence = folder / "evidence" / f"stage_{stage['id']}.json"
     env = {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu()}
     try:
-        written = json.loads(evidence.read_text(encoding="utf-8"))
-        env.update({k: written[k] for k in ("jax", "backend") if k in written})
-    except (OSError, ValueError, TypeError):
-        pass
+        written = read_json(evidence)
+    except ValueError:
+        written = None
+    if isinstance(written, dict):
+        env.update({k: str(written[k]) for k in ("jax", "backend") if k in written})
     return {
         "result": result,
         "code_hash": stage_code_hash(folder, stage["id"], stage["tests"]),
@@ -281,8 +360,8 @@ def test_file_of(classname: str, tests: list[str]) -> tuple[str, str]:
 def docstring_sentence(path: Path, owner: str, name: str) -> str:
     """The first sentence of test ``name``'s docstring (in class ``owner``), or ""."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError):
+        tree = ast.parse(read_text(path) or "")
+    except (OSError, SyntaxError, ValueError):
         return ""
     function = name.split("[", 1)[0]
     scope: list[ast.stmt] = tree.body
@@ -350,9 +429,10 @@ def _run_stages(run_all: bool, folder: Path) -> Outcome:
         if not run_all and record and record.get("result") == "passed":
             if is_current(folder, stage, record):
                 rows.append(
-                    (sid, stage["title"], todo, "passed", f"unchanged since {record['ran_at']}")
+                    (sid, stage["title"], todo, "passed", f"unchanged since {record.get('ran_at')}")
                 )
                 continue
+        check_evidence(folder, sid)
         print(f"running stage {sid} tests ...", flush=True)
         run = run_stage(stage["tests"], folder)
         runs.append(run)
@@ -414,26 +494,41 @@ def failing_region_first(
     return named[:1] + [r for r in todo if r not in named[:1]]
 
 
+def usage() -> str:
+    """The commands, as the module docstring lists them, and the exit statuses."""
+    paragraphs = __doc__.split("\n\n")
+    return "\n\n".join([paragraphs[1], paragraphs[2], paragraphs[-1].strip()])
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["--help"], ["-h"], ["help"]):
+        print(usage())
+        return 0
     problem = environment_problem()
     if problem:
         print(problem, file=sys.stderr)
         return 2
     sys.path.insert(0, str(HERE))
     command = argv[0] if argv and not argv[0].startswith("-") else ""
-    if command == "dossier":
-        import dossier
+    try:
+        if command == "dossier":
+            import dossier
 
-        return dossier.main(argv[1:])
-    if command in ("hint", "watch"):
-        import hints
+            return dossier.main(argv[1:])
+        if command in ("hint", "watch"):
+            import hints
 
-        return hints.main(argv)
-    if command or any(a not in ("--all",) for a in argv):
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
+            return hints.main(argv)
+        if command or any(a not in ("--all",) for a in argv):
+            print(usage(), file=sys.stderr)
+            return 2
+        return run_stages(run_all="--all" in argv)
+    except Unreadable as problem:
+        print(f"progress.py: {problem}", file=sys.stderr)
         return 2
-    return run_stages(run_all="--all" in argv)
 
 
 if __name__ == "__main__":
+    # `hints` and `dossier` import `progress`: let them find this module, not a second copy.
+    sys.modules.setdefault("progress", sys.modules[__name__])
     sys.exit(main(sys.argv[1:]))

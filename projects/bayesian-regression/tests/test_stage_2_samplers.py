@@ -6,12 +6,13 @@ Independent checks:
   - dual averaging: the step size it settles on against the closed-form one
     for an acceptance curve `exp(-eps)`;
   - HMC: sample means and covariances against the exact NIG moments, as
-    z-scores with batch-means Monte-Carlo standard errors (fixed keys, so
-    every z-score is a deterministic number);
+    z-scores over 64 independent chains (Student-t), with the chains' mixing
+    times; the accept/reject rule at u = 0 on a proposal of probability 0 and 1;
   - ELBO: the Monte-Carlo estimator against the closed-form `-KL` of two
     Gaussians; VI fits against the exact posterior and the exact evidence.
 Changed conditions: a second data set (uncorrelated design, other seed); a
 non-unit mass matrix; a deliberately too-large step size (divergences).
+Each statistical test states its size and power; the limits are in `stat_checks`.
 """
 
 import jax
@@ -19,13 +20,46 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
+from stat_checks import (
+    ELBO_NUM_MC,
+    ELBO_Z_LIMIT,
+    SIZE,
+    VI_LIMITS,
+    elbo_z,
+    mixing_times,
+    moment_z_vector,
+    sidak_limit,
+    vi_statistics,
+)
 
 from bayesian_regression import hmc, train, vi
 from bayesian_regression.config import Config
 
-Z_LIMIT = 4.0
-CORRELATED = Config.tiny()
-UNCORRELATED = Config.tiny().replace(feature_correlation=0.0, data_seed=1)
+# HMC runs of the stage: 64 chains x 250 draws after 300 warm-up iterations. Chains are
+# independent replications (own key, own start, own adaptation), so the z-score of a
+# moment over the 64 chain means is Student-t with 63 dof, without any assumption on
+# the autocorrelation within a chain. (An earlier sweep, not kept, reported z-scores from
+# batches cut from 16 longer chains spread up to 10% wider than t: their batches share a
+# chain's adaptation.)
+CORRELATED = Config.tiny().replace(num_chains=64, num_samples=250)
+UNCORRELATED = CORRELATED.replace(feature_correlation=0.0, data_seed=1)
+DIM = CORRELATED.num_features + 1
+Z_PER_DESIGN = DIM + DIM * (DIM + 1) // 2  # 4 means and 10 covariances
+Z_DOF = CORRELATED.num_chains - 1
+# The moments test bounds 36 figures over both designs: 28 z-scores and 8 mixing times.
+MOMENTS_FIGURES = 2 * (Z_PER_DESIGN + DIM)
+Z_LIMIT = sidak_limit(MOMENTS_FIGURES, Z_DOF)  # 5.15
+# Mixing: n Var(chain means) / Var_exact estimates a mean's integrated autocorrelation time
+# tau, as tau chi2_63 / 63. A working HMC (8 leapfrog steps) keeps tau <= TAU_MAX = 3 (an
+# ESS of at least a third of the draws; this run's are 0.8 to 1.8); the limit is that
+# bound's upper quantile, Sidak as above. Chains that barely move have tau in the hundreds.
+TAU_MAX = 3.0
+MIX_LIMIT = TAU_MAX * float(
+    stats.chi2.isf(1.0 - (1.0 - SIZE) ** (1.0 / MOMENTS_FIGURES), Z_DOF) / Z_DOF
+)  # 6.08
+# A divergent transition is rejected (no bias), and rare at the adapted step (none in this
+# run; an earlier sweep, not kept, reported 3 of 3584 runs with one and none with two).
+MAX_DIVERGENT_AT_1X = 1
 
 
 @pytest.fixture(scope="module")
@@ -235,31 +269,74 @@ def test_welford_window_matches_numpy_and_stan_shrinkage(n, offset, evidence):
 
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_hmc_moments_match_the_exact_posterior(name, problems, hmc_runs, evidence):
-    """HMC means and covariances are within 4 Monte-Carlo standard errors of the exact NIG moments,
-    no divergences."""
+    """HMC means and covariances are within Z_LIMIT = 5.15 standard errors (over 64 chains) of
+    the exact NIG moments, on two designs, with at most one divergent transition.
+
+    Size 1e-4: a Sidak bound over 36 figures, 28 z-scores (Student-t, 63 dof) and 8 mixing
+    times (chi2_63 at TAU_MAX = 3), the model's figure. Recorded evidence (the size
+    sweep's `hmc` part, stopped before it wrote its record; its log is kept in
+    `evidence/size_sweep.json`): the largest |z| over 256 keys and both designs was 4.65
+    for the reference, 4.37 and 4.22 with the drift reassociated, 4.17 with the momentum
+    as `z * sqrt(1 / m)`, against 5.15; the mixing times and divergences under those keys,
+    and the 4 rewrites of `model.py` not yet reached, were not recorded. Power: an MCSE is 0.007 to
+    0.011 posterior sd for a mean and 1.5% to 2.6% of a variance, so a bias of 0.06 sd in
+    a mean or 13% in a variance fails with chance >= 1/2 (0.08 sd and 19%: 0.99); chains
+    that barely move (tau in the hundreds: a drift without M^-1, NaN momenta) fail the
+    mixing bound, which the z-scores, whose errors grow with the chains' spread, cannot see."""
     samples = hmc_runs[name]
-    z = train.moment_zscores(samples.positions, problems[name].moments)
-    cond = f"{name} design, {CORRELATED.num_chains} x {CORRELATED.num_samples} draws, 4 batches"
+    z = moment_z_vector(samples.positions, problems[name].moments)
+    tau = mixing_times(samples.positions, problems[name].moments)
+    divergent = int(jnp.sum(samples.is_divergent))
     ok = evidence.record(
-        "HMC means and covariances vs exact (z-scores)",
-        cond,
+        "HMC means and covariances vs exact (z-scores over independent chains)",
+        f"{name} design, {CORRELATED.num_chains} chains x {CORRELATED.num_samples} draws",
         {
-            "mean_z": z["mean_z"],
-            "cov_z": z["cov_z"],
-            "max_abs_z": z["max_abs_z"],
-            "divergent": int(jnp.sum(samples.is_divergent)),
+            "mean_z": z[:DIM],
+            "cov_z": z[DIM:],
+            "max_abs_z": float(np.max(np.abs(z))),
+            "mixing_time": tau,
+            "divergent": divergent,
             "mean_accept": float(jnp.mean(samples.accept_prob)),
         },
-        {"max_abs_z": Z_LIMIT},
-        z["max_abs_z"] < Z_LIMIT,
+        {
+            "max_abs_z": Z_LIMIT,
+            "t_dof": Z_DOF,
+            "mixing_time_max": MIX_LIMIT,
+            "divergent_max": MAX_DIVERGENT_AT_1X,
+            "size": SIZE,
+        },
+        bool(np.max(np.abs(z)) < Z_LIMIT and np.max(tau) < MIX_LIMIT)
+        and divergent <= MAX_DIVERGENT_AT_1X,
     )
     assert ok, z
-    assert int(jnp.sum(samples.is_divergent)) == 0
+
+
+# The adapted inverse mass of a chain is Stan's shrunk variance of a window of 75 warm-up
+# draws: `(n / (n + 5)) s^2` (+ 6e-5). Its ratio to the exact variance is taken as
+# log-normal, with log mean -0.125 (the shrinkage, -0.065, plus the log of a noisy
+# variance) and sd 0.30: figures from an earlier sweep whose output was not kept (it
+# reported 1792 runs per design, skew -0.1 to 0, log sd 0.26 to 0.30). The limits put the most
+# spread pair's normal tails at the Sidak bound over every chain and parameter of both
+# designs (512 ratios).
+MASS_LOG_MEAN, MASS_LOG_SD = -0.125, 0.30
+MASS_RATIOS_PER_TEST = 2 * CORRELATED.num_chains * DIM
+MASS_RATIO_RANGE = tuple(
+    float(np.exp(MASS_LOG_MEAN + sign * sidak_limit(MASS_RATIOS_PER_TEST) * MASS_LOG_SD))
+    for sign in (-1.0, 1.0)
+)  # (0.185, 4.20)
 
 
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_adapted_mass_matrix_is_the_posterior_variance(name, problems, hmc_runs, evidence):
-    """Every chain's adapted inverse mass (a 75-draw window) is within 3x of the exact variance."""
+    """Every chain's adapted inverse mass (a 75-draw window) is within MASS_RATIO_RANGE of the
+    exact variance.
+
+    Size 1e-4 by the log-normal model of MASS_RATIO_RANGE (Sidak over 512 ratios), whose
+    parameters come from an earlier sweep not kept: not yet backed by recorded evidence.
+    This run's ratios: 0.35 to 1.88. Power: an inverse mass that is not the
+    variance fails in some chain: the unit (unadapted) mass gives ratios 14 to 144, the
+    standard deviation 3.8 to 12, the precision above 200."""
+    low, high = MASS_RATIO_RANGE
     ratio = (
         np.asarray(hmc_runs[name].inv_mass)
         / np.diag(np.asarray(problems[name].moments.theta_cov))[None, :]
@@ -268,16 +345,20 @@ def test_adapted_mass_matrix_is_the_posterior_variance(name, problems, hmc_runs,
         "adapted inverse mass / exact variance",
         f"{name} design, every chain",
         {"min": float(ratio.min()), "max": float(ratio.max())},
-        {"range": [1 / 3, 3.0]},
-        bool(np.all((ratio > 1 / 3) & (ratio < 3.0))),
+        {"range": [low, high], "size": SIZE},
+        bool(np.all((ratio > low) & (ratio < high))),
     ), ratio
 
 
 def test_too_large_step_size_diverges(problems, hmc_runs, evidence):
-    """At 3x the adapted step at least 10% of transitions diverge and are counted; none at 1x.
+    """At 3x the adapted step at least 10% of transitions diverge and are counted; at most one at
+    1x.
 
     Three times the adapted step leaves the leapfrog stability region of the
-    stiffest direction: transitions diverge and are counted."""
+    stiffest direction: transitions diverge and are counted. Size: not backed by recorded
+    evidence (an earlier sweep, not kept, reported 58% to 75% divergent at 3x and at most
+    one divergence at 1x over 3584 runs); this run: 73% at 3x, none at 1x. Power: a divergence
+    flag that never fires, or fires at the adapted step, fails."""
     key = jax.random.key(CORRELATED.seed)
     big = train.sample_hmc(CORRELATED, problems["correlated"], key, step_size_factor=3.0)
     base = hmc_runs["correlated"]
@@ -293,8 +374,9 @@ def test_too_large_step_size_diverges(problems, hmc_runs, evidence):
         "divergences at 3x the adapted step size",
         "correlated design",
         observed,
-        {"divergent_at_1x": 0, "divergent_fraction_at_3x_min": 0.1},
-        observed["divergent_at_1x"] == 0 and observed["divergent_at_3x"] >= 0.1 * total,
+        {"divergent_at_1x_max": MAX_DIVERGENT_AT_1X, "divergent_fraction_at_3x_min": 0.1},
+        observed["divergent_at_1x"] <= MAX_DIVERGENT_AT_1X
+        and observed["divergent_at_3x"] >= 0.1 * total,
     )
     assert ok, observed
 
@@ -312,60 +394,71 @@ def test_same_key_same_bits(problems, hmc_runs):
     assert not np.array_equal(np.asarray(other.positions), np.asarray(again.positions))
 
 
-def _gaussian_kl(m_q, c_q, m_p, c_p):
-    d = m_q.shape[0]
-    inv = np.linalg.inv(c_p)
-    diff = m_p - m_q
-    return 0.5 * (
-        np.trace(inv @ c_q)
-        + diff @ inv @ diff
-        - d
-        + np.linalg.slogdet(c_p)[1]
-        - np.linalg.slogdet(c_q)[1]
-    )
+def _flat_in_the_unit_box(q):
+    """Log density 0 inside `|q_i| < 1`, -inf outside (gradient 0 everywhere)."""
+    return jnp.where(jnp.all(jnp.abs(q) < 1.0), jnp.float32(0.0), jnp.float32(-jnp.inf))
+
+
+@pytest.mark.parametrize(
+    ("z", "accepted"), [(5.0, False), (0.5, True)], ids=["leaves the box", "stays inside"]
+)
+def test_hmc_step_never_accepts_a_zero_probability_proposal(z, accepted, evidence):
+    """At u = 0 a proposal with acceptance probability 0 (non-finite dH) is rejected; one with
+    probability 1 is accepted.
+
+    `u ~ U[0, 1)` can be exactly 0 (float32 draws lie on the grid k 2^-23), and the rule
+    `accept when u < min(1, exp(-dH))` with `dH -> +inf` for a non-finite one rejects it
+    always (hmc_step's docstring). One leapfrog step of size 1 from q = 0 with momentum
+    `z`: 5.0 leaves the box (log density -inf, dH = +inf, accept_prob 0), 0.5 stays in it
+    (dH = 0, accept_prob 1). Deterministic (no key), so its size is nil. Power: `u <=
+    accept_prob` accepts the point outside the box, at a chance of 2^-23 per such
+    transition that no sampling test can see; a rule that ignores `u` or the
+    non-finite case fails one of the two cases."""
+    state = hmc.init_state(_flat_in_the_unit_box, jnp.zeros(1, jnp.float32))
+    noise = (jnp.full((1,), z, jnp.float32), jnp.float32(0.0))
+    one = jnp.ones(1, jnp.float32)
+    new, info = hmc.hmc_step(noise, state, _flat_in_the_unit_box, jnp.float32(1.0), one, 1)
+    moved = not np.array_equal(np.asarray(new.position), np.asarray(state.position))
+    observed = {
+        "proposal": z,
+        "accept_prob": float(info.accept_prob),
+        "energy_change_is_finite": bool(np.isfinite(float(info.energy_change))),
+        "is_divergent": bool(info.is_divergent),
+        "moved": moved,
+    }
+    assert evidence.record(
+        "HMC accept/reject at u = 0",
+        f"one leapfrog step to q = {z} in a flat box |q| < 1",
+        observed,
+        {"moved": accepted, "accept_prob": float(accepted)},
+        moved == accepted and float(info.accept_prob) == float(accepted),
+    ), observed
 
 
 @pytest.mark.parametrize("family", ["meanfield", "fullrank"])
 def test_elbo_estimator_matches_closed_form_on_a_gaussian(family, evidence):
-    """The Monte-Carlo ELBO is within 4 standard errors of the exact -KL on a Gaussian target.
+    """The Monte-Carlo ELBO is within ELBO_Z_LIMIT = 4.06 standard errors of the exact -KL on a
+    Gaussian target, for both families.
 
-    Target: normalized `N(mu, Sigma)`, so `ELBO = -KL(q || p)` exactly."""
-    mu = np.array([0.5, -1.0, 2.0])
-    sigma = np.array([[1.0, 0.6, 0.2], [0.6, 2.0, -0.3], [0.2, -0.3, 0.5]])
-    log_norm = -0.5 * (3 * np.log(2 * np.pi) + np.linalg.slogdet(sigma)[1])
-    inv = jnp.asarray(np.linalg.inv(sigma), jnp.float32)
-
-    def target(theta, data):
-        del data
-        diff = theta - jnp.asarray(mu, jnp.float32)
-        return jnp.float32(log_norm) - 0.5 * diff @ inv @ diff
-
-    key_init, key_mc = jax.random.split(jax.random.key(7))
-    params = vi.init_params(3, family)
-    noise = 0.3 * jax.random.normal(key_init, params.raw_scale.shape)
-    params = params._replace(loc=jnp.array([0.2, -0.5, 1.5]), raw_scale=params.raw_scale + noise)
-    num_mc = 40_000
-    estimate = float(
-        jax.jit(vi.elbo, static_argnums=(2, 4))(
-            params, jax.random.clone(key_mc), target, None, num_mc
-        )
-    )
-    m_q, c_q = (np.asarray(a, np.float64) for a in vi.mean_and_cov(params))
-    exact = -_gaussian_kl(m_q, c_q, mu, sigma)
-    # Standard error of the Monte-Carlo average, from the same draws, computed here.
-    eps = jax.random.normal(jax.random.clone(key_mc), (num_mc, 3))
-    draws = np.asarray(m_q[None, :] + np.asarray(eps) @ np.linalg.cholesky(c_q).T)
-    diff = draws - mu
-    log_p = log_norm - 0.5 * np.einsum("md,de,me->m", diff, np.linalg.inv(sigma), diff)
-    se = float(np.std(log_p) / np.sqrt(num_mc))
-    z = (estimate - exact) / se
+    Target: normalized `N(mu, Sigma)`, so `ELBO = -KL(q || p)` exactly. Size 1e-4: one
+    normal z per family (40,000 draws), Sidak over 2; the size sweep's `elbo` part (256
+    keys, in `evidence/size_sweep.json`): z spread 1.03 (mean field) and 0.96 (full
+    rank), largest |z| 3.0 and 3.5, none past the limit. Power: a bias of 4.06 + 2.33 =
+    6.4 standard errors (0.003 and 0.011 nats at the test key's standard errors, 0.0004
+    and 0.0016) fails with chance 0.99; an ELBO without its entropy misses by whole nats."""
+    estimate, exact, se, z = elbo_z(family, jax.random.key(7))
     assert evidence.record(
         "Monte-Carlo ELBO vs closed-form -KL",
-        f"{family}, Gaussian target, {num_mc} draws",
+        f"{family}, Gaussian target, {ELBO_NUM_MC} draws",
         {"estimate": estimate, "exact": exact, "se": se, "z": z},
-        {"abs_z": Z_LIMIT},
-        abs(z) < Z_LIMIT,
+        {"abs_z": ELBO_Z_LIMIT, "size": SIZE},
+        abs(z) < ELBO_Z_LIMIT,
     ), (estimate, exact, se)
+
+
+# Draws of the ELBO that gives each fit's KL = log p(y) - ELBO: its Monte-Carlo standard
+# error is about 0.004 nats (0.012 with 20,000), well inside the KL limits.
+VI_EVAL_DRAWS = 200_000
 
 
 @pytest.fixture(scope="module")
@@ -375,15 +468,24 @@ def vi_fits(problems):
         for family in ("meanfield", "fullrank"):
             key_fit, key_eval = jax.random.split(jax.random.key(11))
             result = train.fit_vi(CORRELATED, problem, key_fit, family)
-            out[name, family] = train.vi_summary(result, problem, key_eval)
+            out[name, family] = train.vi_summary(result, problem, key_eval, VI_EVAL_DRAWS)
     return out
 
 
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_fullrank_vi_recovers_the_exact_posterior(name, vi_fits, problems, evidence):
-    """Full-rank VI's mean is within 0.1 sd and variances within 15% of the exact posterior, KL
-    under 0.05."""
+    """Full-rank VI's mean is within 0.15 sd and variances within 15% of the exact posterior, KL
+    under 0.05.
+
+    Size: not backed by recorded evidence. VI_LIMITS (the mean error's limit widened from
+    0.1 sd to 0.15) were set from a sweep of 768 fits per design (256 keys x 3 `log_joint`
+    formulations) whose output was not kept; the `vi` part of the size sweep (`tests/size_sweep`)
+    reproduces it but has not been run into `evidence/size_sweep.json`. Power: a mean off by
+    0.15 sd, a variance by 15%, or a KL of 0.05 (the exact evidence against an ELBO of
+    200,000 draws, MCSE 0.004) fails; a fit without reparameterization gradients misses
+    by far more."""
     s = vi_fits[name, "fullrank"]
+    figures = vi_statistics(s, vi_fits[name, "meanfield"], problems[name].moments)
     observed = {
         "mean_error_in_sd": s["mean_error_in_sd"],
         "var_ratio": s["var_ratio"],
@@ -395,12 +497,14 @@ def test_fullrank_vi_recovers_the_exact_posterior(name, vi_fits, problems, evide
         "full-rank VI vs exact",
         f"{name} design",
         observed,
-        {"abs_mean_error_in_sd": 0.1, "var_ratio": [0.85, 1.15], "kl": [-0.01, 0.05]},
-        bool(
-            np.all(np.abs(s["mean_error_in_sd"]) < 0.1)
-            and np.all((s["var_ratio"] > 0.85) & (s["var_ratio"] < 1.15))
-            and -0.01 < s["kl"] < 0.05
-        ),
+        {
+            "abs_mean_error_in_sd": VI_LIMITS["fullrank_abs_mean_error_in_sd"],
+            "var_ratio": [0.85, 1.15],
+            "kl": [-0.01, 0.05],
+            "size": SIZE,
+        },
+        all(figures[k] < VI_LIMITS[k] for k in VI_LIMITS if k.startswith("fullrank"))
+        and figures["fullrank_kl"] > -0.01,
     )
     assert ok, observed
 
@@ -410,29 +514,33 @@ def test_meanfield_vi_loses_the_predicted_variance(name, vi_fits, problems, evid
     """Mean-field VI's variance ratios and KL gap match their Gaussian predictions, 2 designs.
 
     Mean-field variances are the conditional ones, `1 / (Sigma^-1)_ii`; the KL it
-    pays is `(sum log Lambda_ii - log det Lambda) / 2` for a Gaussian target."""
+    pays is `(sum log Lambda_ii - log det Lambda) / 2` for a Gaussian target. Size: not
+    backed by recorded evidence (see the full-rank test: the `vi` part of the size sweep
+    has not been run into `evidence/size_sweep.json`). Power: variance ratios 15% off the
+    conditional ones (mean-field
+    variances equal to the marginal ones are 7x too large on the correlated design) or a
+    KL gap 0.05 + 15% off fail."""
     s = vi_fits[name, "meanfield"]
     moments = problems[name].moments
+    figures = vi_statistics(vi_fits[name, "fullrank"], s, moments)
     exact_var = np.diag(np.asarray(moments.theta_cov, np.float64))
-    predicted = train.mean_field_variance_prediction(moments) / exact_var
-    prec = np.linalg.inv(np.asarray(moments.theta_cov, np.float64))
-    kl_gap_predicted = 0.5 * (np.sum(np.log(np.diag(prec))) - np.linalg.slogdet(prec)[1])
-    kl_gap = s["kl"] - vi_fits[name, "fullrank"]["kl"]
     observed = {
         "var_ratio": s["var_ratio"],
-        "predicted_var_ratio": predicted,
+        "predicted_var_ratio": train.mean_field_variance_prediction(moments) / exact_var,
         "kl_meanfield": s["kl"],
-        "kl_gap_vs_fullrank": kl_gap,
-        "kl_gap_predicted": kl_gap_predicted,
+        "kl_gap_vs_fullrank": s["kl"] - vi_fits[name, "fullrank"]["kl"],
+        "kl_gap_error_beyond_15pct": figures["meanfield_kl_gap_error_beyond_15pct"],
     }
     ok = evidence.record(
         "mean-field variance loss vs prediction",
         f"{name} design",
         observed,
-        {"var_ratio_over_predicted": [0.85, 1.15], "kl_gap_abs": 0.05, "kl_gap_rel": 0.15},
-        bool(
-            np.all(np.abs(s["var_ratio"] / predicted - 1.0) < 0.15)
-            and abs(kl_gap - kl_gap_predicted) < 0.05 + 0.15 * kl_gap_predicted
-        ),
+        {
+            "var_ratio_over_predicted": [0.85, 1.15],
+            "kl_gap_abs": 0.05,
+            "kl_gap_rel": 0.15,
+            "size": SIZE,
+        },
+        all(figures[k] < VI_LIMITS[k] for k in VI_LIMITS if k.startswith("meanfield")),
     )
     assert ok, observed

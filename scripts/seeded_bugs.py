@@ -42,6 +42,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from catalog_compiler.exercises import find_regions
 from ready_projects import learning_checked
 from schedule import Job, Worker, run_jobs
 from scratch import ROOT, copy_project, run_pytest, stage_ids
@@ -143,17 +144,36 @@ def load_bugs(
     return bugs, problems
 
 
+def in_learner_code(project: Path, bug: Bug) -> bool:
+    """Whether the bug's `find` lies wholly inside an exercise region: code the learner
+    writes, which a starter leaves out (the other bugs are in code a starter ships)."""
+    text = (project / bug.file).read_text(encoding="utf-8")
+    first = text[: text.index(bug.find)].count("\n") + 1
+    last = first + bug.find.count("\n")
+    return any(r.start < first and last < r.end for r in find_regions(text, bug.file))
+
+
 def readme_table(project: Path, bugs: list[Bug]) -> str:
-    """The README section: one row per bug, in stage order."""
+    """The README section: one row per bug, in stage order; bugs in the code the
+    learner writes first, then, in a table of their own, bugs in code a starter
+    already provides (which the stage's tests catch too)."""
     order = {s: i for i, s in enumerate(stage_ids(project))}
-    rows = [
-        BEGIN,
-        "| Stage | Seeded bug | What a learner would have done wrong | Caught by |",
-        "|---|---|---|---|",
-    ]
-    for bug in sorted(bugs, key=lambda b: order[b.stage]):
-        caught = ", ".join(f"`{t.split('::')[-1]}`" for t in bug.tests)
-        rows.append(f"| {bug.stage} | `{bug.id}` | {bug.why} | {caught} |")
+    ordered = sorted(bugs, key=lambda b: order[b.stage])
+    learner = [b for b in ordered if in_learner_code(project, b)]
+    provided = [b for b in ordered if b not in learner]
+    rows = [BEGIN]
+    for title, group in (
+        ("What a learner would have done wrong", learner),
+        ("A mistake in code the starter provides (the learner does not write it)", provided),
+    ):
+        if not group:
+            continue
+        if len(rows) > 1:
+            rows.append("")
+        rows += [f"| Stage | Seeded bug | {title} | Caught by |", "|---|---|---|---|"]
+        for bug in group:
+            caught = ", ".join(f"`{t.split('::')[-1]}`" for t in bug.tests)
+            rows.append(f"| {bug.stage} | `{bug.id}` | {bug.why} | {caught} |")
     rows.append(END)
     return "\n".join(rows)
 
@@ -285,11 +305,17 @@ def summarize(
 
 
 def load_all(
-    projects: list[Path], only: set[str] | None = None, bugs_dir: Path | None = None
+    projects: list[Path],
+    only: set[str] | None = None,
+    bugs_dir: Path | None = None,
+    reformulations: set[str] | None = None,
 ) -> tuple[list[Bug], list[str]]:
+    """Every project's seeded bugs and, for the projects named in ``reformulations``
+    (all of them when None), its correct reformulations."""
     bugs, problems = [], []
     for project in projects:
-        for kind in ("bugs",) if bugs_dir else tuple(KINDS):
+        with_reforms = not bugs_dir and (reformulations is None or project.name in reformulations)
+        for kind in tuple(KINDS) if with_reforms else ("bugs",):
             found, bad = load_bugs(project, bugs_dir, kind)
             bugs += [b for b in found if not only or b.id in only]
             problems += bad

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import learner  # noqa: E402
+import ready_projects  # noqa: E402
 import seeded_bugs  # noqa: E402
 from schedule import Job, Worker, run_jobs, scratch_tmp  # noqa: E402
 from scratch import run_pytest  # noqa: E402
@@ -289,3 +290,57 @@ def test_the_scheduler_runs_longest_first(tmp_path: Path):
     # One worker: longest estimate first, whatever the order they were queued in.
     assert order == ["long", "mid", "short"]
     assert len(done) == 3
+
+
+def test_the_readme_table_puts_bugs_in_starter_code_apart():
+    """A bug whose `find` lies inside an exercise region is a learner's mistake; one on a
+    marker line or outside every region is in code a starter ships, and goes to the
+    second table (the toy's `mean` signature is outside; its division is inside)."""
+    inside = bug("return total(values) / len(values)", "return total(values) * len(values)", "2")
+    outside = dataclasses.replace(
+        bug("def mean(values: list[float]) -> float:", "def mean(values):", "2"), id="outside"
+    )
+    marker = dataclasses.replace(
+        bug(
+            "    # --- end exercise ---\n\n\ndef mean",
+            "    # --- end exercise ---\n\ndef mean",
+            "1",
+        ),
+        id="marker",
+    )
+    assert [seeded_bugs.in_learner_code(TOY, b) for b in (inside, outside, marker)] == [
+        True,
+        False,
+        False,
+    ]
+    table = seeded_bugs.readme_table(TOY, [outside, inside, marker])
+    learner, provided = table.split("\n\n")
+    assert f"`{inside.id}`" in learner and "`outside`" not in learner
+    assert (
+        "`outside`" in provided
+        and "`marker`" in provided
+        and "the learner does not write it" in provided
+    )
+    assert seeded_bugs.readme_table(TOY, [inside]).count("| Stage |") == 1
+
+
+def test_reformulations_load_only_for_the_projects_named(tmp_path: Path):
+    """`load_all` loads a project's reformulations when it is named (or no list is
+    given, as by hand) and only its seeded bugs otherwise, as the matrix asks for the
+    projects outside `scripts/reformulations_checked.txt`; every listed project has a list."""
+    copy = tmp_path / "toy-project"
+    shutil.copytree(TOY, copy)
+    (copy / "reformulations.toml").write_text(
+        '[[reformulations]]\nid = "sum-builtin"\nstage = "2"\n'
+        'file = "src/toy_project/core.py"\nfind = "return total(values) / len(values)"\n'
+        'replace = "return sum(values) / len(values)"\nwhy = "The builtin sum."\n'
+    )
+
+    def reforms(named):
+        found, _ = seeded_bugs.load_all([copy], reformulations=named)
+        return [b.id for b in found if b.expect == "pass"]
+
+    assert reforms(None) == reforms({"toy-project"}) == ["sum-builtin"]
+    assert reforms(set()) == reforms({"kernel-audit"}) == []
+    listed = ready_projects.reformulations_checked()
+    assert listed and all((p / "reformulations.toml").is_file() for p in listed)

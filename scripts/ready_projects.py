@@ -26,15 +26,26 @@ def ready_projects() -> list[Path]:
     return folders
 
 
-def learning_checked() -> list[Path]:
-    """Ready projects listed in `scripts/learning_checked.txt`: those whose learner
-    progression and seeded bugs the matrix checks."""
+def _listed(name: str) -> list[Path]:
+    """Ready projects named in `scripts/<name>` (one id a line, `#` comments)."""
     listed = {
         line.strip()
-        for line in (ROOT / "scripts" / "learning_checked.txt").read_text().splitlines()
+        for line in (ROOT / "scripts" / name).read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
     return [p for p in ready_projects() if p.name in listed]
+
+
+def learning_checked() -> list[Path]:
+    """Ready projects listed in `scripts/learning_checked.txt`: those whose learner
+    progression and seeded bugs the matrix checks."""
+    return _listed("learning_checked.txt")
+
+
+def reformulations_checked() -> list[Path]:
+    """Ready projects listed in `scripts/reformulations_checked.txt`: those whose
+    correct reformulations the matrix applies (each must pass its stage's tests)."""
+    return _listed("reformulations_checked.txt")
 
 
 def install_spec(folder: Path) -> str:

@@ -172,7 +172,12 @@ def test_sweep_analysis_selects_the_documented_steps(
     rng = np.random.default_rng(seed)
     eps = float(np.finfo(dtype).eps)
     x = jnp.asarray([0.5, -x_scale, 0.125], dtype)
-    h = (3.0 * eps) ** (1.0 / 3.0) * max(1.0, x_scale)
+    h_formula = (3.0 * eps) ** (1.0 / 3.0) * max(1.0, x_scale)
+    # Correct roundings of (3 eps)^(1/3) differ by a few ulps (`np.cbrt` against a
+    # power of 1/3), and a step exactly at h*/3 sits on the boundary: the grid is
+    # built on the code's own h*, which must equal the formula's to 1e-12.
+    h = checks.theory_step(jnp.dtype(dtype), x)
+    assert h == pytest.approx(h_formula, rel=1e-12)
     grid = np.concatenate([np.logspace(-13, -1, 13), [h / 3, h / 2, h, 3 * h, 10 * h]])
     steps = np.unique(grid)
     errors = (steps**2 + eps / steps) * np.exp(0.3 * rng.normal(size=steps.size))
@@ -186,7 +191,7 @@ def test_sweep_analysis_selects_the_documented_steps(
         errors[np.flatnonzero(steps == h / 2)[0]] = 0.05
     a = checks.analyse_sweep(steps, errors, jnp.dtype(dtype), x)
     best, right, left = _sweep_reference(steps, errors, h)
-    assert a["theory_step"] == pytest.approx(h, rel=1e-12)
+    assert a["theory_step"] == pytest.approx(h_formula, rel=1e-12)
     assert a["best_step"] == steps[best] and a["best_rel_error"] == errors[best]
     assert errors[best] > 0
     assert a["trusted_digits"] == pytest.approx(-np.log10(errors[best]), rel=1e-12)

@@ -196,11 +196,18 @@ def _now() -> int:
     return int(time.time() * 1000)
 
 
-class _NoProc(type(Path())):
-    """`Path` on a host without `/proc` (macOS, say)."""
+def _without_proc(monkeypatch) -> None:
+    """A host without `/proc` (macOS, say), however the code asks: `Path.is_dir` and
+    `.exists`, `os.path.isdir` and `.exists` all end in `os.stat`, which now finds no
+    `/proc` (every other path is stat'ed as before)."""
+    real_stat = os.stat
 
-    def is_dir(self) -> bool:
-        return False if str(self) == "/proc" else super().is_dir()
+    def stat(path, *args, **kwargs):
+        if isinstance(path, str | os.PathLike) and os.fspath(path).rstrip("/") == "/proc":
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
 
 
 def test_liveness_without_proc_asks_the_process_table(monkeypatch):
@@ -219,7 +226,7 @@ def test_liveness_without_proc_asks_the_process_table(monkeypatch):
             raise PermissionError(pid)
 
     monkeypatch.setattr(tracking, "process_start", lambda pid: "")
-    monkeypatch.setattr(tracking, "Path", _NoProc)
+    _without_proc(monkeypatch)
     monkeypatch.setattr(tracking.os, "kill", fake_kill)
     host = socket.gethostname()
     judged = {

@@ -35,6 +35,12 @@ from scratch import run_pytest  # noqa: E402
 from warm_runner import TIMED_OUT, WRONG_IMPORT  # noqa: E402
 
 TOY = Path(__file__).resolve().parent / "fixtures" / "toy-project"
+# A correct reformulation of the toy's stage 2, in `reformulations.toml` form.
+SUM_BUILTIN = (
+    '[[reformulations]]\nid = "sum-builtin"\nstage = "2"\n'
+    'file = "src/toy_project/core.py"\nfind = "return total(values) / len(values)"\n'
+    'replace = "return sum(values) / len(values)"\nwhy = "The builtin sum."\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -197,10 +203,8 @@ def test_a_reformulation_list_loads_beside_the_seeded_bugs(tmp_path: Path):
     copy = tmp_path / "toy-project"
     shutil.copytree(TOY, copy)
     (copy / "reformulations.toml").write_text(
-        '[[reformulations]]\nid = "sum-builtin"\nstage = "2"\n'
-        'file = "src/toy_project/core.py"\nfind = "return total(values) / len(values)"\n'
-        'replace = "return sum(values) / len(values)"\nwhy = "The builtin sum."\n\n'
-        '[[reformulations]]\nid = "stale"\nstage = "1"\nfile = "src/toy_project/core.py"\n'
+        SUM_BUILTIN
+        + '\n[[reformulations]]\nid = "stale"\nstage = "1"\nfile = "src/toy_project/core.py"\n'
         'find = "not in the file"\nreplace = "x"\nwhy = "Stale."\n'
     )
     found, problems = seeded_bugs.load_bugs(copy, kind="reformulations")
@@ -330,11 +334,7 @@ def test_reformulations_load_only_for_the_projects_named(tmp_path: Path):
     projects outside `scripts/reformulations_checked.txt`; every listed project has a list."""
     copy = tmp_path / "toy-project"
     shutil.copytree(TOY, copy)
-    (copy / "reformulations.toml").write_text(
-        '[[reformulations]]\nid = "sum-builtin"\nstage = "2"\n'
-        'file = "src/toy_project/core.py"\nfind = "return total(values) / len(values)"\n'
-        'replace = "return sum(values) / len(values)"\nwhy = "The builtin sum."\n'
-    )
+    (copy / "reformulations.toml").write_text(SUM_BUILTIN)
 
     def reforms(named):
         found, _ = seeded_bugs.load_all([copy], reformulations=named)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import mutants  # noqa: E402
 from catalog_compiler.accelerator import REPORT, AcceleratorReport  # noqa: E402
-from scratch import stage_ids, stage_tests  # noqa: E402
+from scratch import stage_ids  # noqa: E402
 
 
 def code_hashes_at(project: str, commit: str) -> dict[str, str]:
@@ -46,12 +46,7 @@ def code_hashes_at(project: str, commit: str) -> dict[str, str]:
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(scratch, filter="data")
         folder = Path(scratch) / "projects" / project
-        return {
-            stage: mutants.stage_hash(
-                folder, stage, stage_tests(folder, stage), mutants.stage_targets(folder, stage)
-            )
-            for stage in stage_ids(folder)
-        }
+        return {stage: mutants.project_stage_hash(folder, stage) for stage in stage_ids(folder)}
 
 
 def build(project: str, commit: str, lanes: list[dict], command: str) -> dict:

@@ -370,6 +370,14 @@ def helper_modules(project: Path, roots: list[str]) -> set[str]:
     return {f"tests/{name}.py" for name in reached}
 
 
+def project_stage_hash(project: Path, stage: str) -> str:
+    """`stage_hash` of ``stage`` with the tests its manifest declares and the targets
+    its regions and `mutation.toml` name: what a fresh report of it must carry."""
+    from scratch import stage_tests
+
+    return stage_hash(project, stage, stage_tests(project, stage), stage_targets(project, stage))
+
+
 def stage_hash(project: Path, stage: str, tests: list[str], targets: list[Target]) -> str:
     """sha256 over what the stage's score depends on (module docstring)."""
     roots = sorted(set(tests) | {"tests/conftest.py"})

@@ -31,7 +31,7 @@ import mutants  # noqa: E402
 import mutate  # noqa: E402
 from mutants import SAMPLE  # noqa: E402
 from ready_projects import ready_projects  # noqa: E402
-from scratch import stage_ids, stage_tests  # noqa: E402
+from scratch import stage_ids  # noqa: E402
 
 READY = ready_projects()
 STAGES = [(p, s) for p in READY for s in stage_ids(p)]
@@ -85,8 +85,7 @@ def check_stage(project: Path, stage: str) -> None:
     entry = report(project)["stages"].get(stage)
     where = f"{project.name} stage {stage}"
     assert entry, f"{where}: not in the mutation report; run make mutate P={project.name}"
-    targets = mutants.stage_targets(project, stage)
-    now = mutants.stage_hash(project, stage, stage_tests(project, stage), targets)
+    now = mutants.project_stage_hash(project, stage)
     assert entry["code_hash"] == now, (
         f"{where}: the report is stale (code, tests or mutation.toml changed since); "
         f"run make mutate P={project.name} STAGE={stage}"

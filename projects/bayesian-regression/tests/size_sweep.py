@@ -93,6 +93,20 @@ def formulations() -> dict[str, tuple[types.ModuleType, types.ModuleType]]:
     return out
 
 
+def stage_sampler(hmc_mod, log_density, dim: int, cfg):
+    """`hmc_mod.make_sampler` with the test config's chains, warm-up, draws, leapfrog
+    steps and target acceptance: the sampler a stage test runs, from one formulation."""
+    return hmc_mod.make_sampler(
+        log_density,
+        dim,
+        cfg.num_chains,
+        cfg.num_warmup,
+        cfg.num_samples,
+        cfg.num_leapfrog,
+        cfg.target_accept,
+    )
+
+
 def summary(values, limit=None, above_fails=True) -> dict:
     v = np.asarray(values, np.float64).ravel()
     out = {
@@ -121,14 +135,8 @@ def sweep_hmc(forms, keys) -> dict:
     test_key = jax.random.key(cfg.seed)
     for form, (hmc_mod, model_mod) in forms.items():
         start = time.perf_counter()
-        sampler = hmc_mod.make_sampler(
-            model_mod.regression_log_density,
-            problems["correlated"].dim,
-            cfg.num_chains,
-            cfg.num_warmup,
-            cfg.num_samples,
-            cfg.num_leapfrog,
-            cfg.target_accept,
+        sampler = stage_sampler(
+            hmc_mod, model_mod.regression_log_density, problems["correlated"].dim, cfg
         )
         at_test_key[form] = {}
         for name, problem in problems.items():

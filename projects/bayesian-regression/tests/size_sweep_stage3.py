@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import test_stage_3_diagnostics as s3
 from scipy import stats
-from size_sweep import rewritten, summary
+from size_sweep import rewritten, stage_sampler, summary
 
 from bayesian_regression import calibration, diagnostics, funnel, hmc, model, nuts, train
 
@@ -24,15 +24,7 @@ def _distinct(forms, modules=("hmc", "model")) -> dict:
         touched = {"hmc": hmc_mod is not hmc, "model": model_mod is not model}
         if form != "reference" and not any(touched[m] for m in modules):
             continue
-        sampler = hmc_mod.make_sampler(
-            model_mod.regression_log_density,
-            problem.dim,
-            cfg.num_chains,
-            cfg.num_warmup,
-            cfg.num_samples,
-            cfg.num_leapfrog,
-            cfg.target_accept,
-        )
+        sampler = stage_sampler(hmc_mod, model_mod.regression_log_density, problem.dim, cfg)
         bits = np.asarray(
             sampler(jax.random.key(cfg.seed), problem.args, jnp.float32(1.0)).positions
         )
@@ -97,15 +89,7 @@ def sweep_funnel(forms, keys) -> dict:
             ("centered", funnel.centered_log_density),
             ("noncentered", funnel.noncentered_log_density),
         ):
-            sampler = hmc_mod.make_sampler(
-                density,
-                10,
-                cfg.num_chains,
-                cfg.num_warmup,
-                cfg.num_samples,
-                cfg.num_leapfrog,
-                cfg.target_accept,
-            )
+            sampler = stage_sampler(hmc_mod, density, 10, cfg)
             runs[target] = jax.jit(jax.vmap(sampler, in_axes=(0, None, None)))(
                 keys, None, jnp.float32(1.0)
             )
@@ -157,15 +141,7 @@ def sweep_nuts(forms, keys, nuts_keys: int) -> dict:
     print(f"  nuts: {time.perf_counter() - start:.0f} s", flush=True)
     figures = []
     for hmc_mod, model_mod in _distinct(forms).values():
-        sampler = hmc_mod.make_sampler(
-            model_mod.regression_log_density,
-            problem.dim,
-            cfg.num_chains,
-            cfg.num_warmup,
-            cfg.num_samples,
-            cfg.num_leapfrog,
-            cfg.target_accept,
-        )
+        sampler = stage_sampler(hmc_mod, model_mod.regression_log_density, problem.dim, cfg)
         draws = np.asarray(
             jax.jit(jax.vmap(sampler, in_axes=(0, None, None)))(
                 keys, problem.args, jnp.float32(1.0)

@@ -424,6 +424,27 @@ def test_jacobian_agreement_sees_a_wrong_reverse_rule(evidence, m, n, dtype):
     assert all(ok)
 
 
+@pytest.mark.parametrize("h", [0.1, 1.0 / 3.0, 0.25])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_central_difference_divides_by_the_step_taken(evidence, dtype, h):
+    """The difference is divided by 2 h as rounded to x's dtype, the step actually taken.
+
+    On the identity at x = 0 both evaluations are exactly +-h rounded to the dtype,
+    so dividing by twice that rounded step gives exactly 1; dividing by the step
+    asked for is off by its rounding (1.5e-8 for h = 0.1 in float32). 0.25 is
+    exact in both dtypes, and every step is exact enough in float64."""
+    x = jnp.zeros(3, dtype)
+    got = checks.central_difference(lambda v: v, x, jnp.ones(3, dtype), h)
+    taken = float(np.asarray(np.asarray(h, dtype), np.float64))
+    assert evidence.record(
+        "central difference divides by the step taken",
+        f"identity at 0, {dtype}, h = {h!r} (taken {taken!r})",
+        {"max_abs_minus_1": float(np.max(np.abs(got - 1.0)))},
+        {"abs": 0.0},
+        bool(np.all(got == 1.0)),
+    )
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_central_difference_at_the_theory_step(problems, evidence, name):
     """The central difference at the theory step is within 100 eps^(2/3) of the JVP, 2 dtypes.

@@ -24,6 +24,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # The chip's JAX warns at import about transparent hugepages; the projects turn
 # every warning into an error, so that one warning is ignored on the lane.
 PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning"]
+GRACE_SECONDS = 20.0
+
+
+def per_test_timeout(seconds: float | None) -> list[str]:
+    """pytest-timeout arguments where that plugin is installed: one test that hangs
+    on the chip fails alone instead of taking the whole run's time."""
+    if not seconds or _version("pytest-timeout") is None:
+        return []
+    return ["-p", "pytest_timeout", f"--timeout={seconds:g}"]
 
 
 def _version(name: str) -> str | None:
@@ -108,6 +118,7 @@ def run_stages(
     only: list[str] | None = None,
     timeout: float = 540,
     keyword: str | None = None,
+    test_timeout: float | None = None,
 ) -> dict:
     stages = [s for s in stages_of(project) if not only or s["id"] in only]
     files = [t for s in stages for t in s["tests"]]
@@ -119,7 +130,16 @@ def run_stages(
     start = time.perf_counter()
     select = ["-k", keyword] if keyword else []
     code, output = _run(
-        [sys.executable, "-m", "pytest", *PYTEST_ARGS, *select, f"--junitxml={xml}", *files],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *PYTEST_ARGS,
+            *per_test_timeout(test_timeout),
+            *select,
+            f"--junitxml={xml}",
+            *files,
+        ],
         cwd=project,
         env=env,
         timeout=timeout,
@@ -149,8 +169,14 @@ def _run(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int | s
         output, _ = proc.communicate(timeout=timeout)
         return proc.returncode, output
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        output, _ = proc.communicate()
+        # SIGINT first: pytest then ends the session and still writes its JUnit
+        # XML for the tests that ran; whatever is left after a grace period is killed.
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            output, _ = proc.communicate(timeout=GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
         return "timeout", output
 
 
@@ -206,6 +232,8 @@ def main() -> None:
     run.add_argument("--stage", action="append", default=None)
     run.add_argument("--timeout", type=float, default=540.0)
     run.add_argument("-k", dest="keyword", default=None)
+    run.add_argument("--test-timeout", type=float, default=None, help="seconds per test")
+    run.add_argument("--deadline", type=float, default=None, help="epoch seconds by which to stop")
     bug = sub.add_parser("bugs")
     bug.add_argument("project")
     bug.add_argument("--out", type=Path, required=True)
@@ -214,15 +242,27 @@ def main() -> None:
     args = parser.parse_args()
     project = ROOT / "projects" / args.project
     args.out.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": machine(), "project": project.name, "written_at": int(time.time())}
+    # One reading per output folder: each reading opens the chip, which costs seconds.
+    cached = args.out / "machine.json"
+    if not cached.exists():
+        cached.write_text(json.dumps(machine()) + "\n")
+    info = json.loads(cached.read_text())
+    payload = {"machine": info, "project": project.name, "written_at": int(time.time())}
     if args.command == "run":
         modes = args.mode or ["auto"]
+        if args.deadline is not None:
+            # The caller's own limit: leave time for the grace period and the report.
+            left = args.deadline - time.time() - GRACE_SECONDS - 5
+            args.timeout = max(10.0, min(args.timeout, left / len(modes)))
         payload["runs"] = [
-            run_stages(project, args.out, m, args.stage, args.timeout, args.keyword) for m in modes
+            run_stages(
+                project, args.out, m, args.stage, args.timeout, args.keyword, args.test_timeout
+            )
+            for m in modes
         ]
     else:
         payload["bugs"] = run_bugs(project, args.stage, args.timeout)
-    name = f"lane-{args.command}-{int(time.time())}.json"
+    name = f"lane-{args.command}-{project.name}-{int(time.time())}.json"
     (args.out / name).write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {args.out / name}")
 

@@ -96,7 +96,7 @@ def main() -> None:
     lanes = []
     for path in args.lane:
         lane = json.loads(path.read_text(encoding="utf-8"))
-        # The lane names its files `lane-<command>-<unix seconds>.json`.
+        # The lane names its files `lane-<command>-[<project>-]<unix seconds>.json`.
         stamp = path.stem.rsplit("-", 1)[-1]
         if "written_at" not in lane and stamp.isdigit():
             lane["written_at"] = int(stamp)

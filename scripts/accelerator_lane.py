@@ -45,7 +45,8 @@ def per_test_timeout(seconds: float | None) -> list[str]:
     on the chip fails alone instead of taking the whole run's time."""
     if not seconds or _version("pytest-timeout") is None:
         return []
-    return ["-p", "pytest_timeout", f"--timeout={seconds:g}"]
+    # The plugin registers itself through its entry point once installed.
+    return [f"--timeout={seconds:g}"]
 
 
 def _version(name: str) -> str | None:

@@ -14,7 +14,15 @@ reads `KERNEL_AUDIT_MODE`). `bugs` applies each seeded bug
 alone to a scratch copy and runs the tests it names with `-x`: exit 1 is caught,
 0 survived, anything else broken. Both write JSON under DIR with the device
 kind and the jax, jaxlib and libtpu versions; `scripts/accelerator_report.py`
-turns them into the project's `accelerator-report.json`.
+turns them into the project's `accelerator-report.json`, and
+`scripts/accelerator_survey.py` puts the failures of many runs in classes.
+
+`run` keeps the evidence each test wrote (`DIR/evidence-<project>-<mode>/`),
+stops at `--timeout` (SIGINT first, so the tests that finished are kept) and,
+with `--test-timeout`, fails a single hanging test alone. The lane's pytest
+plugin (`lane_plugin/lane_skips.py`) reports a test that fails only because the
+machine refuses sockets as skipped, with that reason. Several projects in one
+command, with the machine's set-up: `scripts/accelerator_batch.sh`.
 """
 
 from __future__ import annotations
@@ -34,9 +42,23 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The chip's JAX warns at import about transparent hugepages; the projects turn
-# every warning into an error, so that one warning is ignored on the lane.
-PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning"]
+# The chip's JAX warns at import about transparent hugepages, and the machine's
+# packages are not the pinned ones (their deprecation warnings are not a stage's
+# concern); the projects turn every warning into an error, so the lane ignores
+# those two kinds (CPU runs keep them errors). `lane_skips` reports a test that
+# fails only because the machine refuses sockets as skipped, with that reason.
+PYTEST_ARGS = [
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "-p",
+    "lane_skips",
+    "-W",
+    "ignore::UserWarning",
+    "-W",
+    "ignore::DeprecationWarning",
+]
+PLUGIN_DIR = ROOT / "scripts" / "lane_plugin"
 GRACE_SECONDS = 20.0
 
 
@@ -69,6 +91,12 @@ def machine() -> dict:
     libtpu = _version("libtpu") or _version("libtpu-nightly")
     info.update(jax=_version("jax"), jaxlib=_version("jaxlib"), libtpu=libtpu)
     return info
+
+
+def python_path(project: Path) -> str:
+    """The project's own src/ first, so the lane runs the code in that folder, then
+    the lane's pytest plugin, then what the machine already had."""
+    return f"{project / 'src'}:{PLUGIN_DIR}:{os.environ.get('PYTHONPATH', '')}"
 
 
 def stages_of(project: Path) -> list[dict]:
@@ -123,8 +151,12 @@ def run_stages(
 ) -> dict:
     stages = [s for s in stages_of(project) if not only or s["id"] in only]
     files = [t for s in stages for t in s["tests"]]
-    # The project's own src/ first, so the lane runs the code in this folder.
-    env = {**os.environ, "PYTHONPATH": f"{project / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    # The figures each test observed on the chip are kept beside the report.
+    env = {
+        **os.environ,
+        "PYTHONPATH": python_path(project),
+        "EVIDENCE_DIR": str(out / f"evidence-{project.name}-{mode}"),
+    }
     if mode != "auto":
         env[f"{project.name.replace('-', '_').upper()}_MODE"] = mode
     xml = out / f"junit-{project.name}-{mode}.xml"
@@ -199,7 +231,7 @@ def run_bugs(project: Path, stages: list[str] | None, timeout: float) -> list[di
             target.write_text(text.replace(bug["find"], bug["replace"]))
             env = {
                 **os.environ,
-                "PYTHONPATH": f"{copy / 'src'}:{os.environ.get('PYTHONPATH', '')}",
+                "PYTHONPATH": python_path(copy),
                 "EVIDENCE_DIR": str(Path(scratch) / "evidence"),
             }
             start = time.perf_counter()

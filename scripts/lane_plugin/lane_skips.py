@@ -1,0 +1,28 @@
+"""pytest plugin of the accelerator lane: a test that fails only because the
+machine refuses network sockets is reported as skipped, with that reason.
+
+The lent accelerator machine refuses every TCP and UDP socket, loopback included
+(errno 97, EAFNOSUPPORT), so a test that serves HTTP, scrapes a metrics
+endpoint, talks to a database server or starts `jax.distributed` cannot mean
+anything there. Such a test fails with that errno in its report; this plugin
+turns exactly those failures into skips that name the reason, and leaves every
+other failure as it is. The lane loads it with `-p lane_skips`; CPU runs never do.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# How a refused socket shows in a failure's report: raised directly, or carried
+# as a CLI result's exception (`<Result OSError(97, ...)>`).
+REFUSED = ("[Errno 97]", "OSError(97,", "Address family not supported by protocol")
+REASON = "needs a network socket; this machine refuses them (errno 97, EAFNOSUPPORT)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and any(marker in str(report.longrepr) for marker in REFUSED):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {REASON}")

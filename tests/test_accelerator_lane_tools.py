@@ -1,0 +1,102 @@
+"""The accelerator lane's own tools, checked without an accelerator.
+
+`lane_skips` (the lane's pytest plugin) must turn exactly the failures caused by
+a refused socket into skips that name the reason: a pytest run over a file with
+a refused socket raised in a test and in a fixture, an ordinary failure and a
+pass must report 2 skipped, 1 failed and 1 passed, with the reason in the JUnit
+XML. `accelerator_survey.classify` must put each kind of failure the lane has
+met in its class, and an unknown one in none.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import accelerator_survey  # noqa: E402
+
+TESTS = """
+import pytest
+
+def test_socket_refused():
+    raise OSError(97, "Address family not supported by protocol")
+
+@pytest.fixture
+def server():
+    assert False, "<Result OSError(97, 'Address family not supported by protocol')>"
+
+def test_server_refused(server):
+    pass
+
+def test_wrong_answer():
+    assert 1 + 1 == 3
+
+def test_right_answer():
+    assert 1 + 1 == 2
+"""
+
+
+def test_lane_skips_turns_only_refused_sockets_into_skips(tmp_path: Path):
+    (tmp_path / "test_sample.py").write_text(TESTS)
+    xml = tmp_path / "junit.xml"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "lane_skips",
+            f"--junitxml={xml}",
+            "test_sample.py",
+        ],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT / "scripts" / "lane_plugin"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1, proc.stdout
+    outcomes = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        skipped, failed = case.find("skipped"), case.find("failure")
+        outcomes[case.get("name")] = (
+            ("skipped", skipped.get("message"))
+            if skipped is not None
+            else ("failed", None)
+            if failed is not None
+            else ("passed", None)
+        )
+    reason = "needs a network socket; this machine refuses them (errno 97, EAFNOSUPPORT)"
+    assert outcomes == {
+        "test_socket_refused": ("skipped", reason),
+        "test_server_refused": ("skipped", reason),
+        "test_wrong_answer": ("failed", None),
+        "test_right_answer": ("passed", None),
+    }
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("OSError: [Errno 97] Address family not supported by protocol", "sockets refused"),
+        ("failed on setup with \"ImportError: Please install 'flatbuffers'", "package"),
+        ("importlib.metadata.PackageNotFoundError: No package metadata", "package"),
+        ("MeshError: The mesh shape `(4, 2)` needs 8 devices, but there are `1`", "devices"),
+        ("AssertionError: ('exited', 1) assert 'exited' == 'completed'", "child process"),
+        ("hypothesis.errors.FailedHealthCheck: Input generation is slow", "Hypothesis"),
+        ("Not equal to tolerance rtol=1e-05, atol=1e-05", "numerical comparison"),
+        ("assert False  +  where False = allclose('forward pass', ...)", "numerical comparison"),
+        ("RecursionError: maximum recursion depth exceeded", "other"),
+    ],
+)
+def test_survey_classes(message: str, expected: str):
+    assert expected in accelerator_survey.classify(message)

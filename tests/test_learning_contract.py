@@ -74,8 +74,7 @@ def test_ready_project_lists_three_correct_reformulations_a_stage(project: Path)
     """`reformulations.toml` loads (each `find` once, tests of the stage's files) and
     holds at least three entries for every stage. Whether each passes is
     `scripts/seeded_bugs.py` (the matrix, for `scripts/reformulations_checked.txt`)."""
-    if not (project / "reformulations.toml").is_file():
-        pytest.skip(f"{project.name} has no reformulations.toml yet")
+    assert (project / "reformulations.toml").is_file(), f"{project.name}: no reformulations.toml"
     found, problems = load_bugs(project, kind="reformulations")
     assert not problems, "\n".join(problems)
     counts = {s["id"]: sum(b.stage == s["id"] for b in found) for s in manifest(project)["stages"]}

@@ -140,6 +140,22 @@ def parse_junit(path: Path, stages: list[dict]) -> dict:
     return result
 
 
+def declared_skips(stages: list[dict], backend: str) -> dict[str, str]:
+    """Test file name -> why its stage cannot run here, from the stage's declared
+    hardware: a `cpu-multi-device` stage's claims are about several CPU devices
+    simulated in one process (and processes talking over sockets), which a
+    machine whose default backend is an accelerator does not give its tests."""
+    skips = {}
+    for stage in stages:
+        if stage.get("hardware") == "cpu-multi-device" and backend != "cpu":
+            reason = (
+                f"stage {stage['id']} declares hardware `cpu-multi-device` (several CPU "
+                f"devices simulated in one process); JAX's default backend here is `{backend}`"
+            )
+            skips.update({Path(t).name: reason for t in stage["tests"]})
+    return skips
+
+
 def run_stages(
     project: Path,
     out: Path,
@@ -148,6 +164,7 @@ def run_stages(
     timeout: float = 540,
     keyword: str | None = None,
     test_timeout: float | None = None,
+    backend: str = "cpu",
 ) -> dict:
     stages = [s for s in stages_of(project) if not only or s["id"] in only]
     files = [t for s in stages for t in s["tests"]]
@@ -156,6 +173,7 @@ def run_stages(
         **os.environ,
         "PYTHONPATH": python_path(project),
         "EVIDENCE_DIR": str(out / f"evidence-{project.name}-{mode}"),
+        "LANE_SKIP_FILES": json.dumps(declared_skips(stages, backend)),
     }
     if mode != "auto":
         env[f"{project.name.replace('-', '_').upper()}_MODE"] = mode
@@ -289,7 +307,14 @@ def main() -> None:
             args.timeout = max(10.0, min(args.timeout, left / len(modes)))
         payload["runs"] = [
             run_stages(
-                project, args.out, m, args.stage, args.timeout, args.keyword, args.test_timeout
+                project,
+                args.out,
+                m,
+                args.stage,
+                args.timeout,
+                args.keyword,
+                args.test_timeout,
+                info["backend"],
             )
             for m in modes
         ]

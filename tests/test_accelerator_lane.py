@@ -8,6 +8,7 @@ with a stage broken in a scratch copy.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -81,3 +82,26 @@ def test_a_lane_run_counts_the_toy_project_and_sees_a_broken_stage(tmp_path):
     assert broken["stages"]["1"]["failed"] == 0
     assert broken["stages"]["2"]["failed"] == 1
     assert broken["stages"]["2"]["failures"][0]["test"] == "test_stage_2_mean.py::test_broken"
+
+
+def test_a_stage_declared_cpu_multi_device_is_skipped_with_its_reason_off_the_cpu(tmp_path):
+    """A stage whose manifest declares `cpu-multi-device` is skipped, every test with the
+    reason, where the default backend is an accelerator, and runs where it is the CPU."""
+    copy = tmp_path / "toy-project"
+    shutil.copytree(TOY, copy)
+    manifest = copy / "project.toml"
+    text = manifest.read_text()
+    marker = 'id = "2"\n'
+    assert text.count(marker) == 1
+    head, tail = text.split(marker)
+    tail = re.sub(r'hardware = "[^"]*"', 'hardware = "cpu-multi-device"', tail, count=1)
+    manifest.write_text(head + marker + tail)
+    on_chip = run_stages(copy, tmp_path, "auto", timeout=120, backend="tpu")
+    on_cpu = run_stages(copy, tmp_path, "auto", timeout=120, backend="cpu")
+    stage2 = on_chip["stages"]["2"]
+    assert stage2["passed"] == stage2["failed"] == 0 and stage2["skipped"] > 0
+    assert all(
+        "cpu-multi-device" in s["reason"] and "`tpu`" in s["reason"] for s in stage2["skips"]
+    )
+    assert on_chip["stages"]["1"]["passed"] > 0 and on_chip["stages"]["1"]["skipped"] == 0
+    assert on_cpu["stages"]["2"]["passed"] == stage2["skipped"]

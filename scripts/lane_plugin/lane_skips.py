@@ -1,5 +1,12 @@
-"""pytest plugin of the accelerator lane: a test that fails only because the
-machine refuses network sockets is reported as skipped, with that reason.
+"""pytest plugin of the accelerator lane: the skips a lent machine calls for, each
+with its reason.
+
+A stage whose manifest declares hardware this machine does not have (the lane
+decides, and passes `LANE_SKIP_FILES`: JSON, test file name -> reason) has its
+tests skipped with that reason, never run.
+
+A test that fails only because the machine refuses network sockets is reported
+as skipped, with that reason.
 
 The lent accelerator machine refuses every TCP and UDP socket, loopback included
 (errno 97, EAFNOSUPPORT), so a test that serves HTTP, scrapes a metrics
@@ -11,12 +18,23 @@ other failure as it is. The lane loads it with `-p lane_skips`; CPU runs never d
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 # How a refused socket shows in a failure's report: raised directly, or carried
 # as a CLI result's exception (`<Result OSError(97, ...)>`).
 REFUSED = ("[Errno 97]", "OSError(97,", "Address family not supported by protocol")
 REASON = "needs a network socket; this machine refuses them (errno 97, EAFNOSUPPORT)"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reasons = json.loads(os.environ.get("LANE_SKIP_FILES") or "{}")
+    for item in items:
+        reason = reasons.get(item.path.name)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -92,6 +92,7 @@ def test_lane_skips_turns_only_refused_sockets_into_skips(tmp_path: Path):
         ("importlib.metadata.PackageNotFoundError: No package metadata", "package"),
         ("MeshError: The mesh shape `(4, 2)` needs 8 devices, but there are `1`", "devices"),
         ("AssertionError: ('exited', 1) assert 'exited' == 'completed'", "child process"),
+        ("AssertionError:    Aborted!    assert 1 == 0", "time limit"),
         ("hypothesis.errors.FailedHealthCheck: Input generation is slow", "Hypothesis"),
         ("Not equal to tolerance rtol=1e-05, atol=1e-05", "numerical comparison"),
         ("assert False  +  where False = allclose('forward pass', ...)", "numerical comparison"),

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,86 @@ def test_progress_refuses_a_python_that_cannot_run_the_starter(tmp_path: Path):
     # The repository's environment holds the reference in editable mode, not this folder.
     said = refusal(folder, [sys.executable], env)
     assert f"from {project / 'src'}" in said and "pip install -e" in said, said
+
+
+# A wrong stage 1 per project: one of its seeded mistakes, written into the code the
+# learner writes (a stage-1 region) of a starter whose stage-1 regions hold the
+# reference. Each is one whose first failing check states figures.
+WRONG_STAGE_ONE = {
+    "bayesian-regression": "prior-rows-use-precision",
+    "deployment-audit": "relu-on-logits",
+    "derivative-audit": "fd-forgets-the-two",
+    "engineering-release": "digest-hashes-mtime",
+    "kernel-audit": "eps-outside-sqrt",
+    "mlp-classifier": "no-hidden-activation",
+    "policy-evaluation": "slip-draws-three-actions",
+    "reproducible-experiments": "uncommitted-diff-ignored",
+    "scientific-inverse": "rk4-equal-weights",
+    "sharded-training": "batch-left-replicated",
+    "training-methods": "mlm-mean-over-all-positions",
+    "weight-conversion": "conv-kernel-hw-swapped",
+    "workload-operations": "examples-counted-as-batches",
+}
+# What makes an assertion line a figure against a limit.
+COMPARED = re.compile(r"\d.*(==|!=|<|>|±|tolerance|difference)|(==|!=|<|>|±|tolerance).*\d")
+
+
+def last_failed_record(folder: Path) -> dict | None:
+    """The last record marked failed in the stage-1 evidence the run wrote, read here."""
+    path = folder / "evidence" / "stage_1.json"
+    if not path.is_file():
+        return None
+    failed = [r for r in json.loads(path.read_text())["records"] if r.get("passed") is False]
+    return failed[-1] if failed else None
+
+
+@pytest.mark.parametrize("project", PROJECTS, ids=[p.name for p in PROJECTS])
+def test_a_wrong_stage_one_shows_its_figure_and_level_two_explains_the_check(
+    project: Path, tmp_path: Path
+):
+    """A stage 1 written with one seeded mistake: `progress.py` names the failing test and
+    one line with the check's figures against its limit (the last failed record of the
+    evidence the run wrote, read here from the JSON, else pytest's assertion line with
+    its figures); `hint` at level 2 starts from that check and lists the stage's
+    known mistakes, the one written here among them."""
+    bugs = tomllib.loads((project / "seeded_bugs.toml").read_text(encoding="utf-8"))["bugs"]
+    bug = next(b for b in bugs if b["id"] == WRONG_STAGE_ONE[project.name])
+    assert bug["stage"] == "1", bug
+    folder = write_starter(project, tmp_path / project.name, keep={"1"})
+    source = folder / bug["file"]
+    text = source.read_text(encoding="utf-8")
+    at = text.index(bug["find"])
+    line = text[:at].count("\n") + 1
+    regions = find_regions(text, bug["file"])
+    assert any(r.stage == "1" and r.start <= line < r.end for r in regions), "not learner code"
+    source.write_text(text.replace(bug["find"], bug["replace"], 1), encoding="utf-8")
+
+    done = progress(folder)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = done.stdout.splitlines()
+    failing = next(i for i, ln in enumerate(report) if ln.strip().startswith("failing: "))
+    failing_test = report[failing].split("failing: ", 1)[1]
+    record = last_failed_record(folder)
+    figure_lines = [ln for ln in report if ln.strip().startswith("failed check: ")]
+    if record is not None:
+        assert len(figure_lines) == 1, report
+        figure = figure_lines[0]
+        # One line: the check, then its observed figures (cut short when long).
+        assert record["check"] in figure and len(figure.strip()) <= 320, (record, figure)
+        observed = record["observed"]
+        first = next(iter(observed), None) if isinstance(observed, dict) else None
+        assert first is None or f"observed {first} = " in figure, (first, figure)
+    else:
+        assert not figure_lines, report
+        figure = report[failing + 1]
+        assert COMPARED.search(figure), figure
+
+    levels = [progress(folder, "hint") for _ in range(2)]
+    assert all(level.returncode == 0 for level in levels), [lv.stderr for lv in levels]
+    assert "level 2 of 3" in levels[1].stdout, levels[1].stdout
+    second = levels[1].stdout
+    assert f"The check that failed on the last run: {failing_test}" in second, second
+    if record is not None:
+        assert figure.strip() in second, (figure, second)
+    assert "Mistakes known to fail this stage's checks" in second, second
+    assert bug["why"] in second, (bug["why"], second)

@@ -125,6 +125,7 @@ def test_starter_strips_sources_adds_progress_and_leaves_outputs_behind(tmp_path
     assert files == [
         "README.md",
         "dossier.py",
+        "failed_check.py",
         "hints.json",
         "hints.py",
         "learner_files.py",

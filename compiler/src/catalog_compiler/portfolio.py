@@ -74,7 +74,9 @@ def _template_module(name: str) -> ModuleType:
 
 @cache
 def progress_module() -> ModuleType:
-    _template_module("learner_files")  # `progress` imports it by name, as in a starter.
+    # `progress` imports these by name, as in a starter.
+    _template_module("learner_files")
+    _template_module("failed_check")
     return _template_module("progress")
 
 

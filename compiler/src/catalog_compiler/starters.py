@@ -8,7 +8,9 @@ Contract:
   check), ``hints.py`` (``progress.py hint`` and ``watch``) with
   ``hints.json`` (each region's hint and its reference, compressed, for the
   ladder's last level), ``dossier.py`` (``progress.py dossier``),
-  ``learner_files.py`` (how they all read and write the learner's files) and the
+  ``failed_check.py`` (a failed check's figures against its limit, and the
+  stage's known mistakes), ``learner_files.py`` (how they all read and write
+  the learner's files) and the
   ``roles.json`` it is given, and puts a short note at the top of the README.
   ``seeded_bugs.toml`` keeps each mistake's stage, file, reason and tests but
   not its code (``find``/``replace`` quote the reference). It raises
@@ -57,9 +59,10 @@ IGNORED = shutil.ignore_patterns(
     "probes",
     "accelerator-report.json",
 )
-# The learner's commands a starter ships (templates/), in import order: every
-# other one imports `progress`, which imports `learner_files`.
-LEARNER_TOOLS = ("learner_files.py", "progress.py", "hints.py", "dossier.py")
+# The learner's commands a starter ships (templates/), in import order: `hints`
+# and `dossier` import `progress`, which imports `failed_check` and
+# `learner_files`; `failed_check` imports `learner_files`.
+LEARNER_TOOLS = ("learner_files.py", "failed_check.py", "progress.py", "hints.py", "dossier.py")
 NOTE = """\
 > **Starter.** This is the learner's copy of `{id}`: the code of each stage
 > is yours to write. Every exercise region (`# --- exercise stage N: hint ---`)

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 import progress
+from failed_check import figures  # noqa: F401  (also `dossier.figures` for the site)
 
 DEMONSTRATED, STALE, FAILED, MISSING, NOT_YET = (
     "demonstrated",
@@ -135,23 +136,6 @@ def _roles_problem(roles: object) -> str | None:
         ):
             return "holds a route without its title, portfolio, skills or questions"
     return None
-
-
-def figures(value: object) -> str:
-    """A record's observed or tolerance mapping, as `key = value` text."""
-    if isinstance(value, dict):
-        return "; ".join(f"{k} = {_number(v)}" for k, v in value.items())
-    return _number(value)
-
-
-def _number(v: object) -> str:
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    if isinstance(v, list) and len(v) > 8:
-        return f"[{', '.join(_number(x) for x in v[:8])}, ... {len(v)} values]"
-    if isinstance(v, dict):
-        return "{" + figures(v) + "}"
-    return str(v)
 
 
 def collect(folder: Path, roles: dict | None = None, generated_at: str | None = None) -> dict:
@@ -267,10 +251,12 @@ def markdown(data: dict) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+# Long hashes, paths and figures wrap anywhere: no table is wider than the page.
 CSS = """body{font-family:system-ui,sans-serif;max-width:64rem;margin:2rem auto;padding:0 1rem;
 line-height:1.45;color:#1d2329}table{border-collapse:collapse;width:100%;margin:.5rem 0 1rem}
-th,td{border:1px solid #d5dbe1;padding:.3rem .5rem;text-align:left;vertical-align:top}
-th{background:#f2f5f8}code{font-size:.9em}.note{border-left:4px solid #c58b00;padding:.4rem .8rem;
+th,td{border:1px solid #d5dbe1;padding:.3rem .5rem;text-align:left;vertical-align:top;
+overflow-wrap:anywhere}th{background:#f2f5f8}code{font-size:.9em;overflow-wrap:anywhere}
+.note{border-left:4px solid #c58b00;padding:.4rem .8rem;
 background:#fff8e6}.demonstrated{color:#1a7f37;font-weight:600}.stale,.failed,.missing{color:#b42318;
 font-weight:600}.not-yet{color:#6b7785;font-weight:600}img{max-width:100%}"""
 

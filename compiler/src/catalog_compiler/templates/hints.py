@@ -1,13 +1,17 @@
 """`python progress.py hint [STAGE]` and `python progress.py watch`.
 
-The hint ladder is for one region: the stage's first region still to write
-(or its first region, when every one is written). Each time it is asked for
-the same region it climbs one level, and stays at the last:
+The hint ladder is for one region: the one the stage's last failing check
+points at (the unwritten region its error names, or one inside a function
+the failing test calls), else the stage's first region still to write (or
+its first region, when every one is written). Each time it is asked for the
+same region it climbs one level, and stays at the last:
 
 1. the region's hint, where it sits (file:line) and the function it belongs to;
-2. the explanation: the function's docstring (its contract and cases), what
-   each of the stage's checks proves (their docstrings), and the strict modes
-   the tests set (`tests/conftest.py`) with what they mean for your code;
+2. the explanation: the check that failed (its assertion, its observed figures
+   against its limit, what it proves) and the stage's known mistakes
+   (`seeded_bugs.toml`), then the function's docstring (its contract and
+   cases), what each of the stage's checks proves (their docstrings), and the
+   strict modes the tests set (`tests/conftest.py`) with what they mean;
 3. the reference for that one region, as a diff against your file.
 
 `hints.json` holds each region's reference, compressed so that reading the
@@ -29,9 +33,14 @@ import sys
 import zlib
 from pathlib import Path
 
+import failed_check
 import progress
 
 HINTS = "hints.json"
+# The fields `progress.py` stamps for a stage's failing check.
+FAILURE_KEYS = ("test", "assertion")
+# Level 2 lists at most this many of a stage's known mistakes.
+MAX_MISTAKES = 6
 LEVELS = ("hint", "explanation", "reference")
 # What each strict setting a conftest may make means for the learner's code.
 STRICT = {
@@ -204,6 +213,85 @@ def reference_diff(region: dict, text: list[str], line: int) -> list[str]:
     )
 
 
+def last_failure(stage_id: str, folder: Path) -> dict | None:
+    """The failing check the stage's last run stamped (`progress.py`), or None."""
+    record = progress.load_state(folder)["stages"].get(stage_id) or {}
+    failure = record.get("failure")
+    ok = isinstance(failure, dict) and all(isinstance(failure.get(k), str) for k in FAILURE_KEYS)
+    return failure if ok else None
+
+
+def called_names(folder: Path, test: str) -> set[str]:
+    """Names the failing test ``test`` (`path::name[params]`, or `path::Class::name`)
+    calls, directly or as attributes (`module.function(...)`)."""
+    path, _, rest = test.partition("::")
+    name = rest.split("::")[-1].split("[", 1)[0]
+    try:
+        tree = ast.parse(progress.read_text(folder / path) or "")
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call):
+                    func = call.func
+                    names.add(func.id if isinstance(func, ast.Name) else getattr(func, "attr", ""))
+    return names
+
+
+def region_function(region: dict, folder: Path) -> str:
+    """The name of the function holding ``region`` in the learner's file, or ""."""
+    try:
+        text = (progress.read_text(folder / region["path"]) or "").splitlines()
+        function = enclosing_function(ast.parse("\n".join(text)), marker_line(text, region))
+    except (OSError, SyntaxError, ValueError, LookupError):
+        return ""
+    return function.name if function is not None else ""
+
+
+def region_to_help(regions: list[dict], stage_id: str, folder: Path) -> tuple[dict, dict | None]:
+    """The region the ladder is about, and the stage's last failing check (or None).
+
+    In order: the unwritten region the failure's message names (its starter error
+    quotes the region's hint); a region inside a function the failing test calls;
+    the stage's first region still to write; its first region."""
+    failure = last_failure(stage_id, folder)
+    todo = progress.unwritten_regions(folder).get(stage_id, [])
+    if failure:
+        todo = progress.failing_region_first(
+            todo, progress.Failure(failure["test"], failure["assertion"], "")
+        )
+        named = [r for r in regions if f"exercise: {r['hint']}" in failure["assertion"]]
+        if named:
+            return named[0], failure
+        calls = called_names(folder, failure["test"])
+        called = [r for r in regions if region_function(r, folder) in calls]
+        if called:
+            return called[0], failure
+    left = [(rel, hint_text) for rel, _, hint_text in todo]
+    region = next((r for key in left for r in regions if (r["path"], r["hint"]) == key), regions[0])
+    return region, failure
+
+
+def failed_check_lines(failure: dict, stage_id: str, region: dict, folder: Path) -> list[str]:
+    """Level 2's first part: the check that failed, what it proves, its figure, and
+    the stage's known mistakes (those in the region's file first)."""
+    out = [f"The check that failed on the last run: {failure['test']}", f"  {failure['assertion']}"]
+    if failure.get("figure"):
+        out.append(f"  failed check: {failure['figure']}")
+    path, _, rest = failure["test"].partition("::")
+    owner, _, name = rest.rpartition("::")
+    proves = progress.docstring_sentence(folder / path, owner, name) if path else ""
+    if proves:
+        out.append(f"  it proves: {proves}")
+    mistakes = failed_check.known_mistakes(folder, stage_id, region["path"])
+    if mistakes:
+        out += ["", "Mistakes known to fail this stage's checks (seeded_bugs.toml):"]
+        out += [f"  - {why}" for why in mistakes[:MAX_MISTAKES]]
+    return out
+
+
 def hint(stage_id: str | None, folder: Path = progress.HERE) -> int:
     """Print the next level of the ladder (module docstring) for ``stage_id``'s region."""
     project = progress.manifest(folder)
@@ -221,15 +309,7 @@ def hint(stage_id: str | None, folder: Path = progress.HERE) -> int:
     if not regions:
         print(f"progress.py hint: {HINTS} holds no region of stage {stage_id}", file=sys.stderr)
         return 2
-    todo = progress.unwritten_regions(folder).get(stage_id, [])
-    record = progress.load_state(folder)["stages"].get(stage_id) or {}
-    failure = record.get("failure")
-    if failure:  # The region the last run's failure named comes first.
-        todo = progress.failing_region_first(
-            todo, progress.Failure(failure["test"], failure["assertion"], "")
-        )
-    left = [(rel, hint_text) for rel, _, hint_text in todo]
-    region = next((r for key in left for r in regions if (r["path"], r["hint"]) == key), regions[0])
+    region, failure = region_to_help(regions, stage_id, folder)
     source = folder / region["path"]
     found = progress.read_text(source)
     if found is None:
@@ -259,6 +339,8 @@ def hint(stage_id: str | None, folder: Path = progress.HERE) -> int:
         print(f"Hint{where}: {region['hint']}")
         print("\nAsk again (`python progress.py hint`) for the explanation.")
     elif level == 2:
+        if failure:
+            print("\n".join(failed_check_lines(failure, stage_id, region, folder)) + "\n")
         print("\n".join(explanation(region, stages[stage_id], text, line, folder)))
         print("\nAsk again for the reference of this region, as a diff against your file.")
     else:

@@ -12,8 +12,10 @@ Run from the project folder, with the project's environment active (README.md):
 A run starts at the first stage that is not passed and stops at the first
 that fails; the stages after it are not run. When a stage fails, it shows
 the first failing test's name, its first failing assertion in one line, the
-sentence saying what that check proves (the test's docstring) and the file
-and line of the stage's first region still to write.
+first check the run's evidence records as failed with its observed figures
+against its limit (`failed_check`), the sentence saying what that check
+proves (the test's docstring) and the file and line of the stage's first
+region still to write.
 
 After each stage's run it stamps `evidence/progress.json` with the result,
 the code identity of the stage (a sha256 over the text of the stage's
@@ -52,11 +54,18 @@ import sys
 import tempfile
 import time
 import tomllib
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 # hints.py and dossier.py use these as progress.*.
+from failed_check import (  # noqa: F401
+    Failure,
+    decisive_line,
+    docstring_sentence,
+    failed_record,
+    first_failure,
+    test_file_of,
+)
 from learner_files import (  # noqa: F401
     AFRESH,
     MAX_BYTES,
@@ -76,16 +85,6 @@ OPEN = re.compile(r"^\s*# --- exercise stage (?P<stage>[A-Za-z0-9_-]+): (?P<hint
 CLOSE = re.compile(r"^\s*# --- end exercise ---\s*$")
 UNWRITTEN = re.compile(r"^\s*raise NotImplementedError\(['\"]Stage [A-Za-z0-9_-]+ exercise: ")
 STATE = Path("evidence") / "progress.json"
-
-
-@dataclass
-class Failure:
-    """The first failing test of a run: pytest's node id, its first assertion line
-    (one line) and the first sentence of its docstring (what the check proves)."""
-
-    test: str
-    assertion: str
-    proves: str
 
 
 @dataclass
@@ -323,64 +322,13 @@ def environment_problem(folder: Path = HERE) -> str | None:
     return None
 
 
-def first_failure(report: Path, tests: list[str], folder: Path = HERE) -> Failure | None:
-    """The first failed or erroring test case of a JUnit XML report."""
-    try:
-        root = ET.parse(report).getroot()
-    except (OSError, ET.ParseError):
-        return None
-    for case in root.iter("testcase"):
-        problem = case.find("failure")
-        if problem is None:
-            problem = case.find("error")
-        if problem is None:
-            continue
-        classname, name = case.get("classname", ""), case.get("name", "")
-        path, owner = test_file_of(classname, tests)
-        message = problem.get("message") or (problem.text or "").strip()
-        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-        # The error's first line, and pytest's rewritten `assert ...` line when there is one.
-        shown = lines[:1] + [ln for ln in lines[1:] if ln.startswith("assert ")][:1]
-        assertion = " | ".join(shown)
-        where = f"{path}::{owner + '::' if owner else ''}{name}" if path else f"{classname}::{name}"
-        proves = docstring_sentence(folder / path, owner, name) if path else ""
-        return Failure(where, assertion[:300], proves)
-    return None
-
-
-def test_file_of(classname: str, tests: list[str]) -> tuple[str, str]:
-    """(test file, class name or "") of a JUnit classname such as `tests.test_x.TestY`."""
-    for test in tests:
-        dotted = test.removesuffix(".py").replace("/", ".")
-        if classname == dotted or classname.startswith(dotted + "."):
-            return test, classname[len(dotted) + 1 :]
-    return "", ""
-
-
-def docstring_sentence(path: Path, owner: str, name: str) -> str:
-    """The first sentence of test ``name``'s docstring (in class ``owner``), or ""."""
-    try:
-        tree = ast.parse(read_text(path) or "")
-    except (OSError, SyntaxError, ValueError):
-        return ""
-    function = name.split("[", 1)[0]
-    scope: list[ast.stmt] = tree.body
-    if owner:
-        scope = next(
-            (n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner), []
-        )
-    for node in scope:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
-            text = " ".join((ast.get_docstring(node) or "").split())
-            return re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
-    return ""
-
-
-def run_stage(tests: list[str], folder: Path = HERE) -> StageRun:
+def run_stage(tests: list[str], folder: Path = HERE, stage_id: str | None = None) -> StageRun:
     """Run one stage's tests (:func:`test_command`, with a JUnit report to read the
-    first failure from); return its status, pytest's summary line and that failure."""
+    first failure from); return its status, pytest's summary line and that failure,
+    with the first failed record of the evidence the run wrote (``stage_id``'s)."""
     with tempfile.TemporaryDirectory(prefix="progress-") as tmp:
         report = Path(tmp) / "junit.xml"
+        wall_start = time.time()
         started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, *test_command(tests)[1:], f"--junitxml={report}"],
@@ -390,6 +338,9 @@ def run_stage(tests: list[str], folder: Path = HERE) -> StageRun:
         )
         seconds = time.perf_counter() - started
         failure = first_failure(report, tests, folder) if done.returncode else None
+    if failure is not None and stage_id is not None:
+        record = failed_record(folder, stage_id, wall_start)
+        failure.figure = decisive_line(record) if record else ""
     lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
     summary = lines[-1].strip("= ") if lines else done.stderr.strip()[-200:]
     status = "passed" if done.returncode == 0 else "failed"
@@ -434,13 +385,14 @@ def _run_stages(run_all: bool, folder: Path) -> Outcome:
                 continue
         check_evidence(folder, sid)
         print(f"running stage {sid} tests ...", flush=True)
-        run = run_stage(stage["tests"], folder)
+        run = run_stage(stage["tests"], folder, sid)
         runs.append(run)
         state["stages"][sid] = stamp(folder, stage, run.status)
         if run.failure is not None:  # `hint` starts from the region this failure names.
             state["stages"][sid]["failure"] = {
                 "test": run.failure.test,
                 "assertion": run.failure.assertion,
+                "figure": run.failure.figure,
             }
         save_state(state, folder)
         rows.append((sid, stage["title"], todo, run.status, run.summary))
@@ -467,6 +419,8 @@ def report_failure(stage: dict, failure: Failure | None, todo: list[tuple[str, i
     if failure is not None:
         print(f"  failing: {failure.test}")
         print(f"  {failure.assertion}")
+        if failure.figure:
+            print(f"  failed check: {failure.figure}")
         if failure.proves:
             print(f"  it proves: {failure.proves}")
     if todo:

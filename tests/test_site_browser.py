@@ -9,9 +9,12 @@ element; every site page has the same header in the same place; and every
 route page's ``document.body.innerText`` is the text build's
 ``routes/<role-id>.txt`` line for line (for training-engineer also the
 published reference text), each practice line naming its project's title,
-followed by the capability map. The index's "Start here" path, a route's
-capability map and a lesson page are followed link by link. Opening the site
-from ``file://`` works too.
+followed by the capability map. At a 1280x800 window no page is wider than
+the window and no table wider than its box, every project page with a
+starter shows its download link without scrolling, and the index and every
+route page name the hardware of the stages they list. The index's "Start
+here" path, a route's capability map and a lesson page are followed link by
+link. Opening the site from ``file://`` works too.
 
 Needs Debian's Chromium at /usr/bin/chromium (or ``CHROMIUM``); skipped with
 the install command when it is missing, except where ``REQUIRE_BROWSER=1``
@@ -165,9 +168,61 @@ HEADER = """() => {
 }"""
 
 
+VIEWPORT = {"width": 1280, "height": 800}
+# What sticks out at this window: the page's width past the window, and each
+# table wider than the box it sits in.
+OVERFLOW = """() => ({
+  page: [document.documentElement.scrollWidth, window.innerWidth],
+  tables: [...document.querySelectorAll('table')]
+    .filter(t => t.scrollWidth > t.parentElement.clientWidth)
+    .map(t => `table.${t.className} ${t.scrollWidth} > ${t.parentElement.clientWidth}`),
+})"""
+# The starter's download link, in window coordinates as the page opens.
+DOWNLOAD = """() => {
+  const a = document.querySelector('#start a[href$=".zip"]');
+  if (!a) return null;
+  const b = a.getBoundingClientRect();
+  return {bottom: b.top + b.height, top: b.top, scrollY: window.scrollY};
+}"""
+
+
+def _check_layout(page, relative: str, build: Path) -> list[str]:
+    """At the 1280x800 window: nothing wider than the window or its table's box; on a
+    project page with a starter, its download link shows without scrolling; the
+    index and every route page name the hardware of the stages they list."""
+    problems = []
+    found = page.evaluate(OVERFLOW)
+    if found["page"][0] > found["page"][1]:
+        problems.append(f"{relative}: the page is {found['page'][0]} px wide at 1280")
+    problems += [f"{relative}: {table}" for table in found["tables"]]
+    if relative.startswith("projects/"):
+        starter = build / "site" / "learn" / f"{Path(relative).stem}.zip"
+        link = page.evaluate(DOWNLOAD)
+        if starter.is_file() and not (
+            link and link["scrollY"] == 0 and 0 <= link["top"] and link["bottom"] <= 800
+        ):
+            problems.append(f"{relative}: the download link is not in the first window: {link}")
+    declared = {
+        stage["hardware"]
+        for path in (ROOT / "projects").glob("*/project.toml")
+        for stage in tomllib.loads(path.read_text("utf-8"))["stages"]
+    }
+    if relative == "index.html":
+        # Each project names the hardware its stages need.
+        for entry in page.locator("#projects li").all_inner_texts():
+            needs = entry.partition("needs: ")[2]
+            if not needs or not any(kind in needs for kind in declared):
+                problems.append(f"{relative}: no hardware for {entry!r}")
+    if relative.startswith("routes/"):
+        cells = page.locator("#hardware tbody td:nth-child(3)").all_inner_texts()
+        if not cells or not set(cells) <= declared:
+            problems.append(f"{relative}: stage hardware {cells} is not the manifests' {declared}")
+    return problems
+
+
 def test_crawl_every_page(build: Path, server: str, browser) -> None:
     site = server + "site/"
-    page = browser.new_page()
+    page = browser.new_page(viewport=VIEWPORT)
     problems: list[str] = []
     page.on(
         "console",
@@ -218,6 +273,7 @@ def test_crawl_every_page(build: Path, server: str, browser) -> None:
                 queue.append(target)
 
         relative = url[len(site) :]
+        problems += _check_layout(page, relative, build)
         # The sample dossiers are the learner's dossier page, standalone.
         if not relative.startswith("dossiers/"):
             headers[relative] = page.evaluate(HEADER)

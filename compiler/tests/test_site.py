@@ -502,3 +502,146 @@ def test_project_page_shows_where_each_stage_last_ran_on_an_accelerator(tmp_path
     assert "stale: code changed since" in texts["b"]
     unreported = read_page(tmp_path / "a" / "projects" / "proj-one.html").text()
     assert "not run on an accelerator yet" in unreported
+
+
+README_LEAD = """# Project one
+
+A lead with `inline code` and **bold** text,
+over two lines: <b>not markup</b>.
+
+What it teaches:
+- first item,
+  continued;
+- second item.
+
+```
+a -> b
+```
+
+## Details
+
+Not the lead.
+"""
+
+
+def test_project_page_starts_with_the_download_then_what_it_teaches(tmp_path: Path) -> None:
+    """The start section (the starter's download and set-up lines) comes right after
+    the status and size, before the README's lead and the stages; the lead is the
+    README's text between its title and next heading, escaped."""
+    folder = tmp_path / "proj-one"
+    (folder / "src").mkdir(parents=True)
+    (folder / "README.md").write_text(README_LEAD, encoding="utf-8")
+    (folder / "src" / "x.py").write_text("x = 1\n", encoding="utf-8")
+    inputs = synthetic_inputs()
+    one = inputs["projects"][0]
+    one["folder"] = str(folder)
+    one["exercises"] = {"1": [{"file": "src/x.py", "line": 1, "hint": "Write x.", "lines": 1}]}
+    build(tmp_path / "site", inputs)
+    html = (tmp_path / "site" / "projects" / "proj-one.html").read_text(encoding="utf-8")
+    order = [
+        html.index('<div class="size">'),
+        html.index('href="../learn/proj-one.zip"'),
+        html.index("unzip proj-one.zip"),
+        html.index("<h2>What it teaches</h2>"),
+        html.index("<h2>Stages</h2>"),
+    ]
+    assert order == sorted(order)
+    teaches = re.search(r'<section id="teaches">(.*?)</section>', html, re.S).group(1)
+    assert "<p>A lead with <code>inline code</code> and bold text, over two lines: " in teaches
+    assert "&lt;b&gt;not markup&lt;/b&gt;." in teaches and "<b>" not in teaches
+    assert "<li>first item, continued;</li>" in teaches and "<li>second item.</li>" in teaches
+    assert "<pre><code>a -&gt; b</code></pre>" in teaches
+    assert "Not the lead" not in html
+    # Without a README (or a lead) there is no such section.
+    (folder / "README.md").write_text("# Project one\n\n## Details\n\nText.\n", encoding="utf-8")
+    build(tmp_path / "bare", inputs)
+    bare = (tmp_path / "bare" / "projects" / "proj-one.html").read_text(encoding="utf-8")
+    assert "What it teaches" not in bare and "Text." not in bare
+    assert "What it teaches" not in (tmp_path / "site" / "projects" / "proj-two.html").read_text(
+        encoding="utf-8"
+    )
+
+
+def _rows(path: Path, section: str) -> list[str]:
+    html = path.read_text(encoding="utf-8")
+    found = re.search(rf'<section[^>]* id="{section}">(.*?)</section>', html, re.S)
+    assert found, f"{path}: no #{section}"
+    page = _Page()
+    page.feed(found.group(1))
+    return page.text().split("\n")
+
+
+def test_index_and_route_pages_show_each_stage_hardware(tmp_path: Path, inputs: dict) -> None:
+    """The index names the hardware of every project's stages; a route page lists
+    each stage it cites, once, with its hardware and its accelerator run, after
+    the capability map (the text above the map is unchanged)."""
+    site = tmp_path / "site"
+    build(site, inputs)
+    projects = {project["id"]: project for project in inputs["projects"]}
+    index = "\n".join(_rows(site / "index.html", "projects"))
+    for project in inputs["projects"]:
+        kinds = {stage["hardware"] for stage in project["stages"]}
+        assert all(kind in index for kind in kinds), project["id"]
+        if len(kinds) == 1:
+            assert f"{project['title']} {project['status']} needs: {kinds.pop()}" in index
+    for role in inputs["catalog"]["roles"]:
+        path = site / "routes" / f"{role['id']}.html"
+        assert_route_page(read_page(path), role, inputs["projects"])
+        text = read_page(path).text().split("\n")
+        assert text.index("Hardware each practice stage needs") > text.index("Capability map")
+        rows = _rows(path, "hardware")
+        cited = list(
+            dict.fromkeys(
+                (item["projectId"], stage_id)
+                for item in role["skillEvidence"]
+                for stage_id in item["stageIds"]
+            )
+        )
+        body = rows[rows.index("Last verified on an accelerator") + 1 :]
+        assert len(body) == 4 * len(cited), role["id"]
+        for number, (project_id, stage_id) in enumerate(cited):
+            project = projects.get(project_id)
+            stages = (project or {}).get("stages", [])
+            stage = next((s for s in stages if s["id"] == stage_id), None)
+            title = project["title"] if project else project_id
+            assert body[4 * number] == title
+            assert body[4 * number + 1].startswith(f"stage {stage_id}")
+            assert body[4 * number + 2] == (stage["hardware"] if stage else "not declared")
+            assert body[4 * number + 3] == "not run on an accelerator yet"
+
+
+def test_route_page_shows_where_a_cited_stage_last_ran_on_an_accelerator(tmp_path: Path) -> None:
+    inputs = synthetic_inputs()
+    folder = tmp_path / "proj-one"
+    folder.mkdir()
+    counts = {"passed": 2, "failed": 0, "skipped": 0, "seconds": 1.0, "failures": [], "skips": []}
+    report = {
+        "schema_version": 1,
+        "project": "proj-one",
+        "device": {
+            "backend": "tpu",
+            "device_kind": "TPU v5 lite",
+            "device_count": 1,
+            "jax": "0.10.2",
+            "jaxlib": "0.10.2",
+            "libtpu": "0.0.42.1",
+        },
+        "commit": "89abcde" + "0" * 33,
+        "ran_on": "2026-12-07",
+        "command": "lane",
+        "code_hashes": {"2": "c" * 64},
+        "runs": [{"mode": "auto", "exit_code": 0, "wall_seconds": 2.0, "stages": {"2": counts}}],
+        "seeded_bugs": [],
+    }
+    (folder / "accelerator-report.json").write_text(json.dumps(report))
+    (folder / "mutation-report.json").write_text(json.dumps({"stages": {"2": {"code_hash": "d"}}}))
+    inputs["projects"][0]["folder"] = str(folder)
+    build(tmp_path / "site", inputs)
+    rows = _rows(tmp_path / "site" / "routes" / "role-a.html", "hardware")
+    assert rows[-4:] == [
+        "Project one",
+        "stage 2 Two",
+        "cpu",
+        "passed on TPU v5 lite (2026-12-07, 89abcde) stale: code changed since",
+    ]
+    assert rows[-5] == "not run on an accelerator yet"  # stage 1 has no run

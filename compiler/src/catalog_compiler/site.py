@@ -4,17 +4,21 @@
 ``catalog_compiler/templates``:
 
 - ``index.html``: the "Start here" path of every route (``site_start``), every
-  route grouped by domain, then the projects and phases;
+  route grouped by domain, then the projects (each with the hardware its
+  stages need, ``site_hardware``) and phases;
 - ``routes/<role-id>.html``: one page per role whose rendered text (a
   browser's ``document.body.innerText``) is :func:`route_text` of that role,
   line for line, with two differences: each practice line names its project,
   ``Practice project: <project title>, stages 1, 2.`` where the text has
   ``Practice project: stages 1, 2.``, and the capability map
-  (``site_evidence``) follows the scope note that announces it. Links sit
-  inside that text and extra facts go in ``title`` attributes;
-- ``projects/<project-id>.html``: a project's status, size, stages, reference
-  evidence, starter (what you write, at the starter's line numbers),
-  preparation lessons and the routes and skills that cite it;
+  (``site_evidence``) follows the scope note that announces it, then the
+  hardware each cited stage needs and where it last ran on an accelerator
+  (``site_hardware``). Links sit inside that text and extra facts go in
+  ``title`` attributes;
+- ``projects/<project-id>.html`` (``site_project``): a project's status and
+  size, its starter (download and set-up first, then what you write, at the
+  starter's line numbers), the lead of its README, its stages, reference
+  evidence, preparation lessons and the routes and skills that cite it;
 - ``phases/<phase-id>.html``: a phase's lessons and the projects and routes
   that build on it;
 - ``lessons/<lesson-id>.html``: the project stages that practise a lesson and
@@ -36,12 +40,13 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from catalog_compiler import accelerator
 from catalog_compiler import route_text as text
-from catalog_compiler.portfolio import dossier_module, project_roles, roles_json
+from catalog_compiler.portfolio import dossier_module, roles_json
 from catalog_compiler.site_evidence import capability_map, lesson_context
+from catalog_compiler.site_hardware import hardware_text, route_hardware
 from catalog_compiler.site_index import REQUIRED_SCOPE, SiteIndex, check_file_id
-from catalog_compiler.site_start import exemplar_id, project_size, size_text, start_paths
+from catalog_compiler.site_project import project_context
+from catalog_compiler.site_start import start_paths
 from catalog_compiler.starters import starter_archive
 
 STYLESHEET = "style.css"
@@ -123,81 +128,7 @@ def _route_context(role: dict, index: SiteIndex) -> dict:
         "route_hint": ". ".join(hints),
         "scope_note": _scope_note(role["scopeNote"]),
         "capability_map": capability_map(role, index),
-    }
-
-
-def _project_context(project: dict, index: SiteIndex) -> dict:
-    preparation = [
-        {
-            "id": lesson_id,
-            "title": index.lessons[lesson_id]["title"] if lesson_id in index.lessons else "",
-            "phase": index.phase_title(index.lessons[lesson_id]["phase"])
-            if lesson_id in index.lessons
-            else "",
-            "href": index.lesson_href(lesson_id),
-        }
-        for lesson_id in project.get("preparation", [])
-    ]
-    used_by = []
-    for role in index.catalog["roles"]:
-        for number, item in enumerate(role["skillEvidence"], start=1):
-            if item["projectId"] == project["id"]:
-                used_by.append(
-                    {
-                        "role": role,
-                        "skill": item["skill"],
-                        "scope": item["scope"],
-                        "stage_ids": item["stageIds"],
-                        "href": index.route_href(role["id"], f"skill-{number}"),
-                    }
-                )
-    return {
-        "project": project,
-        "exemplar": project["id"] == exemplar_id(index),
-        "size_text": size_text(project_size(project)),
-        "preparation": preparation,
-        "used_by": used_by,
-        "starter": _starter_context(project),
-        "evidence": _evidence_context(project, index.catalog),
-        "accelerator": _accelerator_context(project),
-    }
-
-
-def _accelerator_context(project: dict) -> dict[str, dict]:
-    """Stage id -> where its tests last ran on an accelerator and whether that is
-    current (`accelerator.stage_summaries`); empty without a report."""
-    folder = Path(project["folder"]) if project.get("folder") else None
-    return (accelerator.stage_summaries(folder) if folder else None) or {}
-
-
-def _evidence_context(project: dict, catalog: dict) -> dict | None:
-    """The reference's own evidence (what its stage tests retained, with the stamps of
-    the run that wrote it), as the sample dossier shows it; None without any."""
-    folder = Path(project["folder"]) if project.get("folder") else None
-    if folder is None or not (folder / "evidence" / "progress.json").is_file():
-        return None
-    stamps = dossier_module().progress.load_state(folder)["stages"].values()
-    # The newest stamp, not the clock: the same evidence gives the same pages.
-    newest = max((r.get("ran_at", "") for r in stamps), default="") or "never"
-    data = dossier_module().collect(folder, project_roles(catalog, project["id"]), newest)
-    return {"data": data, "dossier": f"dossiers/{project['id']}/index.html"}
-
-
-def _starter_context(project: dict) -> dict | None:
-    """The "Start this project" section: only for a ready project with exercise regions.
-
-    Each exercise's ``line`` is that of its opening marker in the starter (the
-    learner's file, every region stripped), as ``build.site_inputs`` counts it.
-    """
-    exercises = project.get("exercises") or {}
-    if project.get("status") != "ready" or not exercises or not project.get("folder"):
-        return None
-    return {
-        "archive": f"learn/{project['id']}.zip",
-        "stages": [
-            {"stage": stage, "exercises": exercises.get(stage["id"], [])}
-            for stage in project.get("stages", [])
-        ],
+        "hardware": route_hardware(role, index),
     }
 
 
@@ -241,7 +172,10 @@ def _index_context(index: SiteIndex, lessons_by_phase: dict[str, list[dict]]) ->
         "start": start_paths(index),
         "domains": domains,
         "unplaced": unplaced,
-        "projects": list(index.projects.values()),
+        "projects": [
+            {"project": project, "hardware": hardware_text(project)}
+            for project in index.projects.values()
+        ],
         "phases": phases,
     }
 
@@ -323,7 +257,7 @@ def write_site(
         emit(f"routes/{role['id']}.html", route_template.render(root="../", **context))
     project_template = env.get_template("project.html")
     for project in projects:
-        context = _project_context(project, index)
+        context = project_context(project, index)
         emit(f"projects/{project['id']}.html", project_template.render(root="../", **context))
         if context["evidence"]:
             out = site_dir / "dossiers" / project["id"]

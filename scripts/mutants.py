@@ -20,6 +20,13 @@ its file, function and changed line before and after (`mutant_key`). A
 stage with more mutants than `SAMPLE` is scored on a random sample of
 `SAMPLE`, drawn with a seed made from the project and stage ids.
 
+The operators are Cosmic Ray's core ones, less those `EXCLUDED` names; a
+project whose `mutation.toml` says `semantic_operators = true` meets the
+repository's semantic operators too (`semantic_mutations`, the `semantic/`
+provider: a keyword left out, a sibling string, a collapsed iterable, a
+parent key reused, a digest entry dropped, a range bound shifted, an exact
+comparison made approximate, two statements swapped, a sibling name).
+
 `stage_hash` is the identity of what a report scored: the code of the
 target files, the stage's test files, the project's `tests/conftest.py` and
 the helper modules of `tests/` those reach (`helper_modules`: imported, or run
@@ -78,6 +85,16 @@ _NEUTRAL_DECORATORS = re.compile(r"\b(jit|cache|lru_cache|cached_property|wraps)
 
 def operator_excluded(name: str) -> bool:
     return any(re.search(pattern, name) for pattern in EXCLUDED)
+
+
+# The repository's semantic operators (`semantic_mutations`, a Cosmic Ray
+# provider): a project's stages meet them once its `mutation.toml` says
+# `semantic_operators = true`, and its reports are rescored with them then.
+SEMANTIC = "semantic/"
+
+
+def semantic_enabled(project: Path) -> bool:
+    return load_config(project).get("semantic_operators") is True
 
 
 @dataclass(frozen=True)
@@ -218,6 +235,7 @@ def enumerate_mutants(project: Path, stage: str, targets: list[Target]) -> list[
     by_file: dict[str, list[Target]] = {}
     for t in targets:
         by_file.setdefault(t.path, []).append(t)
+    semantic = semantic_enabled(project)
     for rel, file_targets in by_file.items():
         path = project / rel
         text = path.read_text(encoding="utf-8")
@@ -225,6 +243,8 @@ def enumerate_mutants(project: Path, stage: str, targets: list[Target]) -> list[
         for item in _all_work_items([path], {}):
             spec = item.mutations[0]
             if operator_excluded(spec.operator_name):
+                continue
+            if spec.operator_name.startswith(SEMANTIC) and not semantic:
                 continue
             line = spec.start_pos[0]
             holder = next((t for t in file_targets if t.first <= line <= t.last), None)
@@ -332,6 +352,8 @@ def stage_config(project: Path, stage: str) -> bytes:
         "stage": config.get("stages", {}).get(stage, {}),
         "equivalent": [e for e in config.get("equivalent", []) if str(e.get("stage")) == stage],
     }
+    if config.get("semantic_operators") is True:  # Absent: the hash of the core operators.
+        mine["semantic_operators"] = True
     return json.dumps(mine, sort_keys=True).encode()
 
 

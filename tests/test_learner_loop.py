@@ -314,3 +314,45 @@ def test_a_wrong_stage_one_shows_its_figure_and_level_two_explains_the_check(
         assert figure.strip() in second, (figure, second)
     assert "Mistakes known to fail this stage's checks" in second, second
     assert bug["why"] in second, (bug["why"], second)
+
+
+_COMPILED: list = []
+
+
+def catalog_roles_json(project: Path) -> bytes:
+    """The `roles.json` the published starter of ``project`` ships (the compiled catalog,
+    compiled once)."""
+    from catalog_compiler.pipeline import compile_catalog
+    from catalog_compiler.portfolio import roles_json
+
+    if not _COMPILED:
+        compiled = compile_catalog(ROOT)
+        assert compiled.ok, "the catalog does not compile"
+        _COMPILED.append(compiled.catalog)
+    return roles_json(_COMPILED[0], project.name)
+
+
+@pytest.mark.parametrize("project", PROJECTS, ids=[p.name for p in PROJECTS])
+def test_coverage_in_the_starter_names_every_stage_its_first_route_cites(
+    project: Path, tmp_path: Path
+):
+    """`python progress.py coverage --role <first route of roles.json>` in a fresh starter
+    (no stage run, so nothing demonstrated): exit 1, meaning a cited stage remains (0
+    would mean every cited stage is demonstrated; 2 a usage or file problem), no
+    traceback, and each stage of the project that the route cites shown as remaining
+    with a reason. It runs no stage test."""
+    folder = write_starter(project, tmp_path / project.name, roles=catalog_roles_json(project))
+    routes = json.loads((folder / "roles.json").read_text("utf-8"))["roles"]
+    assert routes, f"no route cites {project.name}"
+    route = routes[0]
+    stages = {s["id"] for s in tomllib.loads((folder / "project.toml").read_text())["stages"]}
+    cited = {sid for skill in route["skills"] for sid in skill["stageIds"]} & stages
+    assert cited, route
+    done = progress(folder, "coverage", "--role", route["id"])
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    assert "Traceback" not in said, said
+    for sid in sorted(cited):
+        shown = re.search(rf"^\s+remaining: stage {re.escape(sid)} \((.+)\)$", done.stdout, re.M)
+        assert shown and shown.group(1).strip(), (sid, done.stdout)
+    assert "demonstrated: stage" not in done.stdout, done.stdout

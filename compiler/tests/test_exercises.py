@@ -130,6 +130,7 @@ def test_starter_strips_sources_adds_progress_and_leaves_outputs_behind(tmp_path
         "hints.py",
         "learner_files.py",
         "progress.py",
+        "route_coverage.py",
         "src/demo/__init__.py",
         "src/demo/shapes.py",
     ]

@@ -11,7 +11,11 @@ stamped one. Anything else is **remaining**, with the reason.
 A skill is covered when every stage it cites is demonstrated. Skills group
 under the milestones whose phases hold their lessons; required route
 practice and optional extensions are kept apart, as the catalog's scopes
-say. Evidence that cannot be read, or that names a project or stage the
+say. A section with nothing in it is left out, and so is a count of nothing
+(the skills and counts are worded by the starter's `route_coverage.py`, as
+`progress.py coverage` words them). Evidence of a project the route does not
+cite is said in one line ("evidence of <project> is not cited by route
+<role>"), not dropped in silence. Evidence that cannot be read, or that names a project or stage the
 catalog does not know, is a diagnostic (COV001-COV003), never a crash.
 Every file is read as `progress.py` reads it (``read_bytes``): a link, a
 folder, a FIFO or another special file, one too large or unreadable, or a
@@ -27,7 +31,7 @@ from pathlib import Path
 
 from catalog_compiler import rules
 from catalog_compiler.diagnostics import START, Diagnostic
-from catalog_compiler.portfolio import progress_module
+from catalog_compiler.portfolio import progress_module, route_coverage_module
 
 REQUIRED = "Required route practice"
 REMEDY = (
@@ -71,6 +75,7 @@ class Coverage:
     unplaced: list[SkillCoverage]  # skills whose lessons lie in no milestone's phase
     diagnostics: list[Diagnostic]
     folders: dict[str, Path]  # project id -> the evidence folder read for it
+    uncited: list[str] = field(default_factory=list)  # projects read that the route cites not
 
     def skills(self) -> list[SkillCoverage]:
         """Every skill once (a skill whose lessons span two milestones shows in both)."""
@@ -194,49 +199,52 @@ def role_coverage(
             home.skills.append(skill)
         if not homes:
             unplaced.append(skill)
-    return Coverage(role, milestones, unplaced, problems, read)
+    cited = {item["projectId"] for item in role["skillEvidence"]}
+    uncited = sorted(set(read) - cited)
+    return Coverage(role, milestones, unplaced, problems, read, uncited)
 
 
 def text_report(coverage: Coverage) -> str:
+    words = route_coverage_module()
     role = coverage.role
     lines = [f"{role['title']}: milestone coverage", ""]
     for d in coverage.diagnostics:
         lines.append(f"{d.file}: {d.severity.value}[{d.code}] {d.message}")
-    if coverage.diagnostics:
+    for project in coverage.uncited:
+        lines.append(f"evidence of {project} is not cited by route {role['id']}")
+    if coverage.diagnostics or coverage.uncited:
         lines.append("")
 
     def skill_lines(skill: SkillCoverage) -> list[str]:
-        mark = "covered" if skill.covered else "remaining"
-        shown = [f"  - [{mark}] {skill.skill} ({skill.project})"]
-        if skill.demonstrated:
-            many = "s" if len(skill.demonstrated) > 1 else ""
-            shown.append(f"      demonstrated: stage{many} {', '.join(skill.demonstrated)}")
-        for stage, reason in skill.remaining:
-            shown.append(f"      remaining: stage {stage} ({reason})")
-        return shown
+        done = [(stage, "") for stage in skill.demonstrated]
+        shown = words.skill_lines(f"{skill.skill} ({skill.project})", done, skill.remaining)
+        return ["    " + line for line in shown]
 
-    for title, required in (("Required route practice", True), ("Optional extensions", False)):
-        lines.append(f"{title}:")
+    for title, required in ((words.REQUIRED, True), (words.OPTIONAL, False)):
+        section = []
         for milestone in coverage.milestones:
             mine = [s for s in milestone.skills if s.required is required]
             if mine:
-                lines.append(f"  {milestone.title}: {milestone.deliverable}")
+                section.append(f"  {milestone.title}: {milestone.deliverable}")
                 for skill in mine:
-                    lines += ["  " + x for x in skill_lines(skill)]
+                    section += skill_lines(skill)
         rest = [s for s in coverage.unplaced if s.required is required]
         if rest:
-            lines.append("  Beyond the milestones:")
+            section.append("  Beyond the milestones:")
             for skill in rest:
-                lines += ["  " + x for x in skill_lines(skill)]
-        lines.append("")
+                section += skill_lines(skill)
+        if section:  # A heading over nothing says nothing: it is left out.
+            lines += [f"{title}:", *section, ""]
     empty = [m.title for m in coverage.milestones if not m.skills]
     if empty:
         lines.append("Milestones no project stage evidences yet: " + "; ".join(empty) + ".")
-    required = [s for s in coverage.skills() if s.required]
-    lines.append(
-        f"Required skills covered: {sum(s.covered for s in required)} of {len(required)}; "
-        f"optional: {sum(s.covered for s in coverage.skills() if not s.required)} of "
-        f"{sum(not s.required for s in coverage.skills())}."
+    skills = coverage.skills()
+    counts = words.tally(
+        "skills",
+        [s.covered for s in skills if s.required],
+        [s.covered for s in skills if not s.required],
     )
+    if counts:
+        lines.append(counts)
     lines.append(role["scopeNote"])
     return "\n".join(lines) + "\n"

@@ -4,10 +4,11 @@
   whose skill evidence points at the project, with those skills (stages,
   scope, evidence, review criterion), the route's review questions, its
   portfolio and the scope note.
-- :func:`progress_module` and :func:`dossier_module` load the starter's own
-  `progress.py` and `dossier.py` (the templates shipped in this package), so
-  the compiler judges evidence and renders a sample dossier with exactly the
-  code a learner runs.
+- :func:`progress_module`, :func:`dossier_module` and
+  :func:`route_coverage_module` load the starter's own `progress.py`,
+  `dossier.py` and `route_coverage.py` (the templates shipped in this
+  package), so the compiler judges evidence, renders a sample dossier and
+  words a route's coverage with exactly the code a learner runs.
 """
 
 from __future__ import annotations
@@ -84,3 +85,9 @@ def progress_module() -> ModuleType:
 def dossier_module() -> ModuleType:
     progress_module()
     return _template_module("dossier")
+
+
+@cache
+def route_coverage_module() -> ModuleType:
+    dossier_module()  # `route_coverage` imports `progress` and `dossier` by name.
+    return _template_module("route_coverage")

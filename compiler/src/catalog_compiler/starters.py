@@ -9,8 +9,9 @@ Contract:
   ``hints.json`` (each region's hint and its reference, compressed, for the
   ladder's last level), ``dossier.py`` (``progress.py dossier``),
   ``failed_check.py`` (a failed check's figures against its limit, and the
-  stage's known mistakes), ``learner_files.py`` (how they all read and write
-  the learner's files) and the
+  stage's known mistakes), ``route_coverage.py`` (``progress.py coverage``:
+  what the learner's stages evidence for one route of ``roles.json``),
+  ``learner_files.py`` (how they all read and write the learner's files) and the
   ``roles.json`` it is given, and puts a short note at the top of the README.
   ``seeded_bugs.toml`` keeps each mistake's stage, file, reason and tests but
   not its code (``find``/``replace`` quote the reference). It raises
@@ -61,8 +62,16 @@ IGNORED = shutil.ignore_patterns(
 )
 # The learner's commands a starter ships (templates/), in import order: `hints`
 # and `dossier` import `progress`, which imports `failed_check` and
-# `learner_files`; `failed_check` imports `learner_files`.
-LEARNER_TOOLS = ("learner_files.py", "failed_check.py", "progress.py", "hints.py", "dossier.py")
+# `learner_files`; `failed_check` imports `learner_files`; `route_coverage`
+# imports `progress` and `dossier`.
+LEARNER_TOOLS = (
+    "learner_files.py",
+    "failed_check.py",
+    "progress.py",
+    "hints.py",
+    "dossier.py",
+    "route_coverage.py",
+)
 NOTE = """\
 > **Starter.** This is the learner's copy of `{id}`: the code of each stage
 > is yours to write. Every exercise region (`# --- exercise stage N: hint ---`)
@@ -73,7 +82,10 @@ NOTE = """\
 > `python progress.py` runs the current stage and shows its first failing
 > check; `python progress.py hint` gives the next hint (ask again for more);
 > `python progress.py watch` reruns the stage on every save;
-> `python progress.py dossier` writes what your runs demonstrated.
+> `python progress.py dossier` writes what your runs demonstrated;
+> `python progress.py coverage --role <id>` shows what they demonstrate for a
+> route that cites this project (`roles.json` lists them; run it without
+> `--role` to see their ids).
 
 """
 

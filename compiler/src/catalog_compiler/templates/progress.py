@@ -7,6 +7,7 @@ Run from the project folder, with the project's environment active (README.md):
     python progress.py hint [STAGE]  # the next hint for the stage's first region to write
     python progress.py watch         # rerun the current stage whenever a file is saved
     python progress.py dossier       # your evidence, as dossier/index.html and dossier.md
+    python progress.py coverage --role ID  # what your stages evidence for a route (roles.json)
     python progress.py --help        # this list (`watch --runs N`, `dossier --out DIR`)
 
 A run starts at the first stage that is not passed and stops at the first
@@ -36,7 +37,8 @@ is one (:func:`check_evidence`): the tests would write through it.
 
 Exit status: 0 when every stage passes, 1 when one fails, 2 when this Python
 cannot run the project (it is not the project's environment) or a file it
-needs is unusable.
+needs is unusable. `coverage` runs no test (any Python runs it): 0 when every
+stage the route cites is demonstrated, 1 when one remains, 2 as above.
 """
 
 from __future__ import annotations
@@ -458,13 +460,17 @@ def main(argv: list[str]) -> int:
     if argv[:1] in (["--help"], ["-h"], ["help"]):
         print(usage())
         return 0
-    problem = environment_problem()
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
+    problem = None if command == "coverage" else environment_problem()
     if problem:
         print(problem, file=sys.stderr)
         return 2
     sys.path.insert(0, str(HERE))
-    command = argv[0] if argv and not argv[0].startswith("-") else ""
     try:
+        if command == "coverage":
+            import route_coverage
+
+            return route_coverage.main(argv[1:])
         if command == "dossier":
             import dossier
 

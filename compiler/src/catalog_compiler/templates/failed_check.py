@@ -27,6 +27,13 @@ from learner_files import Unreadable, read_json, read_text
 EVIDENCE = Path("evidence")
 # The lines of a NumPy testing assertion that state its limit and what broke it.
 NUMPY_FIGURES = re.compile(r"(Not equal to tolerance|Max (absolute|relative) difference)")
+# Text that compares figures: a number beside a comparison, a limit or a difference.
+COMPARES = r"(==|!=|<|>|±|[Ee]xpected|[Oo]btained|tolerance|difference)"
+FIGURES = re.compile(rf"\d.*{COMPARES}|{COMPARES}.*\d")
+# An error line of pytest's report (`E   ...`).
+ERROR_LINE = re.compile(r"^E\s")
+# A traceback frame of pytest's report: `src/pkg/module.py:123: ErrorType`.
+FRAME = re.compile(r"^(?P<file>\S+\.py):(?P<line>\d+): ")
 # A decisive line longer than this is cut: it must stay one readable line.
 MAX_LINE = 300
 
@@ -63,7 +70,18 @@ def first_failure(report: Path, tests: list[str], folder: Path) -> Failure | Non
         shown = lines[:1] + [ln for ln in lines[1:] if ln.startswith("assert ")][:1]
         if len(shown) == 1:
             shown += [ln for ln in lines[1:] if NUMPY_FIGURES.match(ln)][:3]
-        assertion = " | ".join(shown)
+        details = (problem.text or "").splitlines()
+        if not any(FIGURES.search(line) for line in shown):
+            # A group of failures (Hypothesis) or a bare error: the first error line
+            # of the report's text that states figures.
+            errors = [ln[1:].strip() for ln in details if ERROR_LINE.match(ln)]
+            shown += [ln for ln in errors if FIGURES.search(ln)][:1]
+        # Where in the learner's code an error was raised: the deepest frame, when
+        # it lies in src/ (not in the test itself).
+        frames = [m for m in (FRAME.match(ln) for ln in details) if m]
+        if frames and frames[-1]["file"].startswith("src/"):
+            shown.append(f"raised at {frames[-1]['file']}:{frames[-1]['line']}")
+        assertion = " | ".join(dict.fromkeys(shown))
         where = f"{path}::{owner + '::' if owner else ''}{name}" if path else f"{classname}::{name}"
         proves = docstring_sentence(folder / path, owner, name) if path else ""
         return Failure(where, assertion[:300], proves)

@@ -4,7 +4,9 @@ The hint ladder is for one region: the one the stage's last failing check
 points at (the unwritten region its error names, or one inside a function
 the failing test calls), else the stage's first region still to write (or
 its first region, when every one is written). Each time it is asked for the
-same region it climbs one level, and stays at the last:
+same region, while the failing check stays the same, it climbs one level and
+stays at the last; a new failing check starts the region's ladder at level 1
+again:
 
 1. the region's hint, where it sits (file:line) and the function it belongs to;
 2. the explanation: the check that failed (its assertion, its observed figures
@@ -292,6 +294,24 @@ def failed_check_lines(failure: dict, stage_id: str, region: dict, folder: Path)
     return out
 
 
+def next_level(state: dict, key: str, failure: dict | None) -> int:
+    """The level to show for region ``key`` now, recorded in the stamps' `ladder`:
+    one above the last shown while the failing check (its test, parameters aside)
+    is the one it was shown for, else level 1 again: a new failure is a new
+    question, and must not open with the reference. The highest level ever shown
+    stays in `hints` (the dossier reads it)."""
+    ladder = state.get("ladder")
+    if not isinstance(ladder, dict):
+        ladder = state["ladder"] = {}
+    check = failure["test"].split("[", 1)[0] if failure else ""
+    step = ladder.get(key)
+    same = isinstance(step, list) and len(step) == 2 and step[1] == check
+    previous = step[0] if same and isinstance(step[0], int) else 0
+    level = min(max(previous, 0) + 1, len(LEVELS))
+    ladder[key] = [level, check]
+    return level
+
+
 def hint(stage_id: str | None, folder: Path = progress.HERE) -> int:
     """Print the next level of the ladder (module docstring) for ``stage_id``'s region."""
     project = progress.manifest(folder)
@@ -324,7 +344,7 @@ def hint(stage_id: str | None, folder: Path = progress.HERE) -> int:
     state = progress.load_state(folder)
     shown = state.setdefault("hints", {})
     key = f"{region['path']}#{region['index']}"
-    level = min(shown.get(key, 0) + 1, len(LEVELS))
+    level = next_level(state, key, failure)
     shown[key] = max(level, shown.get(key, 0))
     progress.save_state(state, folder)
     where = f"{region['path']}:{line}"

@@ -13,9 +13,15 @@ under the current directory; a plain path means a SQLite file there, or give
 `http://127.0.0.1:5000` for an `mlflow server`) and `--experiment` (default
 `digits`). The store is always named explicitly, never MLflow's fallback.
 Look at the runs with `mlflow ui --backend-store-uri sqlite:///runs/mlflow.db`.
+
+A tracking server that cannot be reached ends `train` and `compare` with one
+line (exit code 1) within the retry bound of `outage`; what the store did not
+receive is kept under `runs/unsent/` and written by the next `train` or
+`compare` on that store.
 """
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -33,6 +39,12 @@ class BadInput(click.ClickException):
     exit_code = 2
 
 
+class StoreDown(click.ClickException):
+    """The tracking server went away: one message, exit code 1, no traceback."""
+
+    exit_code = 1
+
+
 def _config(path: str | None) -> Config:
     if path is None:
         return Config.default()
@@ -43,12 +55,16 @@ def _config(path: str | None) -> Config:
 
 
 def _store(uri: str | None, experiment: str, *, create: bool = True) -> tuple[Any, str]:
-    """The client and experiment id; `create=False` (for reading) needs both to exist."""
-    from reproducible_experiments import tracking
+    """The client and experiment id; `create=False` (for reading) needs both to exist.
+    `create=True` (for writing) first settles the runs kept in `runs/unsent/`."""
+    from reproducible_experiments import outage, tracking
 
     try:
         client = tracking.connect(uri, create=create)
         if create:
+            # What a run kept while this store was unreachable is written first, so
+            # that the run ends FAILED with its error rather than reconciled as KILLED.
+            outage.settle_unsent(client)
             return client, tracking.experiment_id(client, experiment)
         return client, tracking.existing_experiment_id(client, experiment)
     except TrackingError as err:
@@ -123,6 +139,13 @@ def main() -> None:
     # Keep stdout for our own output (`--json` must be parseable): MLflow otherwise
     # prints a "View run at" line to stdout whenever a run on a server ends.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    from reproducible_experiments import outage
+
+    outage.bound_http_retries()
+    # A server that went away is reported once, by `StoreDown`; urllib3's
+    # "Retrying ..." warnings and MLflow's background-writer errors would repeat it.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    logging.getLogger("mlflow.utils.async_logging").setLevel(logging.CRITICAL)
 
 
 @main.command(name="train")
@@ -154,10 +177,15 @@ def train_command(
     }
     if changes:
         config = config.replace(**changes)
+    from reproducible_experiments.outage import StoreUnavailable
+
     client, exp_id = _store(tracking_uri, experiment)
-    run_id, result, status = record.run_tracked(
-        client, exp_id, config, progress=_epoch_line, save_checkpoint=checkpoint
-    )
+    try:
+        run_id, result, status = record.run_tracked(
+            client, exp_id, config, progress=_epoch_line, save_checkpoint=checkpoint
+        )
+    except StoreUnavailable as err:
+        raise StoreDown(str(err)) from None
     assert result is not None
     summary = train.summary(result)
     click.echo(
@@ -237,6 +265,8 @@ def compare(spec_path: str, tracking_uri: str | None, experiment: str, out: str 
     except comparison.SpecError as err:
         raise BadInput(str(err)) from None
     _check_out_dir(out)
+    from reproducible_experiments.outage import StoreUnavailable
+
     client, exp_id = _store(tracking_uri, experiment)
     try:
         ran = comparison.run_comparison(
@@ -244,6 +274,8 @@ def compare(spec_path: str, tracking_uri: str | None, experiment: str, out: str 
         )
     except comparison.FrozenSpecError as err:
         raise BadInput(str(err)) from None
+    except StoreUnavailable as err:
+        raise StoreDown(str(err)) from None
     _report(client, ran.parent_run_id, out)
 
 

@@ -9,23 +9,31 @@ and while and after training: per-epoch metrics in batches, `test_loss`,
 with `save_checkpoint` an Orbax checkpoint of the trained parameters
 (`checkpoint/`, tag `result.checkpoint`).
 
+With a tracking server, the run goes through `outage.GuardedClient`: when the
+server cannot be reached, training goes on without writing, and the run ends
+with one `outage.StoreUnavailable`, after its end state (FAILED, with the
+error), every metric value and the checkpoint were kept under `unsent_dir` for
+`outage.settle_unsent` to write when the store is back.
+
 `load_record` rebuilds all of it from a fresh client: nothing is taken from
 memory, so what it returns is what the record holds.
 """
 
 import json
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlflow import MlflowClient
-from mlflow.entities import RunTag
+from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 
+from reproducible_experiments import outage
 from reproducible_experiments.config import Config, ConfigError
-from reproducible_experiments.tracking import TrackedRun, TrackingError
+from reproducible_experiments.tracking import TrackedRun, TrackingError, end_state
 
 if TYPE_CHECKING:
     from reproducible_experiments import data, train
@@ -45,13 +53,16 @@ def run_tracked(
     progress: Callable[[dict[str, float]], None] | None = None,
     digits: "data.Digits | None" = None,
     save_checkpoint: bool = False,
+    unsent_dir: Path = outage.UNSENT_DIR,
 ) -> "tuple[str, train.TrainResult | None, str]":
     """Trains `config` inside a `TrackedRun`; returns `(run_id, result, status)`.
 
     `save_checkpoint` attaches an Orbax checkpoint of the trained parameters.
     `before_train` runs inside the run, after the identities are recorded (the
     comparison tests use it to make one arm fail). Exceptions propagate, after
-    the run is marked FAILED or KILLED.
+    the run is marked FAILED or KILLED. When a tracking server cannot be
+    reached, raises `outage.StoreUnavailable` (message: the store, the run, how
+    many metric values it lacks, where the rest was kept) once training ends.
     """
     # Imported here: reading a record back (`load_record`) needs neither JAX nor
     # matplotlib, and a fresh process that only reads should start fast.
@@ -71,9 +82,12 @@ def run_tracked(
         **(tags or {}),
     }
     params = {k: json.dumps(v) for k, v in config.model_dump(mode="json").items()}
+    client = outage.guard(client)
     tracked = TrackedRun(
         client, exp_id, run_name, tags=all_tags, params=params, parent_run_id=parent_run_id
     )
+    produced: list[Metric] = []  # Every value, for the store to get later if it goes away.
+    result = None
     try:
         with tracked as run:
             client.log_text(run.run_id, config.to_json(), "config.json")
@@ -81,15 +95,21 @@ def run_tracked(
             if before_train is not None:
                 before_train(run)
 
+            def log(values: dict[str, float], step: int) -> None:
+                stamp = int(time.time() * 1000)
+                produced.extend(Metric(k, float(v), stamp, step) for k, v in values.items())
+                if getattr(client, "failure", None) is None:  # Else: kept, written later.
+                    run.metrics.log(values, step)
+
             def on_epoch(record: dict[str, float]) -> None:
-                run.metrics.log(
-                    {k: v for k, v in record.items() if k != "epoch"}, int(record["epoch"])
-                )
+                log({k: v for k, v in record.items() if k != "epoch"}, int(record["epoch"]))
                 if progress is not None:
                     progress(record)
 
             result = train.train_and_evaluate(config, on_epoch=on_epoch, digits=digits)
-            run.metrics.log(result.test, step=len(result.history))
+            log(result.test, step=len(result.history))
+            if getattr(client, "failure", None) is not None:
+                raise outage.StoreUnavailable(client.failure)
             run.metrics.flush()
             client.log_batch(
                 run.run_id, tags=[RunTag("result.params_sha256", result.params_sha256)]
@@ -103,9 +123,43 @@ def run_tracked(
     except Exception as err:
         # The run is FAILED and kept; say which one, for callers that carry on.
         err.run_id = tracked.run_id  # type: ignore[attr-defined]
+        failure = getattr(client, "failure", None)
+        if failure is not None and tracked.run_id and tracked.status == "":
+            raise _keep_unsent(
+                client, tracked.run_id, err, produced, result, save_checkpoint, unsent_dir
+            ) from None
         # (`TrackedRun` has added a note saying what the store holds about its end.)
         raise
     return tracked.run_id, result, tracked.status
+
+
+def _keep_unsent(
+    client: "outage.GuardedClient",
+    run_id: str,
+    err: Exception,
+    produced: list[Metric],
+    result: "train.TrainResult | None",
+    save_checkpoint: bool,
+    unsent_dir: Path,
+) -> "outage.StoreUnavailable":
+    """Keeps what the unreachable store lacks; returns the one error to raise."""
+    from reproducible_experiments import checkpoint
+
+    _, error_tags = end_state(type(err), err)
+    tags = {tag.key: tag.value for tag in error_tags}
+    if result is not None:
+        tags["result.params_sha256"] = result.params_sha256
+    folder = outage.keep_unsent(unsent_dir, client.tracking_uri, run_id, tags, produced)
+    kept = "its end state (FAILED, with the error) and every metric value"
+    if result is not None and save_checkpoint:
+        checkpoint.save(folder / "checkpoint", result.params)
+        kept += ", and the trained parameters (`checkpoint/`)"
+    missing = len(produced) - min(client.confirmed_metrics(), len(produced))
+    return outage.StoreUnavailable(
+        f"{client.failure}: run `{run_id}` is left RUNNING there; {missing} of its "
+        f"{len(produced)} metric values were not written; {kept} are kept in "
+        f"`{folder}`, written by the next `train` or `compare` on this store."
+    )
 
 
 @dataclass

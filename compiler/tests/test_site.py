@@ -454,17 +454,12 @@ def test_ids_that_cannot_name_a_file_are_refused(tmp_path: Path, kind: str, bad_
     assert not (tmp_path / "site").exists()
 
 
-def test_project_page_shows_where_each_stage_last_ran_on_an_accelerator(tmp_path: Path) -> None:
-    """A stage with an accelerator report shows its device, date, commit, counts per
-    mode and seeded bugs, `current` while its code hash equals the mutation
-    report's and `stale` once not; a stage without one says so."""
-    folder = tmp_path / "proj-two"
-    folder.mkdir()
-    counts = {"passed": 3, "failed": 0, "skipped": 1, "seconds": 1.0, "failures": []}
-    counts["skips"] = [{"test": "test_stage_1.py::test_x", "reason": "needs sockets"}]
-    report = {
+def _accelerator_report(project: str, commit: str, ran_on: str, stage: str, runs: list) -> dict:
+    """A valid accelerator report of ``project`` written out by hand: one TPU v5e run
+    per ``(mode, counts)`` in ``runs``, all of ``stage``."""
+    return {
         "schema_version": 1,
-        "project": "proj-two",
+        "project": project,
         "device": {
             "backend": "tpu",
             "device_kind": "TPU v5 lite",
@@ -473,16 +468,30 @@ def test_project_page_shows_where_each_stage_last_ran_on_an_accelerator(tmp_path
             "jaxlib": "0.10.2",
             "libtpu": "0.0.42.1",
         },
-        "commit": "1234567" + "0" * 33,
-        "ran_on": "2026-12-06",
+        "commit": commit + "0" * (40 - len(commit)),
+        "ran_on": ran_on,
         "command": "lane",
-        "code_hashes": {"1": "a" * 64},
+        "code_hashes": {stage: "a" * 64},
         "runs": [
-            {"mode": "auto", "exit_code": 0, "wall_seconds": 2.0, "stages": {"1": counts}},
-            {"mode": "interpret", "exit_code": 0, "wall_seconds": 2.0, "stages": {"1": counts}},
+            {"mode": mode, "exit_code": 0, "wall_seconds": 2.0, "stages": {stage: counts}}
+            for mode, counts in runs
         ],
-        "seeded_bugs": [{"id": "b", "stage": "1", "outcome": "caught", "seconds": 1.0}],
+        "seeded_bugs": [],
     }
+
+
+def test_project_page_shows_where_each_stage_last_ran_on_an_accelerator(tmp_path: Path) -> None:
+    """A stage with an accelerator report shows its device, date, commit, counts per
+    mode and seeded bugs, `current` while its code hash equals the mutation
+    report's and `stale` once not; a stage without one says so."""
+    folder = tmp_path / "proj-two"
+    folder.mkdir()
+    counts = {"passed": 3, "failed": 0, "skipped": 1, "seconds": 1.0, "failures": []}
+    counts["skips"] = [{"test": "test_stage_1.py::test_x", "reason": "needs sockets"}]
+    report = _accelerator_report(
+        "proj-two", "1234567", "2026-12-06", "1", [("auto", counts), ("interpret", counts)]
+    )
+    report["seeded_bugs"] = [{"id": "b", "stage": "1", "outcome": "caught", "seconds": 1.0}]
     (folder / "accelerator-report.json").write_text(json.dumps(report))
     inputs = synthetic_inputs()
     inputs["projects"][1]["folder"] = str(folder)
@@ -615,24 +624,7 @@ def test_route_page_shows_where_a_cited_stage_last_ran_on_an_accelerator(tmp_pat
     folder = tmp_path / "proj-one"
     folder.mkdir()
     counts = {"passed": 2, "failed": 0, "skipped": 0, "seconds": 1.0, "failures": [], "skips": []}
-    report = {
-        "schema_version": 1,
-        "project": "proj-one",
-        "device": {
-            "backend": "tpu",
-            "device_kind": "TPU v5 lite",
-            "device_count": 1,
-            "jax": "0.10.2",
-            "jaxlib": "0.10.2",
-            "libtpu": "0.0.42.1",
-        },
-        "commit": "89abcde" + "0" * 33,
-        "ran_on": "2026-12-07",
-        "command": "lane",
-        "code_hashes": {"2": "c" * 64},
-        "runs": [{"mode": "auto", "exit_code": 0, "wall_seconds": 2.0, "stages": {"2": counts}}],
-        "seeded_bugs": [],
-    }
+    report = _accelerator_report("proj-one", "89abcde", "2026-12-07", "2", [("auto", counts)])
     (folder / "accelerator-report.json").write_text(json.dumps(report))
     (folder / "mutation-report.json").write_text(json.dumps({"stages": {"2": {"code_hash": "d"}}}))
     inputs["projects"][0]["folder"] = str(folder)

@@ -89,3 +89,10 @@ def _is_attribute(leaf) -> bool:
     if parent.type == "trailer" and parent.children[0].value == ".":
         return True
     return parent.type == "argument" and parent.children[0] is leaf and len(parent.children) == 3
+
+
+def _replace(old, new) -> None:
+    """Put ``new`` in ``old``'s place in its parent."""
+    parent = old.parent
+    parent.children[parent.children.index(old)] = new
+    new.parent = parent

@@ -18,6 +18,7 @@ from semantic_mutations._tree import (
     _is_comma,
     _is_keyword,
     _prefix,
+    _replace,
     _span,
     _without,
 )
@@ -208,10 +209,7 @@ class ShiftRangeBound(Operator):
     def mutate(self, node, index):
         bound = self._bounds(node)[index // 2]
         sign = "+" if index % 2 == 0 else "-"
-        new = _expression(f"({bound.get_code().strip()} {sign} 1)", _prefix(bound))
-        parent = bound.parent
-        parent.children[parent.children.index(bound)] = new
-        new.parent = parent
+        _replace(bound, _expression(f"({bound.get_code().strip()} {sign} 1)", _prefix(bound)))
         return node
 
     @classmethod

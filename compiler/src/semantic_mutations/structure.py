@@ -12,6 +12,7 @@ from semantic_mutations._tree import (
     _expression,
     _is_attribute,
     _prefix,
+    _replace,
     _span,
     _walk,
 )
@@ -84,9 +85,7 @@ class CollapseIterable(Operator):
     def mutate(self, node, index):
         it = _iterables(node)[0]
         form = self.FORMS[index]
-        new = _expression(form.format(it.get_code().strip()), _prefix(it))
-        node.children[node.children.index(it)] = new
-        new.parent = node
+        _replace(it, _expression(form.format(it.get_code().strip()), _prefix(it)))
         return node
 
     @classmethod

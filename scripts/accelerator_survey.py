@@ -85,7 +85,7 @@ def survey(folder: Path) -> list[dict]:
                 {
                     "project": lane["project"],
                     "mode": run["mode"],
-                    "complete": run["exit_code"] != "timeout",
+                    "exit_code": run["exit_code"],
                     "seconds": run["wall_seconds"],
                     "stages": list(run["stages"]),
                     "reached": reached,
@@ -109,7 +109,10 @@ def markdown(rows: list[dict], machine: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        ran = "all" if r["complete"] else "cut short"
+        # pytest's 0 and 1 are a whole run; a timeout was cut short; anything else
+        # (an internal error, a collection error) stopped pytest itself.
+        code = r["exit_code"]
+        ran = {0: "all", 1: "all", "timeout": "cut short"}.get(code, f"stopped (exit {code})")
         reached = f"{', '.join(r['reached']) or 'none'} of {len(r['stages'])}"
         by_count = sorted(r["classes"].items(), key=lambda item: -item[1])
         classes = "; ".join(f"{n} {c}" for c, n in by_count)

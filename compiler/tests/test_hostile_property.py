@@ -197,7 +197,9 @@ def _damage(draw, root: Path, files: list[str]) -> Damage:  # noqa: C901 - one b
             return _unchanged(rel)
         i = draw(st.sampled_from(indented))
         lines[i] = "\t" + lines[i][2:]
-        new = "\n".join(lines)
+        # YAML forbids a tab in indentation; TOML takes it as whitespace (an indented
+        # line of a multi-line array stays valid), so only YAML must fail.
+        new, must_fail = "\n".join(lines), is_yaml
     elif kind == "deep":
         candidates = _lines_matching(lines, YAML_VALUE if is_yaml else TOML_VALUE)
         if not candidates:

@@ -340,7 +340,7 @@ def test_coverage_in_the_starter_names_every_stage_its_first_route_cites(
     (no stage run, so nothing demonstrated): exit 1, meaning a cited stage remains (0
     would mean every cited stage is demonstrated; 2 a usage or file problem), no
     traceback, and each stage of the project that the route cites shown as remaining
-    with a reason. It runs no stage test."""
+    with a reason; then `--help` lists every command. It runs no stage test."""
     folder = write_starter(project, tmp_path / project.name, roles=catalog_roles_json(project))
     routes = json.loads((folder / "roles.json").read_text("utf-8"))["roles"]
     assert routes, f"no route cites {project.name}"
@@ -356,3 +356,8 @@ def test_coverage_in_the_starter_names_every_stage_its_first_route_cites(
         shown = re.search(rf"^\s+remaining: stage {re.escape(sid)} \((.+)\)$", done.stdout, re.M)
         assert shown and shown.group(1).strip(), (sid, done.stdout)
     assert "demonstrated: stage" not in done.stdout, done.stdout
+    # `--help` in the same starter: exit 0 and every command of the learner's loop.
+    helped = progress(folder, "--help")
+    assert helped.returncode == 0 and "Traceback" not in helped.stdout, helped.stderr
+    for command in ("--all", "hint", "watch", "dossier", "coverage --role"):
+        assert f"python progress.py {command}" in helped.stdout, (command, helped.stdout)

@@ -266,3 +266,7 @@ def test_coverage_page_links_resolve_and_text_is_escaped(tmp_path: Path):
             continue
         assert (out_dir / href).resolve().is_file(), href
     assert "ML &amp; training engineer" in page and "ML & training" not in page
+    # No heading over nothing and no count of nothing, as in the text report.
+    assert "0 of 0" not in page
+    sections = re.findall(r"<h2>([^<]*)</h2>\s*(.*?)</section>", page, re.S)
+    assert sections and all(body.strip() for _, body in sections), sections

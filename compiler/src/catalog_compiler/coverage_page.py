@@ -2,7 +2,10 @@
 
 Written to ``out/coverage-<role>.html`` with the site's stylesheet beside it;
 each demonstrated stage links to the evidence file it rests on (a relative
-path, so the page works from ``file://``), and every string is escaped.
+path, so the page works from ``file://``), and every string is escaped. As
+in the text report, a section with nothing in it is left out, the count
+line names only the parts that have skills, and evidence of a project the
+route does not cite is named.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from catalog_compiler import route_text
 from catalog_compiler.coverage import Coverage, SkillCoverage
+from catalog_compiler.portfolio import route_coverage_module
 from catalog_compiler.site import STYLESHEET, _environment
 
 
@@ -52,8 +56,15 @@ def write(out: Path, coverage: Coverage) -> Path:
         rest = [_skill(s, out, by_project) for s in coverage.unplaced if s.required is required]
         if rest:
             blocks.append({"title": "Beyond the milestones", "deliverable": "", "skills": rest})
-        groups.append({"title": title, "anchor": anchor, "blocks": blocks})
+        if blocks:  # A heading over nothing says nothing: it is left out.
+            groups.append({"title": title, "anchor": anchor, "blocks": blocks})
     skills = coverage.skills()
+    # The same count line as the text report: only the parts that have skills.
+    lede = route_coverage_module().tally(
+        "skills",
+        [s.covered for s in skills if s.required],
+        [s.covered for s in skills if not s.required],
+    )
     page = out / f"coverage-{coverage.role['id']}.html"
     html = (
         _environment()
@@ -64,10 +75,8 @@ def write(out: Path, coverage: Coverage) -> Path:
             groups=groups,
             diagnostics=coverage.diagnostics,
             empty=[m.title for m in coverage.milestones if not m.skills],
-            required_covered=sum(s.covered for s in skills if s.required),
-            required_total=sum(s.required for s in skills),
-            optional_covered=sum(s.covered for s in skills if not s.required),
-            optional_total=sum(not s.required for s in skills),
+            uncited=coverage.uncited,
+            lede=lede,
         )
     )
     page.write_text(html, encoding="utf-8", newline="\n")

@@ -284,7 +284,6 @@ def main() -> None:
     run.add_argument("--timeout", type=float, default=540.0)
     run.add_argument("-k", dest="keyword", default=None)
     run.add_argument("--test-timeout", type=float, default=None, help="seconds per test")
-    run.add_argument("--deadline", type=float, default=None, help="epoch seconds by which to stop")
     bug = sub.add_parser("bugs")
     bug.add_argument("project")
     bug.add_argument("--out", type=Path, required=True)
@@ -301,10 +300,6 @@ def main() -> None:
     payload = {"machine": info, "project": project.name, "written_at": int(time.time())}
     if args.command == "run":
         modes = args.mode or ["auto"]
-        if args.deadline is not None:
-            # The caller's own limit: leave time for the grace period and the report.
-            left = args.deadline - time.time() - GRACE_SECONDS - 5
-            args.timeout = max(10.0, min(args.timeout, left / len(modes)))
         payload["runs"] = [
             run_stages(
                 project,

@@ -4,7 +4,8 @@ It runs on the accelerator machine, which has the project's files but not this
 repository's tooling (standard library and pytest only):
 
     python scripts/accelerator_lane.py run PROJECT --out DIR [--mode auto|interpret] [--stage K]
-    python scripts/accelerator_lane.py bugs PROJECT --out DIR [--stage K ...] [--timeout S]
+    python scripts/accelerator_lane.py bugs PROJECT --out DIR [--stage K ...] [--only ID ...]
+        [--timeout S] [--budget S]
 
 `run` runs every stage's declared test files in ONE pytest process (one program
 holds the chip at a time, and opening it costs seconds), with JUnit XML so that
@@ -231,13 +232,31 @@ def _run(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int | s
         return "timeout", output
 
 
-def run_bugs(project: Path, stages: list[str] | None, timeout: float) -> list[dict]:
+def run_bugs(
+    project: Path,
+    stages: list[str] | None,
+    timeout: float,
+    only: list[str] | None = None,
+    budget: float | None = None,
+    keep=lambda results: None,
+) -> list[dict]:
+    """Each chosen seeded bug (by stage, or by id with `only`) applied alone to a
+    scratch copy, its tests run with `-x`; no bug starts once `budget` seconds
+    have passed, and none runs past what is left of it. `keep` is called with the
+    results after every bug, so a run stopped from outside loses none."""
     with (project / "seeded_bugs.toml").open("rb") as f:
         bugs = tomllib.load(f)["bugs"]
-    results = []
+    results: list[dict] = []
+    began = time.perf_counter()
     for bug in bugs:
         if stages and bug["stage"] not in stages:
             continue
+        if only and bug["id"] not in only:
+            continue
+        left = timeout if budget is None else min(timeout, budget - (time.perf_counter() - began))
+        if left <= 5:
+            print(f"{bug['id']}: not started, the budget is spent", flush=True)
+            break
         with tempfile.TemporaryDirectory() as scratch:
             copy = Path(scratch) / project.name
             shutil.copytree(project, copy, ignore=shutil.ignore_patterns("evidence", "runs"))
@@ -257,7 +276,7 @@ def run_bugs(project: Path, stages: list[str] | None, timeout: float) -> list[di
                 [sys.executable, "-m", "pytest", *PYTEST_ARGS, "-x", *bug["tests"]],
                 cwd=copy,
                 env=env,
-                timeout=timeout,
+                timeout=left,
             )
             outcome = {1: "caught", 0: "survived"}.get(code, "broken")
             results.append(
@@ -270,6 +289,7 @@ def run_bugs(project: Path, stages: list[str] | None, timeout: float) -> list[di
                 }
             )
             print(f"{bug['id']}: {outcome}", flush=True)
+            keep(results)
     return results
 
 
@@ -288,7 +308,9 @@ def main() -> None:
     bug.add_argument("project")
     bug.add_argument("--out", type=Path, required=True)
     bug.add_argument("--stage", action="append", default=None)
-    bug.add_argument("--timeout", type=float, default=240.0)
+    bug.add_argument("--timeout", type=float, default=240.0, help="seconds per bug")
+    bug.add_argument("--only", action="append", default=None, help="a seeded bug's id")
+    bug.add_argument("--budget", type=float, default=None, help="seconds for all bugs")
     args = parser.parse_args()
     project = ROOT / "projects" / args.project
     args.out.mkdir(parents=True, exist_ok=True)
@@ -313,9 +335,16 @@ def main() -> None:
             )
             for m in modes
         ]
-    else:
-        payload["bugs"] = run_bugs(project, args.stage, args.timeout)
     name = f"lane-{args.command}-{project.name}-{int(time.time())}.json"
+
+    def keep(results: list[dict]) -> None:
+        payload["bugs"] = results
+        (args.out / name).write_text(json.dumps(payload, indent=1) + "\n")
+
+    if args.command == "bugs":
+        payload["bugs"] = run_bugs(
+            project, args.stage, args.timeout, args.only, args.budget, keep=keep
+        )
     (args.out / name).write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {args.out / name}")
 

@@ -3,7 +3,10 @@
 The JUnit text below is written by hand, so every expected count, skip reason and
 failure is read off the text itself; the stage runs use the toy project's own two
 stages on this machine's CPU (the lane only needs pytest), once as written and once
-with a stage broken in a scratch copy.
+with a stage broken in a scratch copy. Seeded bugs written here into a scratch
+copy's `seeded_bugs.toml` show `bugs` choosing by id, calling a wrong sum caught
+and a harmless rewrite survived, keeping each result as it comes, and starting
+none once its budget is spent.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
-from accelerator_lane import parse_junit, run_stages  # noqa: E402
+from accelerator_lane import parse_junit, run_bugs, run_stages  # noqa: E402
 
 TOY = Path(__file__).resolve().parent / "fixtures" / "toy-project"
 STAGES = [
@@ -105,3 +108,51 @@ def test_a_stage_declared_cpu_multi_device_is_skipped_with_its_reason_off_the_cp
     )
     assert on_chip["stages"]["1"]["passed"] > 0 and on_chip["stages"]["1"]["skipped"] == 0
     assert on_cpu["stages"]["2"]["passed"] == stage2["skipped"]
+
+
+BUGS = """
+[[bugs]]
+id = "sum-skips-the-first"
+stage = "1"
+file = "src/toy_project/core.py"
+find = "for value in values:"
+replace = "for value in values[1:]:"
+tests = ["tests/test_stage_1_sum.py"]
+
+[[bugs]]
+id = "sum-reassociated"
+stage = "1"
+file = "src/toy_project/core.py"
+find = "result += value"
+replace = "result = value + result"
+tests = ["tests/test_stage_1_sum.py"]
+
+[[bugs]]
+id = "mean-off-by-one"
+stage = "2"
+file = "src/toy_project/core.py"
+find = "/ len(values)"
+replace = "/ (len(values) + 1)"
+tests = ["tests/test_stage_2_mean.py"]
+"""
+
+
+def test_bugs_by_id_kept_as_they_come_and_none_past_the_budget(tmp_path):
+    copy = tmp_path / "toy-project"
+    shutil.copytree(TOY, copy)
+    (copy / "seeded_bugs.toml").write_text(BUGS)
+    kept: list[list[str]] = []
+    results = run_bugs(
+        copy,
+        None,
+        120,
+        only=["sum-skips-the-first", "sum-reassociated"],
+        keep=lambda r: kept.append([b["id"] for b in r]),
+    )
+    assert [(b["id"], b["outcome"]) for b in results] == [
+        ("sum-skips-the-first", "caught"),
+        ("sum-reassociated", "survived"),
+    ]
+    assert kept == [["sum-skips-the-first"], ["sum-skips-the-first", "sum-reassociated"]]
+    assert run_bugs(copy, ["2"], 120)[0]["outcome"] == "caught"
+    assert run_bugs(copy, None, 120, budget=0) == []

@@ -1,10 +1,11 @@
 """The accelerator lane's own tools, checked without an accelerator.
 
 `lane_skips` (the lane's pytest plugin) must turn exactly the failures caused by
-a refused socket into skips that name the reason: a pytest run over a file with
-a refused socket raised in a test and in a fixture, an ordinary failure and a
-pass must report 2 skipped, 1 failed and 1 passed, with the reason in the JUnit
-XML. `accelerator_survey.classify` must put each kind of failure the lane has
+a refused socket, or by a child process that could not open the chip the test
+process holds, into skips that name the reason: a pytest run over a file with a
+refused socket raised in a test and in a fixture, a child's stderr naming the
+held chip, an ordinary failure and a pass must report 3 skipped, 1 failed and 1
+passed, with each reason in the JUnit XML. `accelerator_survey.classify` must put each kind of failure the lane has
 met in its class, and an unknown one in none.
 """
 
@@ -35,6 +36,10 @@ def server():
 def test_server_refused(server):
     pass
 
+def test_child_could_not_open_the_chip():
+    stderr = "RuntimeError: Unable to initialize backend 'tpu': ABORTED: Internal error"
+    assert 1 == 0, stderr
+
 def test_wrong_answer():
     assert 1 + 1 == 3
 
@@ -43,7 +48,7 @@ def test_right_answer():
 """
 
 
-def test_lane_skips_turns_only_refused_sockets_into_skips(tmp_path: Path):
+def test_lane_skips_turns_only_machine_limits_into_skips(tmp_path: Path):
     (tmp_path / "test_sample.py").write_text(TESTS)
     xml = tmp_path / "junit.xml"
     proc = subprocess.run(
@@ -76,9 +81,14 @@ def test_lane_skips_turns_only_refused_sockets_into_skips(tmp_path: Path):
             else ("passed", None)
         )
     reason = "needs a network socket; this machine refuses them (errno 97, EAFNOSUPPORT)"
+    held = (
+        "runs JAX in a second process, which cannot open the chip this test process "
+        "holds (one program holds a TPU at a time)"
+    )
     assert outcomes == {
         "test_socket_refused": ("skipped", reason),
         "test_server_refused": ("skipped", reason),
+        "test_child_could_not_open_the_chip": ("skipped", held),
         "test_wrong_answer": ("failed", None),
         "test_right_answer": ("passed", None),
     }

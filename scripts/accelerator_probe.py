@@ -95,7 +95,9 @@ def _sums(rng: np.random.Generator) -> list[dict]:
         x = rng.standard_normal(n).astype(np.float32)
         got = float(jax.jit(jnp.sum)(x))
         exact = float(x.astype(np.float64).sum())
-        rows.append({"n": n, "err_over_abs_sum_in_u": abs(got - exact) / float(np.abs(x).sum()) / U32})
+        rows.append(
+            {"n": n, "err_over_abs_sum_in_u": abs(got - exact) / float(np.abs(x).sum()) / U32}
+        )
     return rows
 
 

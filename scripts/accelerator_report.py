@@ -6,8 +6,13 @@
 `scripts/accelerator_lane.py` runs on the accelerator machine, which has the
 project's files but not this repository's tooling, so it records what ran and
 how it went but not the code hash; this script, run here, adds it. Each `--lane`
-is a `lane-run-*.json` (one run per execution mode) or `lane-bugs-*.json` (seeded
-bugs run on the chip); all must name the same project and device. The code
+is a `lane-run-*.json` or `lane-bugs-*.json` (seeded bugs run on the chip); all
+must name the same project and device. Several runs of one execution mode that
+each ran other stages (`accelerator_lane.py run --stage K`, one command each,
+where a whole project does not fit one command) become one run of that mode: a
+stage may come from one of them only, and the joined run took as long as its
+parts together and exited as the worst of them (a timeout over a failure over a
+pass). The code
 hashes are those of the commit that was sent to the machine (`--commit`), taken
 from a `git archive` of it, so a report made after later edits still names what
 ran; the report is validated (`catalog_compiler.accelerator`) before it is
@@ -49,6 +54,26 @@ def code_hashes_at(project: str, commit: str) -> dict[str, str]:
         return {stage: mutants.project_stage_hash(folder, stage) for stage in stage_ids(folder)}
 
 
+def join_by_mode(runs: list[dict]) -> list[dict]:
+    """One run per mode from runs of disjoint stage sets (raises ValueError when two
+    runs of one mode both ran a stage)."""
+    joined: dict[str, dict] = {}
+    for run in runs:
+        into = joined.get(run["mode"])
+        if into is None:
+            joined[run["mode"]] = {**run, "stages": dict(run["stages"])}
+            continue
+        twice = sorted(set(into["stages"]) & set(run["stages"]))
+        if twice:
+            raise ValueError(f"two `{run['mode']}` runs both ran stages {twice}")
+        into["stages"].update(run["stages"])
+        into["wall_seconds"] += run["wall_seconds"]
+        into["exit_code"] = max(
+            into["exit_code"], run["exit_code"], key=lambda c: (c == "timeout", c != 0, c)
+        )
+    return list(joined.values())
+
+
 def build(project: str, commit: str, lanes: list[dict], command: str) -> dict:
     """The report's JSON from the lane payloads (raises ValueError when they disagree)."""
     devices = {json.dumps(lane["machine"], sort_keys=True) for lane in lanes}
@@ -61,7 +86,7 @@ def build(project: str, commit: str, lanes: list[dict], command: str) -> dict:
         text=True,
         check=True,
     ).stdout.strip()
-    runs = [run for lane in lanes for run in lane.get("runs", [])]
+    runs = join_by_mode([run for lane in lanes for run in lane.get("runs", [])])
     bugs = [
         {k: bug[k] for k in ("id", "stage", "outcome")} | {"seconds": bug.get("seconds", 0.0)}
         for lane in lanes

@@ -5,8 +5,9 @@ a refused socket, or by a child process that could not open the chip the test
 process holds, into skips that name the reason: a pytest run over a file with a
 refused socket raised in a test and in a fixture, a child's stderr naming the
 held chip, an ordinary failure and a pass must report 3 skipped, 1 failed and 1
-passed, with each reason in the JUnit XML. `accelerator_survey.classify` must put each kind of failure the lane has
-met in its class, and an unknown one in none.
+passed, with each reason in the JUnit XML. `accelerator_survey.classify` must
+put each kind of failure the lane has met in its class, and an unknown one in
+none.
 """
 
 from __future__ import annotations

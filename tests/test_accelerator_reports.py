@@ -6,7 +6,9 @@ each ready project that has one: it validates against
 `catalog_compiler.accelerator.AcceleratorReport` (every skip names its reason,
 counts agree with their lists), names its own project and a non-CPU device, and
 hashes exactly the manifest's stages; every stage passed or was skipped with
-its reason, in every mode; no seeded bug run there survived. Negative controls
+its reason, in every mode; no seeded bug run there survived. Runs of one mode
+over other stages join into one run, exiting as the worst of them, and two runs
+of one stage are refused. Negative controls
 show the schema refusing a skip without a reason, a count that disagrees with
 its list and a run that leaves a stage out, and `stage_summaries` calling a
 stage stale once its code hash differs from the mutation report's.
@@ -25,6 +27,7 @@ from pydantic import ValidationError
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import accelerator_report  # noqa: E402
 from catalog_compiler import accelerator  # noqa: E402
 from ready_projects import ready_projects  # noqa: E402
 from scratch import stage_ids  # noqa: E402
@@ -123,3 +126,45 @@ def test_a_stage_is_current_only_while_its_code_hash_matches_the_mutation_report
     assert (summary["1"]["current"], summary["2"]["current"]) == (True, False)
     assert summary["1"]["bugs_caught"] == summary["1"]["bugs_run"] == 1
     assert accelerator.stage_summaries(tmp_path / "elsewhere") is None
+
+
+def _run(mode: str, exit_code, seconds: float, stages: list[str]) -> dict:
+    stage = _sample()["runs"][0]["stages"]["1"]
+    return {
+        "mode": mode,
+        "exit_code": exit_code,
+        "wall_seconds": seconds,
+        "stages": {s: copy.deepcopy(stage) for s in stages},
+    }
+
+
+@pytest.mark.parametrize(
+    ("codes", "joined"),
+    [
+        ((0, 0), 0),
+        ((0, 1), 1),
+        ((1, 0), 1),
+        (("timeout", 1), "timeout"),
+        ((0, "timeout"), "timeout"),
+    ],
+)
+def test_runs_of_one_mode_over_other_stages_join_into_one(codes, joined):
+    runs = [
+        _run("auto", codes[0], 10.0, ["1"]),
+        _run("auto", codes[1], 2.5, ["2", "3"]),
+        _run("interpret", 0, 1.0, ["1", "2", "3"]),
+    ]
+    result = accelerator_report.join_by_mode(runs)
+    assert [(r["mode"], sorted(r["stages"]), r["wall_seconds"]) for r in result] == [
+        ("auto", ["1", "2", "3"], 12.5),
+        ("interpret", ["1", "2", "3"], 1.0),
+    ]
+    assert result[0]["exit_code"] == joined
+    assert sorted(runs[0]["stages"]) == ["1"], "the runs given are left as they were"
+
+
+def test_two_runs_of_one_stage_in_one_mode_are_refused():
+    with pytest.raises(ValueError, match=r"stages \['2'\]"):
+        accelerator_report.join_by_mode(
+            [_run("auto", 0, 1.0, ["1", "2"]), _run("auto", 0, 1.0, ["2"])]
+        )

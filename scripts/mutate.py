@@ -29,7 +29,6 @@ import importlib.metadata
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -330,16 +329,14 @@ def rewrite_readme(project: Path) -> None:
     readme.write_text(table.sub(lambda _: readme_table(project) + "\n", text, count=1), "utf-8")
 
 
-def head_commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return done.stdout.strip() or "no-commit"
-
-
 def confirm_jobs(
     projects: list[Path], per_stage: int, seed: str, work: Path, cache: Path
 ) -> list[Job]:
     """Jobs that rerun ``per_stage`` mutants each stage's report calls killed,
-    drawn with ``seed`` (the matrix passes the commit, so each commit draws anew).
+    drawn with the stage's code hash (from its report) and ``seed``: the same code
+    draws the same mutants, so the matrix's verdict is a function of the code, not
+    of the commit that carries it; a stage's draw changes when its code does (and
+    its report is rescored). ``seed`` (`mutate.py confirm --seed`) draws others.
     A job's result is (project, stage, key, verdict) where verdict is `confirmed`
     or what the rerun found instead."""
     jobs: list[Job] = []
@@ -352,7 +349,7 @@ def confirm_jobs(
         for stage in stage_ids(project):
             entry = report.get(stage, {})
             killed = [r["key"] for r in entry.get("mutants", []) if r["outcome"] == KILLED]
-            rng = random.Random(f"{seed}/{project.name}/{stage}")
+            rng = random.Random(f"{entry.get('code_hash')}/{seed}/{project.name}/{stage}")
             chosen = set(rng.sample(killed, min(per_stage, len(killed))))
             rows = {r["key"]: r for r in entry.get("mutants", [])}
             for key in sorted(chosen):
@@ -368,8 +365,7 @@ def confirm_jobs(
     return jobs
 
 
-def confirm(projects: list[Path], per_stage: int, jobs: int) -> int:
-    seed = head_commit()
+def confirm(projects: list[Path], per_stage: int, jobs: int, seed: str = "") -> int:
     with tempfile.TemporaryDirectory(prefix="mutate-confirm-") as tmp:
         work, cache = Path(tmp), Path(tmp) / "jax-cache"
         job_list = confirm_jobs(projects, per_stage, seed, work, cache)
@@ -378,7 +374,8 @@ def confirm(projects: list[Path], per_stage: int, jobs: int) -> int:
     for d in bad:
         print(f"NOT KILLED on rerun: {d.job.name}")
     print(
-        f"mutation sample (seed {seed[:12]}): {len(done)} reported kills rerun, "
+        f"mutation sample (drawn by code hash{', seed ' + seed if seed else ''}): "
+        f"{len(done)} reported kills rerun, "
         f"{len(bad)} not killed, {sum(d.seconds for d in done):.0f} job-seconds"
     )
     return 1 if bad else 0
@@ -392,9 +389,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--survivors", action="store_true", help="rerun survivors only")
     parser.add_argument("--readme", action="store_true", help="only rewrite the README table")
     parser.add_argument("--per-stage", type=int, default=1, help="confirm: kills per stage")
+    parser.add_argument("--seed", default="", help="confirm: draw other kills than the matrix")
     args = parser.parse_args(argv)
     if args.project == "confirm":
-        return confirm(learning_checked(), args.per_stage, args.jobs)
+        return confirm(learning_checked(), args.per_stage, args.jobs, args.seed)
     project = ROOT / "projects" / args.project
     if not (project / "project.toml").is_file():
         print(f"No project `{args.project}` (a folder with project.toml).", file=sys.stderr)

@@ -6,7 +6,7 @@ as a learner would), and the browser check of the built site; and the two
 checks of LEARNING.md over every checked project: the learner progression
 (`learner.py`) and the seeded bugs (`seeded_bugs.py`); and a sample of the kills each
 project's mutation report claims, rerun (`mutate.py`, one per stage, drawn
-anew for each commit). Then prints one table,
+by the stage's code hash, so the same code draws the same kills). Then prints one table,
 suite x stage, with passed / failed / skipped counts and seconds, each part's
 time (suites, learner, seeded bugs), and a closing line
 `N passed, N failed, N skipped`. A project's test files map to stages through
@@ -272,10 +272,9 @@ def main(argv: list[str]) -> int:
             initial += jobs
         if run_bugs:
             initial += [seeded_bugs.bug_job(b, work, cache) for b in bugs]
-        seed = mutate.head_commit()
-        if run_mutants:  # Reported kills, a new sample each commit (`mutate.py confirm`).
+        if run_mutants:  # Reported kills, drawn by each stage's code hash (`mutate.py confirm`).
             initial += mutate.confirm_jobs(
-                list(checked.values()), MUTANTS_PER_STAGE, seed, work / "mutants", cache
+                list(checked.values()), MUTANTS_PER_STAGE, "", work / "mutants", cache
             )
         for job in initial:
             job.estimate = estimates.get(f"{job.part}:{job.name}", job.estimate)
@@ -344,7 +343,7 @@ def main(argv: list[str]) -> int:
                 )
             )
         print(
-            f"mutation sample (seed: commit {seed[:12]}): {len(reran)} reported kills rerun, "
+            f"mutation sample (drawn by code hash): {len(reran)} reported kills rerun, "
             f"{MUTANTS_PER_STAGE} per stage, "
             f"{sum(d.result.outcome not in mutate.DETECTED for d in reran)} not killed, "
             f"{sum(d.seconds for d in reran):.0f} job-seconds"

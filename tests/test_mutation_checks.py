@@ -6,8 +6,9 @@ checks one mean, `mean([1, 2, 6]) == 3`, so the mutant `/` -> `//` survives
 check that each outcome is reported as such, that a declared equivalent is
 counted apart, that the score follows the counts, that keys survive edits
 elsewhere in the file, that the sample is fixed by its seed, that a report
-goes stale when a covered file changes (and only then), and that the rerun of
-reported kills fails on a kill that does not reproduce.
+goes stale when a covered file changes (and only then), that the rerun of
+reported kills fails on a kill that does not reproduce, and that its draw
+follows the stage's code hash alone (the same code, the same draw).
 """
 
 from __future__ import annotations
@@ -201,6 +202,27 @@ def test_the_rerun_of_reported_kills_fails_on_one_that_does_not_reproduce(
     finally:
         worker.close()
     assert result.outcome == mutate.SURVIVED
+
+
+def test_the_rerun_draws_by_the_stage_code_hash_alone(toy: Path, tmp_path: Path):
+    """The matrix's verdict must not depend on the commit: the kills it reruns are
+    drawn from the stage's code hash (and an optional seed), nothing else."""
+    two = [m for m in mutants.stage_mutants(toy, "2").mutants]
+    rows = [
+        {"key": m.key, "operator": m.operator, "line": m.line, "outcome": "killed"} for m in two
+    ]
+    assert len(rows) >= 4
+
+    def draw(code_hash: str, seed: str = "") -> list[str]:
+        report = {"stages": {"2": {"code_hash": code_hash, "mutants": rows}}}
+        (toy / mutants.REPORT).write_text(json.dumps(report), encoding="utf-8")
+        jobs = mutate.confirm_jobs([toy], 1, seed, tmp_path / "work", tmp_path / "cache")
+        return [j.name for j in jobs]
+
+    assert draw("a" * 64) == draw("a" * 64)
+    draws = {tuple(draw(f"{i:064x}")) for i in range(12)}
+    assert len(draws) > 1, "another code hash draws other kills"
+    assert {tuple(draw("a" * 64, f"s{i}")) for i in range(12)} != {tuple(draw("a" * 64))}
 
 
 def test_a_report_row_finds_its_mutant_again(toy: Path):

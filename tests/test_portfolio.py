@@ -3,7 +3,10 @@
 Dossier (`progress.py dossier` in a starter): for training-methods and
 engineering-release, a starter with stages 1 and 2 written runs
 `python progress.py` (stages 1 and 2 pass, stage 3 fails unwritten), then
-`progress.py dossier`. Stages 1-2 must show as demonstrated with every figure
+`progress.py dossier`. The written regions carry one line of the learner's own
+(the reference's code line for line is a run of the reference, not a
+demonstration: `compiler/tests/test_route_coverage.py`). Stages 1-2 must show
+as demonstrated with every figure
 their evidence files hold (read here straight from the JSON and formatted
 here), the rest as not yet; after one stage-2 region is edited, stage 2 shows
 as stale and stage 1 stays demonstrated. Editing code outside every region
@@ -14,7 +17,8 @@ training-engineer route's projects every required skill is covered; without
 mlp-classifier's evidence its two skills are remaining and nothing else
 changes; a tampered evidence file, a stamp of code that has changed, and
 evidence that does not parse or names an unknown project or stage are each
-reported as such (COV001-COV003, exit 1).
+reported as such (COV001-COV003, exit 1); the reference's evidence copied into
+a folder with no code beside it demonstrates nothing.
 """
 
 from __future__ import annotations
@@ -85,10 +89,25 @@ def worked(request, tmp_path_factory) -> Path:
         {"1", "2"},
         roles=json.dumps({"project": name, "scopeNote": "Self-run.", "roles": []}).encode(),
     )
+    written_own_way(folder, {"1", "2"})
     done = run(folder)
     assert done.returncode == 1, done.stdout + done.stderr  # Stage 3 is still to write.
     assert "Next: stage 3" in done.stdout, done.stdout
     return folder
+
+
+def written_own_way(folder: Path, stages: set[str]) -> None:
+    """One line of the learner's own at the top of every region of ``stages``."""
+    for source in sorted((folder / "src").rglob("*.py")):
+        lines = source.read_text("utf-8").splitlines()
+        out = []
+        for number, line in enumerate(lines):
+            out.append(line)
+            opening = re.match(r"^\s*# --- exercise stage (\S+): ", line)
+            if opening and opening.group(1) in stages:
+                indent = re.match(r"\s*", lines[number + 1]).group(0)
+                out.append(f"{indent}pass  # the learner's own line")
+        source.write_text("\n".join(out) + "\n", "utf-8")
 
 
 def test_dossier_shows_written_stages_demonstrated_with_their_figures(worked: Path):
@@ -224,6 +243,15 @@ def test_tampered_evidence_and_changed_code_are_not_demonstrated(tmp_path: Path)
     assert "remaining: stage 1 (its evidence changed since the stamp)" in out
     assert "remaining: stage 2 (its code changed since the run that passed)" in out
     assert "demonstrated: stage 3" in out
+
+
+def test_reference_evidence_with_no_code_beside_it_demonstrates_nothing(tmp_path: Path):
+    folder = Path(shutil.copytree(PROJECTS / "mlp-classifier" / "evidence", tmp_path / "evidence"))
+    code, out = coverage("--role", "training-engineer", str(folder))
+    assert code == 0, out
+    assert "demonstrated: stage" not in out, out
+    for stage in ("1", "2", "3"):
+        assert f"remaining: stage {stage} (no code beside this evidence" in out, out
 
 
 @pytest.mark.parametrize(

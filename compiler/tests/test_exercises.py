@@ -124,6 +124,7 @@ def test_starter_strips_sources_adds_progress_and_leaves_outputs_behind(tmp_path
     files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
     assert files == [
         "README.md",
+        "authorship.py",
         "dossier.py",
         "failed_check.py",
         "hints.json",

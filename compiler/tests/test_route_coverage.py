@@ -124,7 +124,14 @@ CATALOG = {
 }
 
 
-def make_starter(tmp_path: Path, keep: set[str] = frozenset()) -> Path:
+# How a learner might write each stage's region: equal in effect to the reference
+# (`2 * x`, `x * x`), not in text.
+OWN = {"1": ("return 2 * x", "return x * 2"), "2": ("return x * x", "return x**2")}
+
+
+def make_starter(tmp_path: Path, keep: set[str] = frozenset(), own: bool = True) -> Path:
+    """The starter with the regions of ``keep`` written: the learner's way (`OWN`),
+    or, with ``own=False``, as the reference wrote them."""
     project = tmp_path / "cov-demo"
     calc = (
         REGION.format(
@@ -147,7 +154,15 @@ def make_starter(tmp_path: Path, keep: set[str] = frozenset()) -> Path:
     for rel, text in files.items():
         (project / rel).parent.mkdir(parents=True, exist_ok=True)
         (project / rel).write_text(text, encoding="utf-8")
-    return write_starter(project, tmp_path / "starter", keep, roles_json(CATALOG, "cov-demo"))
+    folder = write_starter(project, tmp_path / "starter", keep, roles_json(CATALOG, "cov-demo"))
+    calc = folder / "src" / "cov_demo" / "calc.py"
+    text = calc.read_text(encoding="utf-8")
+    for stage in sorted(keep) if own else []:
+        reference, mine = OWN[stage]
+        assert text.count(reference) == 1
+        text = text.replace(reference, mine)
+    calc.write_text(text, encoding="utf-8")
+    return folder
 
 
 def progress(folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -219,6 +234,59 @@ def test_forged_stamps_are_not_demonstrated(tmp_path: Path):
     assert (word, reason) == ("remaining", f"{status}: {why}"), done.stdout
 
 
+def _stamp_as_passed(folder: Path, stage_id: str) -> dict:
+    """A stamp forged with the right hashes: of the code as it is, and of an evidence
+    file written by hand."""
+    dossier = dossier_module()
+    stage = next(s for s in dossier.progress.manifest(folder)["stages"] if s["id"] == stage_id)
+    (folder / "evidence").mkdir(exist_ok=True)
+    evidence = folder / "evidence" / f"stage_{stage_id}.json"
+    evidence.write_text('{"records": [{"check": "x", "passed": true}]}\n')
+    record = {
+        "result": "passed",
+        "code_hash": dossier.progress.stage_code_hash(folder, stage_id, stage["tests"]),
+        "evidence_sha256": dossier.progress.file_sha256(evidence),
+    }
+    stamps = {"project": "cov-demo", "stages": {stage_id: record}}
+    (folder / "evidence" / "progress.json").write_text(json.dumps(stamps))
+    return record
+
+
+def test_a_stamp_with_the_right_hashes_over_unwritten_regions_is_not_demonstrated(
+    tmp_path: Path,
+):
+    folder = make_starter(tmp_path)
+    _stamp_as_passed(folder, "1")
+    done = progress(folder, "coverage", "--role", "demo-route")
+    assert done.returncode == 1, done.stdout + done.stderr
+    word, reason = stage_lines(done.stdout)["1"]
+    assert word == "remaining" and "still raise the starter's error" in reason, done.stdout
+    assert_clean(done.stdout)
+
+
+def test_the_reference_code_passing_is_not_the_learners_demonstration(tmp_path: Path):
+    """Regions that are the reference's own code pass their tests, and are said to be
+    the reference's, reindented or annotated alike; the learner's own passes."""
+    folder = make_starter(tmp_path, keep={"1"}, own=False)
+    assert progress(folder).returncode == 1  # Stage 1 passes; stage 2 is still to write.
+    done = progress(folder, "coverage", "--role", "demo-route")
+    assert done.returncode == 1, done.stdout + done.stderr
+    word, reason = stage_lines(done.stdout)["1"]
+    assert word == "remaining" and reason.startswith("reference code: "), done.stdout
+    calc = folder / "src" / "cov_demo" / "calc.py"
+    annotated = calc.read_text().replace(
+        "    return 2 * x", "    # my answer\n\n        return 2 * x  # twice"
+    )
+    calc.write_text(annotated.replace("        return 2 * x", "    return 2 * x"))
+    assert progress(folder).returncode == 1
+    again = stage_lines(progress(folder, "coverage", "--role", "demo-route").stdout)
+    assert again["1"][0] == "remaining" and again["1"][1].startswith("reference code: ")
+    calc.write_text(calc.read_text().replace("return 2 * x", "return x + x"))
+    assert progress(folder).returncode == 1
+    mine = stage_lines(progress(folder, "coverage", "--role", "demo-route").stdout)
+    assert mine["1"][0] == "demonstrated", mine
+
+
 def test_a_stage_that_really_passed_is_demonstrated(tmp_path: Path):
     folder = make_starter(tmp_path, keep={"1"})
     run = progress(folder)
@@ -232,7 +300,7 @@ def test_a_stage_that_really_passed_is_demonstrated(tmp_path: Path):
     assert_clean(done.stdout)
     # Changing stage 1's code after the run takes the demonstration back.
     calc = folder / "src" / "cov_demo" / "calc.py"
-    calc.write_text(calc.read_text().replace("return 2 * x", "return x + x"))
+    calc.write_text(calc.read_text().replace("return x * 2", "return x + x"))
     again = stage_lines(progress(folder, "coverage", "--role", "demo-route").stdout)
     assert again["1"][0] == "remaining"
 

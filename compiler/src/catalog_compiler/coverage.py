@@ -4,9 +4,13 @@
 project's `evidence/` as `progress.py` leaves it: `progress.json` (the
 stamps, naming the project) beside `stage_<id>.json` files. A stage counts as
 **demonstrated** when its stamp says passed, its evidence file is the one
-stamped (same sha256), and, where the folder sits in a project folder (a
-`project.toml` and `src/` beside it), the stage's code hash is still the
-stamped one. Anything else is **remaining**, with the reason.
+stamped (same sha256), the folder sits in a project folder (a `project.toml`
+beside it) whose stage code hash is still the stamped one, and, in a learner's
+starter (`hints.json` beside it), the stage's regions are the learner's own
+(the starter's `authorship`: written, present, not the reference's line for
+line). Anything else is **remaining**, with the reason: evidence with no code
+beside it ("no code beside this evidence to check it against") proves nothing
+about anyone's code.
 
 A skill is covered when every stage it cites is demonstrated. Skills group
 under the milestones whose phases hold their lessons; required route
@@ -31,7 +35,7 @@ from pathlib import Path
 
 from catalog_compiler import rules
 from catalog_compiler.diagnostics import START, Diagnostic
-from catalog_compiler.portfolio import progress_module, route_coverage_module
+from catalog_compiler.portfolio import authorship_module, progress_module, route_coverage_module
 
 REQUIRED = "Required route practice"
 REMEDY = (
@@ -160,13 +164,16 @@ def _stage_state(progress, folder: Path, code: Path | None, stage: dict, record)
     evidence = folder / f"stage_{stage['id']}.json"
     if not _is_file(evidence):
         return StageState(False, "no evidence file", source)
+    if code is None:
+        return StageState(False, "no code beside this evidence to check it against", source)
     try:
         if record.get("evidence_sha256") != progress.file_sha256(evidence):
             return StageState(False, "its evidence changed since the stamp", source)
-        if code is not None and record.get("code_hash") != progress.stage_code_hash(
-            code, stage["id"], stage["tests"]
-        ):
+        if record.get("code_hash") != progress.stage_code_hash(code, stage["id"], stage["tests"]):
             return StageState(False, "its code changed since the run that passed", source)
+        authored = authorship_module().stage_authorship(code, stage["id"])
+        if authored is not None:
+            return StageState(False, f"{authored[0]}: {authored[1]}", source)
     except OSError as error:  # progress.Unreadable included: its message names the file.
         return StageState(False, str(error).rstrip("."), source)
     return StageState(True, "passed and current", source)

@@ -82,8 +82,15 @@ def progress_module() -> ModuleType:
 
 
 @cache
-def dossier_module() -> ModuleType:
+def authorship_module() -> ModuleType:
     progress_module()
+    _template_module("hints")  # `authorship` imports `hints` and `progress` by name.
+    return _template_module("authorship")
+
+
+@cache
+def dossier_module() -> ModuleType:
+    authorship_module()  # `dossier` imports `authorship` by name.
     return _template_module("dossier")
 
 

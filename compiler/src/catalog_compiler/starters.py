@@ -11,8 +11,10 @@ Contract:
   ``failed_check.py`` (a failed check's figures against its limit, and the
   stage's known mistakes), ``route_coverage.py`` (``progress.py coverage``:
   what the learner's stages evidence for one route of ``roles.json``),
-  ``learner_files.py`` (how they all read and write the learner's files) and the
-  ``roles.json`` it is given, and puts a short note at the top of the README.
+  ``authorship.py`` (whether a passing stage rests on the learner's own regions:
+  written, present, not the reference's line for line), ``learner_files.py``
+  (how they all read and write the learner's files) and the ``roles.json`` it
+  is given, and puts a short note at the top of the README.
   ``seeded_bugs.toml`` keeps each mistake's stage, file, reason and tests but
   not its code (``find``/``replace`` quote the reference). It raises
   ``RegionError`` on a malformed marker before writing anything.
@@ -69,6 +71,7 @@ LEARNER_TOOLS = (
     "failed_check.py",
     "progress.py",
     "hints.py",
+    "authorship.py",
     "dossier.py",
     "route_coverage.py",
 )

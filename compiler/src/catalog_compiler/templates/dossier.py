@@ -30,6 +30,7 @@ import html
 import sys
 from pathlib import Path
 
+import authorship
 import progress
 from failed_check import figures  # noqa: F401  (also `dossier.figures` for the site)
 
@@ -44,7 +45,9 @@ HONESTY = (
     "This dossier is self-run evidence: the figures come from the learner's own code, "
     "run on the learner's own machine by the project's stage tests. It is not independent "
     "review or hardware qualification. A reviewer re-runs any figure with the command, "
-    "code hash and environment shown beside it."
+    "code hash and environment shown beside it. A local check can tell that a stage's "
+    "regions are written and are not the reference's code line for line; it cannot tell "
+    "who wrote code that differs from the reference."
 )
 PLOTS = (".png", ".svg")
 # Words too common in review questions and skill texts to relate one to another.
@@ -91,6 +94,9 @@ def stage_status(folder: Path, stage: dict, record: dict | None) -> tuple[str, s
         return MISSING, "its tests passed but left no evidence file"
     if record.get("evidence_sha256") != progress.file_sha256(evidence):
         return STALE, "its evidence file changed since the run that passed"
+    authored = authorship.stage_authorship(folder, stage["id"])
+    if authored is not None:
+        return authored
     return DEMONSTRATED, f"passed at {record.get('ran_at', '?')}, unchanged since"
 
 

@@ -1,4 +1,7 @@
-"""The README block of a project's bench runs (`bench_summary.py --readme`).
+"""The README block of a project's bench runs.
+
+    python scripts/bench_readme.py projects/<id>            # rewrite the README block
+    python scripts/bench_readme.py projects/<id> --verify   # exit 1 if stale
 
 A project keeps the reports its README quotes in `benchmarks/`:
 `run-<n>.json` (the stated runs, at least three) and `rerun-<n>.json` (later
@@ -9,6 +12,7 @@ alone, so it can be checked against them at any time.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -191,7 +195,7 @@ def update_readme(project: Path, verify: bool = False) -> int:
         if new != readme:
             print(
                 f"{project.name}: README bench block is stale; run "
-                f"`python scripts/bench_summary.py --readme projects/{project.name}`",
+                f"`python scripts/bench_readme.py projects/{project.name}`",
                 file=sys.stderr,
             )
             return 1
@@ -200,3 +204,15 @@ def update_readme(project: Path, verify: bool = False) -> int:
         readme_path.write_text(new)
         print(f"{project.name}: README bench block written")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("project", type=Path, help="a project folder")
+    parser.add_argument("--verify", action="store_true", help="only compare; exit 1 if stale")
+    args = parser.parse_args(argv)
+    return update_readme(args.project, verify=args.verify)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

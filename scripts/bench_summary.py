@@ -2,8 +2,6 @@
 lands inside them.
 
     python scripts/bench_summary.py RUN.json RUN.json RUN.json [--check RERUN.json ...]
-    python scripts/bench_summary.py --readme projects/<id>   # rewrite the README block
-    python scripts/bench_summary.py --readme projects/<id> --verify   # exit 1 if stale
 
 Every `<project> bench` writes a JSON report with `ratios` (name -> float) and
 `ratio_details` (name -> {"aa": the A/A control, as a value or as its
@@ -30,7 +28,8 @@ ranges; the exit status is 1 when any ratio falls outside, 2 on a report that
 cannot be read. Ratios present in only some reports are listed with the runs
 that have them.
 
-`--readme` renders the same table into the project's README, between
+`bench_readme.py` (which uses this module; this one never uses it) renders the
+same table into the project's README, between
 `<!-- bench-runs:begin -->` and `<!-- bench-runs:end -->` (placed at the end of
 its Performance section the first time), from the reports the project keeps in
 `benchmarks/`: `run-<n>.json` are the stated runs, `rerun-<n>.json` later runs
@@ -202,17 +201,9 @@ def summarize(runs: list[Path], checks: list[Path]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="*", type=Path, help="bench reports of the stated runs")
+    parser.add_argument("runs", nargs="+", type=Path, help="bench reports of the stated runs")
     parser.add_argument("--check", nargs="*", type=Path, default=[], help="reruns to compare")
-    parser.add_argument("--readme", type=Path, help="a project folder: rewrite its README block")
-    parser.add_argument("--verify", action="store_true", help="with --readme: only compare")
     args = parser.parse_args(argv)
-    if args.readme:
-        from bench_readme import update_readme
-
-        return update_readme(args.readme, verify=args.verify)
-    if not args.runs:
-        parser.error("give bench reports, or --readme PROJECT")
     return summarize(args.runs, args.check)
 
 

@@ -150,7 +150,11 @@ def _project(tmp_path: Path, runs: list[float], reruns: list[float]) -> Path:
 
 
 def _readme(project: Path, *flags: str) -> subprocess.CompletedProcess:
-    return _run("--readme", project, *flags)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("bench_readme.py")), str(project), *flags],
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_the_readme_block_is_placed_in_the_performance_section_and_verified(tmp_path):
@@ -193,3 +197,20 @@ def test_every_ready_project_states_its_bench_from_kept_runs(project):
     three runs), so every range it states can be recomputed from them."""
     result = _readme(project, "--verify")
     assert result.returncode == 0, result.stderr
+
+
+def test_the_summary_never_imports_the_readme_writer():
+    """One direction: `bench_readme` uses `bench_summary`, not the reverse."""
+    import ast
+
+    def imported(path: Path) -> set[str]:
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names.add(node.module or "")
+        return names
+
+    assert "bench_summary" in imported(SCRIPT.with_name("bench_readme.py"))
+    assert "bench_readme" not in imported(SCRIPT)

@@ -3,7 +3,11 @@
 Concurrency: four processes run log- and keyring-writing commands against one
 state at once; every command that reported success must find its entry in
 the final log (by sequence number and hash) or its key in the final keyring,
-and the log must hold exactly the entries that were reported. The record's
+and the log must hold exactly the entries that were reported. Then four
+processes mix every kind of command (approve, evaluate, status, keygen,
+verify, release, rollback: the lock held for commits only, work done
+unlocked): none crashes, a refusal names its reason, the log holds exactly
+the entries reported, and `verify` passes. The record's
 tail: a log that lost anchored entries, or whose anchored tail was rewritten,
 fails `verify` with both counts named, and no command extends it (which
 would hide the loss once the log grew back to the anchor's length).
@@ -95,6 +99,56 @@ def test_concurrent_commands_lose_nothing(released, tmp_path):
     assert sorted(seq for seq, _ in reported) == list(range(len(before), len(final))), summary
     assert len(ring) == len(ring_before) + len(keys), summary
     assert code == 0 and f"verified: {len(final)} log entries" in out, summary
+
+
+# What a command mixed with others may rightly answer with exit 1.
+REFUSALS = (
+    "is already the serving release",
+    "is the one serving now",
+    "changed while",
+    "Rollback refused",
+    "now names",
+)
+
+
+def test_mixed_commands_lose_nothing_and_refuse_with_reasons(released, tmp_path):
+    from lock_waits import COMMANDS, WRITES
+
+    root, models, evaluations = released
+    before = ledger.read(root / "ledger.jsonl")
+    train_ids, heldout_ids = data.split_ids(0, 0.2)
+    split = tmp_path / "split.npz"
+    np.savez(split, train=train_ids, heldout=heldout_ids)
+    ids = {"m0": models[0], "m1": models[1], "e0": evaluations[0], "e1": evaluations[1]}
+    ids["pem"] = str(root / "keys" / "approver.pem")
+    argv = [str(Path(__file__).with_name("stress_worker.py")), str(root), "4", "8", str(split)]
+    for command in COMMANDS:
+        argv += ["--", *[a.format(p="{p}", i="{i}", **ids) for a in command]]
+    proc = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=900, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(records) == 4 * 8
+    crashed = [(r["args"][0], r["exception"]) for r in records if r["exception"]]
+    unexplained = [
+        (r["args"][0], r["exit"], r["output"][-300:])
+        for r in records
+        if r["exit"] != 0 and not (r["exit"] == 1 and any(x in r["output"] for x in REFUSALS))
+    ]
+    assert not crashed and not unexplained, (crashed, unexplained)
+    assert {r["args"][0] for r in records if r["exit"] == 0} >= {"approve", "evaluate", "status"}
+    reported = {
+        (int(seq), digest)
+        for r in records
+        if r["exit"] == 0
+        for seq, digest in WRITES.findall(r["output"])
+    }
+    final = ledger.read(root / "ledger.jsonl")
+    assert final[: len(before)] == before
+    assert {(e["seq"], e["hash"]) for e in final[len(before) :]} == reported
+    code, out = run(root, "verify")
+    assert code == 0 and f"verified: {len(final)} log entries" in out, out
 
 
 def _lines(root: Path) -> list[str]:

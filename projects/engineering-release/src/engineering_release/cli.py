@@ -13,9 +13,11 @@
     engineering-release bench [--out FILE.json]
 
 State lives under `--root` (default `runs/release`, made absolute at once).
-Every command but `serve` and `bench` holds the state's lock (see `durable`)
-for its whole run, so commands on one state run one at a time, and first
-finishes what a killed command left (see `release.recover`). Exit codes: 0
+Every command but `serve` and `bench` first finishes what a killed command
+left (see `release.recover`), then holds the state's lock (see `durable`) for
+each commit it makes and no longer: training, evaluating, signing and a
+candidate's readiness run unlocked, and what they assumed is checked again
+under the lock before anything is written (see `release`). Exit codes: 0
 done, 1 refused or verification failed (the reason is printed; nothing
 changed), 2 bad input (a value that names nothing, a malformed file). Bad
 input is refused before anything is written.
@@ -63,19 +65,19 @@ def _quiet_mlflow() -> None:
 
 
 def _state(ctx: click.Context):
-    """The release state, locked for the rest of the command, after recovery.
-    (Call inside `_errors()`: a state that cannot be read raises its own error.)"""
+    """The release state, after recovery; its procedures lock it for each commit,
+    saying so on stderr when they must wait. (Call inside `_errors()`: a state
+    that cannot be read raises its own error.)"""
     from engineering_release import release
 
-    state = release.State(ctx.obj["root"])
-    _quiet_mlflow()
-    ctx.with_resource(
-        state.lock(
-            on_wait=lambda: click.echo(
-                f"waiting for another command on `{state.root}` to finish ...", err=True
-            )
-        )
+    root = ctx.obj["root"]
+    state = release.State(
+        root,
+        on_wait=lambda: click.echo(
+            f"waiting for another command on `{root}` to commit ...", err=True
+        ),
     )
+    _quiet_mlflow()
     for line in release.recover(state):
         click.echo(f"recovered: {line}", err=True)
     return state

@@ -1,153 +1,62 @@
-"""The release state and its procedures: register, evaluate, approve, release,
-rollback, status, verify.
+"""The release state's procedures: register, evaluate, approve, release,
+rollback, status, verify (release and rollback live in `promotion`, the state,
+its lock and recovery in `state`; both are re-exported here).
 
-State lives in one directory (default `runs/release/`):
-
-    store/          content-addressed objects: models and evaluation reports
-    ledger.jsonl    the hash-chained release log (the record)
-    registry.db     the MLflow Model Registry (SQLite): versions, tags, aliases
-    keys/           signing keys (`<name>.pem`) and the keyring `trusted.json`
-    policy.json     the policy in force
-    host.json       written by a running serving host: its port and pid
-    lock            the state's lock (`durable`): one command at a time changes the state
-
-A release: the promotion gate (signature, bound evaluation, thresholds) ->
-readiness (the serving host's candidate server, or an in-process self-test
-when no host runs) -> COMMIT (one atomic rename of the log) -> registry
-aliases follow the log -> traffic switch. Nothing before the commit changes
-the record; everything after it is derived from the record and is redone by
-`recover` (every command runs it first), so a release killed at any moment
-ends as the old release or the new one.
-
-Every procedure here holds the state's lock (`State.lock`, reentrant) from
-its first read to its last write, so commands run one at a time on a state
-and none acts on what another is about to change; a success is reported
-only after it is on disk. A procedure that fails leaves nothing behind: a
-model or report it stored for a registration that then failed is removed.
-
-`crashpoint(name)` kills the process with SIGKILL when the environment
-variable `ENGINEERING_RELEASE_CRASH_AT` equals `name`: the tests use it to
-kill a release at chosen moments. `CRASH_POINTS` lists them in order.
+Every procedure holds the state's lock (`State.lock`, reentrant) for its
+commit only: the reads that decide a change, the checks that must hold when
+it is written, the write and its fsync. What takes seconds runs before,
+unlocked: training (in the command line), a model's held-out predictions for
+an evaluation, the checks and the signature of an approval, a candidate's
+readiness. Under the lock, what that work assumed is checked again: the
+policy it used is the one in force, the record still verifies, and, when the
+log has grown meanwhile, a release's gates pass on the log as it is now (else
+the release is refused and its candidate discarded). So a concurrent change is
+never lost and never overwritten: it is seen, and the later command is
+refused with the reason or goes on from it. A success is reported only after
+it is on disk. A procedure that fails leaves nothing behind: a model or report
+it stored for a registration that then failed is removed.
 """
 
-import os
-import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pydantic
 
-from engineering_release import durable, evaluation, ledger, registry, signing
-from engineering_release.config import ConfigError, Policy, canonical_json, load_policy
-from engineering_release.store import Store, StoreError, TamperedObject
-
-DEFAULT_ROOT = Path("runs") / "release"
-CRASH_ENV = "ENGINEERING_RELEASE_CRASH_AT"
-CRASH_POINTS = (
-    "release-start",
-    "gates-passed",
-    "candidate-ready",
-    "ledger-written",
-    "ledger-synced",
-    "ledger-committed",
-    "alias-previous",
-    "alias-champion",
-    "registry-synced",
-    "switched",
+from engineering_release import evaluation, ledger, registry, signing
+from engineering_release.config import ConfigError, Policy
+from engineering_release.promotion import Outcome, release, rollback
+from engineering_release.state import (
+    CRASH_ENV,
+    CRASH_POINTS,
+    DEFAULT_ROOT,
+    ReleaseRefused,
+    State,
+    StateError,
+    crashpoint,
+    recover,
 )
+from engineering_release.store import StoreError, TamperedObject
 
-
-def crashpoint(name: str) -> None:
-    if os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-class ReleaseRefused(ValueError):
-    """A command refused with its reason; nothing was changed."""
-
-
-class StateError(ValueError):
-    """A state directory that cannot be used (its path names a file, or is unwritable)."""
-
-
-@dataclass
-class State:
-    root: Path
-    store: Store = field(init=False)
-
-    def __post_init__(self) -> None:
-        # Absolute: the registry records each model's source as a file URI, and a
-        # command's working directory must not change what the state means.
-        self.root = Path(self.root).resolve()
-        self.store = Store(self.root / "store")
-        self._client = None
-
-    def lock(self, on_wait=None):
-        """The state's exclusive lock, as a context manager (see `durable.locked`)."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise StateError(
-                f"Cannot use `{self.root}` as the release state: {err.strerror}."
-            ) from None
-        return durable.locked(self.root / durable.LOCK_FILE, on_wait)
-
-    @property
-    def ledger_path(self) -> Path:
-        return self.root / "ledger.jsonl"
-
-    @property
-    def keys(self) -> Path:
-        return self.root / "keys"
-
-    @property
-    def host_file(self) -> Path:
-        return self.root / "host.json"
-
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = registry.connect(self.root / "registry.db")
-        return self._client
-
-    def policy(self) -> Policy:
-        path = self.root / "policy.json"
-        if not path.exists():
-            return Policy()
-        return load_policy(path)
-
-    def set_policy(self, policy: Policy) -> None:
-        with self.lock():
-            text = canonical_json(policy.to_dict()) + b"\n"
-            durable.write_atomic(self.root / "policy.json", text)
-
-    def entries(self) -> list[dict]:
-        return ledger.read(self.ledger_path)
-
-
-def recover(state: State) -> list[str]:
-    """Finishes what a killed command left: sweeps store scratch, and moves the
-    registry forward to a log that is ahead of it. Returns what it did."""
-    with state.lock():
-        done = []
-        swept = state.store.sweep_scratch()
-        if swept:
-            done.append(f"removed {swept} unfinished store cop{'y' if swept == 1 else 'ies'}")
-        tmp = ledger.scratch_path(state.ledger_path)
-        if tmp.exists():
-            tmp.unlink()
-            done.append("removed an uncommitted log write")
-        entries = state.entries()
-        if ledger.verify_chain(entries):
-            return done  # A broken log is for `verify` to report, not for recovery to touch.
-        if registry.check(state.client, entries):
-            try:
-                registry.sync(state.client, entries)
-                done.append(f"moved the registry to the log ({len(entries)} entries)")
-            except registry.RegistryError:
-                pass  # Lost or rewritten entries: `verify` reports them.
-        return done
+__all__ = [
+    "CRASH_ENV",
+    "CRASH_POINTS",
+    "DEFAULT_ROOT",
+    "Outcome",
+    "ReleaseRefused",
+    "State",
+    "StateError",
+    "StoreError",
+    "approve",
+    "check_approvable",
+    "crashpoint",
+    "evaluate",
+    "recover",
+    "register",
+    "release",
+    "rollback",
+    "status",
+    "verify",
+]
 
 
 # REGISTER, EVALUATE, APPROVE -------------------------------------------------
@@ -187,13 +96,26 @@ def register(state: State, model_dir: Path) -> tuple[str, str]:
 
 def evaluate(state: State, model_id: str) -> tuple[str, dict]:
     """Evaluates the registered `model_id` under the policy in force, stores the
-    report and tags the registry version with it; returns `(evaluation_id, report)`."""
+    report and tags the registry version with it; returns `(evaluation_id, report)`.
+
+    The predictions run unlocked (the store's objects never change); under the
+    lock the model must be registered and the policy the same as the one
+    evaluated under, else `ReleaseRefused` and nothing is stored."""
+    from engineering_release import data
+
+    model_id = state.store.resolve(model_id)
+    with state.lock():  # Briefly: a model that is not registered is refused first.
+        _registered(state, model_id)
+    policy = state.policy()
+    model_dir = state.store.get(model_id)
+    examples = data.heldout_set(policy.split_seed, policy.test_fraction)
+    predictions = evaluation.predict_heldout(model_dir, examples)
+    report = evaluation.build_report(model_id, predictions, policy)
     with state.lock():
-        model_id = state.store.resolve(model_id)
-        if registry.version_of(state.client, model_id) is None:
-            raise ReleaseRefused(f"Model `{model_id[:12]}` is in the store but not registered.")
+        _registered(state, model_id)
+        _same_policy(state, policy, "evaluating")
         before = set(state.store.ids())
-        evaluation_id, report = evaluation.evaluate(state.store, model_id, state.policy())
+        evaluation_id = evaluation.store_report(state.store, report)
         existed = evaluation_id in before
         _stored_new(
             state,
@@ -204,40 +126,77 @@ def evaluate(state: State, model_id: str) -> tuple[str, dict]:
         return evaluation_id, report
 
 
+def _registered(state: State, model_id: str) -> None:
+    """Refuses a model that is not registered (call under the lock: the registry)."""
+    if registry.version_of(state.client, model_id) is None:
+        raise ReleaseRefused(f"Model `{model_id[:12]}` is in the store but not registered.")
+
+
+def _same_policy(state: State, policy: Policy, doing: str) -> None:
+    """Refuses when the policy in force is no longer `policy` (changed while `doing`)."""
+    if state.policy().to_dict() != policy.to_dict():
+        raise ReleaseRefused(
+            f"The policy in force changed while {doing}; nothing was written. Run the "
+            "command again."
+        )
+
+
+def _record_problems(state: State) -> list[str]:
+    """The log's and the registry's problems (call under the lock)."""
+    entries = state.entries()
+    return ledger.verify_chain(entries) + registry.check(state.client, entries)
+
+
 def check_approvable(state: State, model_id: str, evaluation_id: str) -> tuple[str, str]:
     """The full ids, once the record verifies, both objects still hash to their ids,
     and the evaluation proves its claims for the model under the policy in force;
     raises `ReleaseRefused` with the reason otherwise."""
+    model_id, evaluation_id, _ = _approvable(state, model_id, evaluation_id)
+    return model_id, evaluation_id
+
+
+def _approvable(state: State, model_id: str, evaluation_id: str) -> tuple[str, str, Policy]:
+    """`check_approvable` and the policy it checked under. The record is checked
+    under the lock; the objects and the evaluation (which may rerun the model's
+    predictions) after it, unlocked."""
     with state.lock():
-        entries = state.entries()
-        problems = ledger.verify_chain(entries) + registry.check(state.client, entries)
-        if problems:
-            raise ReleaseRefused(
-                "Not approved: the record does not verify; fix it first: " + " ".join(problems)
-            )
-        policy = state.policy()
-        try:
-            model_id = state.store.resolve(model_id)
-            evaluation_id = state.store.resolve(evaluation_id)
-            state.store.get(model_id)  # The model's bytes, not only its name.
-            report = evaluation.load_report(state.store, evaluation_id)
-            evaluation.verify_report(report, model_id=model_id, policy=policy)
-        except (StoreError, evaluation.EvaluationMismatch) as err:
-            raise ReleaseRefused(f"Not approved: {err}") from None
-        return model_id, evaluation_id
+        problems = _record_problems(state)
+    if problems:
+        raise ReleaseRefused(
+            "Not approved: the record does not verify; fix it first: " + " ".join(problems)
+        )
+    policy = state.policy()
+    try:
+        model_id = state.store.resolve(model_id)
+        evaluation_id = state.store.resolve(evaluation_id)
+        state.store.get(model_id)  # The model's bytes, not only its name.
+        report = evaluation.load_report(state.store, evaluation_id)
+        evaluation.verify_report(report, model_id=model_id, policy=policy)
+    except (StoreError, evaluation.EvaluationMismatch) as err:
+        raise ReleaseRefused(f"Not approved: {err}") from None
+    return model_id, evaluation_id, policy
 
 
 def approve(state: State, model_id: str, evaluation_id: str, key_path: Path, signer: str) -> dict:
     """Verifies the record, both objects and the evaluation for `model_id` under the
     policy in force, signs, and appends an approve entry. Refuses (changing
-    nothing) on any mismatch."""
+    nothing) on any mismatch.
+
+    The checks and the signature run unlocked; under the lock the record must
+    still verify, the policy be the one signed, and the key trusted by the
+    keyring as it is then, before the entry is appended."""
+    model_id, evaluation_id, policy = _approvable(state, model_id, evaluation_id)
+    private = signing.load_private(key_path)
+    approval = signing.sign_approval(
+        private, model_id=model_id, evaluation_id=evaluation_id, policy=policy, signer=signer
+    )
     with state.lock():
-        model_id, evaluation_id = check_approvable(state, model_id, evaluation_id)
-        policy = state.policy()
-        private = signing.load_private(key_path)
-        approval = signing.sign_approval(
-            private, model_id=model_id, evaluation_id=evaluation_id, policy=policy, signer=signer
-        )
+        problems = _record_problems(state)
+        if problems:
+            raise ReleaseRefused(
+                "Not approved: the record does not verify; fix it first: " + " ".join(problems)
+            )
+        _same_policy(state, policy, "approving")
         try:
             signing.verify_approval(approval, signing.read_keyring(state.keys))
         except signing.SignatureRefused as err:
@@ -245,143 +204,6 @@ def approve(state: State, model_id: str, evaluation_id: str, key_path: Path, sig
         entry = ledger.append(state.ledger_path, "approve", {"approval": approval})
         registry.sync(state.client, state.entries())
         return entry
-
-
-# RELEASE AND ROLLBACK --------------------------------------------------------
-
-
-@dataclass
-class Outcome:
-    kind: str
-    model_id: str
-    previous_model_id: str | None
-    entry: dict
-    readiness: dict
-    switched: dict | None
-    timings: dict
-
-
-def _readiness(state: State, model_id: str, host, timeout_s: float) -> dict:
-    from engineering_release import gates
-
-    if host is None:
-        try:
-            _, check = gates.prepare_candidate(state.store.root, model_id)
-        except (StoreError, ValueError) as err:
-            raise ReleaseRefused(f"The candidate never became ready: {err}") from None
-        if not check["passed"]:
-            raise ReleaseRefused(f"The candidate's golden self-test failed: {check}.")
-        return {"where": "in-process (no serving host)", **check}
-    staged = host.stage(model_id)
-    if staged["status"] == "ready" and staged["model_id"] == model_id and staged.get("port"):
-        return {"where": f"host candidate on port {staged['port']}", "status": "ready"}
-    try:
-        body = host.wait_ready(staged["port"], timeout_s)
-    except RuntimeError as err:
-        host.discard(model_id)
-        raise ReleaseRefused(f"Traffic stays on the previous release: {err}.") from None
-    return {"where": f"host candidate on port {staged['port']}", **body}
-
-
-def _promote(
-    state: State,
-    kind: str,
-    model_id: str,
-    approve_entry: dict | None,
-    body_of,
-    readiness_timeout_s: float,
-) -> Outcome:
-    from engineering_release import gates, serve
-
-    crashpoint("release-start")
-    t0 = time.perf_counter()
-    entries = state.entries()
-    problems = ledger.verify_chain(entries) + registry.check(state.client, entries)
-    if problems:
-        raise ReleaseRefused("The record does not verify; fix it first: " + " ".join(problems))
-    try:
-        passed = gates.promotion_gate(
-            state.store,
-            entries,
-            signing.read_keyring(state.keys),
-            state.policy(),
-            model_id,
-            approve_entry=approve_entry,
-        )
-    except gates.GateRefused as err:
-        raise ReleaseRefused(str(err)) from None
-    crashpoint("gates-passed")
-    t1 = time.perf_counter()
-    host = serve.find_host(state.host_file)
-    try:
-        ready = _readiness(state, passed.model_id, host, readiness_timeout_s)
-        crashpoint("candidate-ready")
-        t2 = time.perf_counter()
-        previous = ledger.serving_model(entries)
-        entry = ledger.append(
-            state.ledger_path, kind, body_of(entries, passed), crashpoint=crashpoint
-        )
-        registry.sync(state.client, state.entries(), crashpoint=crashpoint)
-        crashpoint("registry-synced")
-        t3 = time.perf_counter()
-        switched = None
-        if host is not None:
-            switched = host.switch(passed.model_id)
-        crashpoint("switched")
-    finally:
-        if host is not None:
-            host.close()
-    t4 = time.perf_counter()
-    return Outcome(
-        kind,
-        passed.model_id,
-        previous,
-        entry,
-        ready,
-        switched,
-        {"gates_s": t1 - t0, "readiness_s": t2 - t1, "commit_s": t3 - t2, "switch_s": t4 - t3},
-    )
-
-
-def release(state: State, model_id: str, *, readiness_timeout_s: float = 120.0) -> Outcome:
-    """Releases `model_id`: gates, readiness, commit, registry, switch."""
-    with state.lock():
-        return _release(state, model_id, readiness_timeout_s)
-
-
-def _release(state: State, model_id: str, readiness_timeout_s: float) -> Outcome:
-    def body(entries: list[dict], passed) -> dict:
-        return ledger.release_body(entries, passed.approve_entry)
-
-    model_id = state.store.resolve(model_id)  # StoreError names an unknown id.
-    if ledger.serving_model(state.entries()) == model_id:
-        raise ReleaseRefused(f"Model `{model_id[:12]}` is already the serving release.")
-    return _promote(state, "release", model_id, None, body, readiness_timeout_s)
-
-
-def rollback(state: State, to: str | None = None, *, readiness_timeout_s: float = 120.0) -> Outcome:
-    """A new log entry returning to an earlier release (default: the previous one),
-    through the same gates as a release, with that release's approval."""
-    with state.lock():
-        return _rollback(state, to, readiness_timeout_s)
-
-
-def _rollback(state: State, to: str | None, readiness_timeout_s: float) -> Outcome:
-    entries = state.entries()
-    try:
-        target = ledger.rollback_target(entries, to)
-    except ledger.LedgerError as err:
-        raise ReleaseRefused(f"Rollback refused: {err}") from None
-    if target["body"]["model_id"] == ledger.serving_model(entries):
-        raise ReleaseRefused("That release is the one serving now.")
-    approve_entry = ledger.by_hash(entries)[target["body"]["approval"]]
-
-    def body(entries: list[dict], passed) -> dict:
-        return ledger.rollback_body(entries, target)
-
-    return _promote(
-        state, "rollback", target["body"]["model_id"], approve_entry, body, readiness_timeout_s
-    )
 
 
 # STATUS AND VERIFY -----------------------------------------------------------

@@ -148,8 +148,15 @@ def run(folder: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def stamp_stage_1(folder: Path) -> None:
-    """A passed stamp of stage 1 whose code hash is current, so that every command
-    goes on to read the stage's evidence file."""
+    """Stage 1's region written and a passed stamp of it whose code hash is current,
+    so that every command goes on to read the stage's evidence file (a stamp over
+    an unwritten region is never current)."""
+    shapes = folder / "src" / "damage_demo" / "shapes.py"
+    lines = shapes.read_text(encoding="utf-8").splitlines()
+    unwritten = [i for i, line in enumerate(lines) if "raise NotImplementedError(" in line]
+    assert len(unwritten) == 1, lines
+    lines[unwritten[0]] = "    return math.pi * r**2"
+    shapes.write_text("\n".join(lines) + "\n", encoding="utf-8")
     code = progress_module().stage_code_hash(folder, "1", STAGE_TESTS)
     record = {"result": "passed", "code_hash": code, "evidence_sha256": "0" * 64}
     record["ran_at"] = "2026-01-01T00:00:00+00:00"

@@ -516,11 +516,16 @@ def test_self_test_bounds_logit_drift_when_every_class_is_kept(
             text=True,
             timeout=900,  # A hang guard only: a loaded machine starts JAX slowly.
         )
+        try:
+            fresh = json.loads(proc.stdout).get("self_test", {}) if proc.returncode in (0, 1) else {}
+        except json.JSONDecodeError:
+            raise AssertionError(
+                f"`verify` in a fresh process (exit {proc.returncode}) printed no JSON; "
+                f"its stderr:\n{proc.stderr[-2000:]}"
+            ) from None
         runs["verify, fresh process"] = {
             "exit_code": proc.returncode,
-            "self_test": json.loads(proc.stdout).get("self_test", {})
-            if proc.returncode in (0, 1)
-            else {},
+            "self_test": fresh,
             "stderr": proc.stderr[-300:],
         }
     ok = True

@@ -381,6 +381,20 @@ def test_ready_only_after_load_and_self_test(evidence, good, artifact):
     )
 
 
+def test_a_server_that_cannot_start_says_why(tmp_path):
+    """A server that exits before it listens raises `ServerStartError` carrying the server's
+    own output, read before the server's folder is removed: here click's message for an
+    artifact path that does not exist."""
+    missing = tmp_path / "no artifact here"
+    server = loadgen.ServerProcess(missing, SERVE)
+    with pytest.raises(loadgen.ServerStartError) as info:
+        server.start().wait_listening()
+    message = str(info.value)
+    assert message.startswith("The server did not start listening:"), message
+    assert f"Directory '{missing}' does not exist." in message, message
+    assert server.proc.poll() is not None
+
+
 def test_answers_match_the_in_process_model_per_row(evidence, good, artifact):
     """20 concurrent one-row answers equal in-process single-row logits within 1e-5, label map and
     batch rows agreeing.

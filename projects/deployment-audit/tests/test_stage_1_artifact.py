@@ -297,7 +297,8 @@ def test_forward_pass_matches_numpy(evidence, batch):
 
 
 def test_preprocessing_spec_and_label_map(evidence, trained):
-    """The saved mean and scale equal those recomputed from sklearn's raw training pixels; labels
+    """The saved mean and scale equal those recomputed from sklearn's raw training pixels; the
+    spec's fields and its input's dtype, width and layout agree with sklearn's images; labels
     and golden IDs hold."""
     spec = trained["_spec"]
     bunch_images = np.asarray(__import__("sklearn.datasets").datasets.load_digits().data)
@@ -320,8 +321,20 @@ def test_preprocessing_spec_and_label_map(evidence, trained):
         atol=1e-7,
     )
     test_ids, golden_ids = set(trained["split"]["test"]), trained["_golden"]["ids"]
+    # What the input is, from sklearn's own images: their shape, their range, float32 rows.
+    digits = __import__("sklearn.datasets").datasets.load_digits()
+    height, width = digits.images.shape[1:]
+    layout = spec["preprocessing"].get("input_layout", "")
     observed = {
         "labels": spec["labels"],
+        "spec_fields": sorted(spec["preprocessing"]),
+        "input_dtype": spec["preprocessing"].get("input_dtype"),
+        "input_features": spec["preprocessing"].get("input_features"),
+        "layout_states": [
+            f"{height}x{width}" in layout,
+            f"{height * width} float32" in layout,
+            f"[0, {int(digits.data.max())}]" in layout,
+        ],
         "preprocessing_version": spec["preprocessing"]["version"],
         "train_test_disjoint": not (set(train_ids.tolist()) & test_ids),
         "golden_ids_held_out": set(golden_ids) <= test_ids,
@@ -330,6 +343,11 @@ def test_preprocessing_spec_and_label_map(evidence, trained):
     structural = (
         observed["labels"]
         == ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+        and observed["spec_fields"]
+        == sorted(["version", "input_layout", "input_dtype", "input_features", "mean", "scale"])
+        and observed["input_dtype"] == "float32"
+        and observed["input_features"] == bunch_images.shape[1] == height * width
+        and all(observed["layout_states"])
         and observed["preprocessing_version"] == data.PREPROCESSING_VERSION
         and observed["train_test_disjoint"]
         and observed["golden_ids_held_out"]

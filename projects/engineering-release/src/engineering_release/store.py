@@ -175,15 +175,17 @@ class Store:
                 f"of >= 8)."
             )
         matches = [i for i in self.ids() if i.startswith(text)]
-        if not matches:
-            raise StoreError(
-                f"Unknown object id `{shown(object_id)}`: the store holds no such object."
-            )
-        if len(matches) > 1:
-            raise StoreError(
-                f"The prefix `{shown(object_id)}` matches {len(matches)} objects; give more."
-            )
-        return matches[0]
+        match matches:
+            case [only]:
+                return only
+            case []:
+                raise StoreError(
+                    f"Unknown object id `{shown(object_id)}`: the store holds no such object."
+                )
+            case _:
+                raise StoreError(
+                    f"The prefix `{shown(object_id)}` matches {len(matches)} objects; give more."
+                )
 
     def discard(self, object_id: str) -> None:
         """Removes the object `object_id` that a failed command stored and nothing

@@ -359,17 +359,21 @@ def test_an_approval_of_another_model_is_refused_naming_that_model(released, evi
             state.store, entries, keyring, state.policy(), a, approve_entry=b_approval
         )
     expected = "Approval is for model `" + b[0:12] + "`."
+    # The refusal names the approval by its log entry's 12-character hash prefix.
+    reason = "Approval `" + b_approval["hash"][0:12] + "`: " + expected
     assert evidence.record(
         "approval of another model refused",
         "B's approval for A",
-        {"message": str(info.value)[:400]},
+        {"message": str(info.value)[:400], "reasons": info.value.reasons},
         {"expected": expected},
-        expected in str(info.value),
+        expected in str(info.value) and info.value.reasons == [reason],
     )
     passed = gates.promotion_gate(
         state.store, entries, keyring, state.policy(), b, approve_entry=b_approval
     )
+    # A passed gate names the three checks it stands on, in the order they ran.
     assert passed.model_id == b
+    assert passed.checks == ["signature", "evaluation", "thresholds"]
 
 
 def test_approval_age_is_refused_one_second_past_the_limit(released, evidence):
@@ -479,6 +483,11 @@ def test_golden_check_decides_each_condition_on_its_own(monkeypatch, evidence):
             and got["mismatched_predictions"] == mismatched
             and got["max_abs_error"] == pytest.approx(max_err, rel=1e-9, abs=0),
         )
+        # The verdict also says how many golden rows it judged, and against which atol.
+        assert (got["golden_count"], got["atol"]) == (len(golden), atol), got
+        assert sorted(got) == sorted(
+            ["passed", "max_abs_error", "mismatched_predictions", "golden_count", "atol"]
+        ), got
     for label, rows in (("one row fewer", 5), ("one row more", 7)):
         served = rng.normal(size=(rows, 3)).astype(np.float32)
         got = golden_verdict(monkeypatch, golden, served, atol)
@@ -576,7 +585,9 @@ def test_switch_moves_traffic_only_to_a_ready_candidate_and_retires_the_old_one(
 
     host = Host(tmp_path, follow_log=False)
     a, b = StagedBackend("a" * 64, "ready"), StagedBackend("b" * 64, "starting")
-    host.candidates = {a.model_id: a, b.model_id: b}
+    # Every status but `ready` keeps traffic, those that sort before it as after it.
+    failed, loading = StagedBackend("f" * 64, "failed"), StagedBackend("d" * 64, "loading")
+    host.candidates = {x.model_id: x for x in (a, b, failed, loading)}
 
     async def settle() -> None:
         for _ in range(200):  # Let the retire tasks run; a hang guard, not a verdict.
@@ -588,6 +599,7 @@ def test_switch_moves_traffic_only_to_a_ready_candidate_and_retires_the_old_one(
         seen = []
         seen.append(("unstaged", host._switch("c" * 64), host.active))
         seen.append(("starting", host._switch(b.model_id), host.active))
+        seen.append(("failed", host._switch(failed.model_id), host._switch(loading.model_id)))
         seen.append(("first ready", host._switch(a.model_id), host.active))
         await settle()
         seen.append(("retired after first", list(host.retired)))
@@ -602,14 +614,23 @@ def test_switch_moves_traffic_only_to_a_ready_candidate_and_retires_the_old_one(
         seen = asyncio.run(scenario())
     finally:
         host._server.sock.close()  # Bound when the host was made; never served here.
-    assert seen[0][1][0] is False and "not staged" in seen[0][1][1] and seen[0][2] is None
-    assert seen[1][1][0] is False and "starting" in seen[1][1][1] and seen[1][2] is None
+    assert seen[0][1] == (False, f"candidate `{'c' * 12}` is not staged; traffic stays")
+    assert seen[0][2] is None
+    assert seen[1][1] == (False, f"candidate `{'b' * 12}` is starting; traffic stays")
+    assert seen[1][2] is None
+    assert seen[2][1] == (False, f"candidate `{'f' * 12}` is failed; traffic stays")
+    assert seen[2][2] == (False, f"candidate `{'d' * 12}` is loading; traffic stays")
     assert b.model_id in host.candidates or host.active is b
-    assert seen[2][1] == (True, "switched") and seen[2][2] is a
-    assert seen[3][1] == [], "nothing was active before the first switch"
-    assert seen[4][1] == (True, "switched") and seen[4][2] is b
-    assert seen[5][1] == [{"model_id": a.model_id, "inflight_at_stop": 0}] and seen[5][2] is True
-    assert seen[6][1] == (True, "already serving") and seen[6][2] == 2
+    assert seen[3][1] == (True, "switched") and seen[3][2] is a
+    assert seen[4][1] == [], "nothing was active before the first switch"
+    assert seen[5][1] == (True, "switched") and seen[5][2] is b
+    assert seen[6][1] == [{"model_id": a.model_id, "inflight_at_stop": 0}] and seen[6][2] is True
+    assert seen[7][1] == (True, "already serving") and seen[7][2] == 2
+    # Each switch is recorded once: the model it moved to and when (seconds since the epoch).
+    assert [sorted(s) for s in host.switches] == [["at", "model_id"], ["at", "model_id"]]
+    assert [s["model_id"] for s in host.switches] == [a.model_id, b.model_id]
+    times = [s["at"] for s in host.switches]
+    assert all(isinstance(t, float) and t > 1.6e9 for t in times) and times == sorted(times)
 
 
 def test_thresholds_pass_at_the_minimum_and_name_each_miss():

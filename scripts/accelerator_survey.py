@@ -17,9 +17,12 @@ import argparse
 import gzip
 import json
 import re
+import tomllib
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # (class, pattern over the failure message): first match wins.
 CLASSES = [
@@ -35,7 +38,8 @@ CLASSES = [
     ("stopped by the lane's time limit inside a command", r"Aborted!"),
     (
         "a child process or command ended early",
-        r"'exited'|StopIteration|IndexError|NoneType|KeyError",
+        r"'exited'|StopIteration|IndexError|NoneType|KeyError|JSONDecodeError|"
+        r"did not start listening|'killed': False",
     ),
     ("slow input generation (Hypothesis health check)", r"FailedHealthCheck"),
     (
@@ -55,15 +59,22 @@ def classify(message: str) -> str:
 
 def test_times(folder: Path, project: str) -> list[tuple[float, str]]:
     """(seconds, test) for every test in the project's JUnit XML, slowest first."""
-    for path in (folder / f"junit-{project}-auto.xml", folder / f"junit-{project}-auto.xml.gz"):
-        if path.is_file():
-            data = path.read_bytes()
-            root = ET.fromstring(gzip.decompress(data) if path.suffix == ".gz" else data)
-            return sorted(
-                ((float(c.get("time", 0.0)), c.get("name", "")) for c in root.iter("testcase")),
-                reverse=True,
-            )
-    return []
+    times = []
+    # `junit-<project>-auto.xml[.gz]`, or several runs' as `junit-<project>-auto-<part>...`.
+    for path in sorted(folder.glob(f"junit-{project}-auto*.xml*")):
+        data = path.read_bytes()
+        root = ET.fromstring(gzip.decompress(data) if path.suffix == ".gz" else data)
+        times += [(float(c.get("time", 0.0)), c.get("name", "")) for c in root.iter("testcase")]
+    return sorted(times, reverse=True)
+
+
+def manifest_stages(project: str) -> list[str]:
+    """The stage ids `projects/<project>/project.toml` declares (a run of some
+    stages alone is "3 of 3", not "3 of 1"); empty where there is no manifest."""
+    manifest = ROOT / "projects" / project / "project.toml"
+    if not manifest.is_file():
+        return []
+    return [s["id"] for s in tomllib.loads(manifest.read_text(encoding="utf-8"))["stages"]]
 
 
 def survey(folder: Path) -> list[dict]:
@@ -87,7 +98,7 @@ def survey(folder: Path) -> list[dict]:
                     "mode": run["mode"],
                     "exit_code": run["exit_code"],
                     "seconds": run["wall_seconds"],
-                    "stages": list(run["stages"]),
+                    "stages": manifest_stages(lane["project"]) or list(run["stages"]),
                     "reached": reached,
                     "passed": passed,
                     "failed": failed,

@@ -25,6 +25,7 @@ and the README's stage table shows the scores (`--readme`).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.metadata
 import json
 import os
@@ -189,7 +190,16 @@ def current_hash(project: Path, found: StageMutants) -> str:
 
 
 def write_report(project: Path, stages: dict[str, dict]) -> Path:
+    """Merges `stages` into the project's report. Two runs of other stages may end
+    at once: the read, merge and replace happen under an exclusive lock, so
+    neither loses the other's stages."""
     path = project / REPORT
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _merge_report(path, project, stages)
+
+
+def _merge_report(path: Path, project: Path, stages: dict[str, dict]) -> Path:
     old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     merged = {**old.get("stages", {}), **stages}
     order = stage_ids(project)

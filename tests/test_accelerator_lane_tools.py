@@ -12,6 +12,7 @@ none.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -103,6 +104,9 @@ def test_lane_skips_turns_only_machine_limits_into_skips(tmp_path: Path):
         ("importlib.metadata.PackageNotFoundError: No package metadata", "package"),
         ("MeshError: The mesh shape `(4, 2)` needs 8 devices, but there are `1`", "devices"),
         ("AssertionError: ('exited', 1) assert 'exited' == 'completed'", "child process"),
+        ("json.decoder.JSONDecodeError: Expecting value: line 1 column 1", "child process"),
+        ("ServerStartError: The server did not start listening:", "child process"),
+        ("AssertionError: {'cpu_s': 0.8, 'exit': 0, 'killed': False, ...}", "child process"),
         ("AssertionError:    Aborted!    assert 1 == 0", "time limit"),
         ("hypothesis.errors.FailedHealthCheck: Input generation is slow", "Hypothesis"),
         ("Not equal to tolerance rtol=1e-05, atol=1e-05", "numerical comparison"),
@@ -112,3 +116,17 @@ def test_lane_skips_turns_only_machine_limits_into_skips(tmp_path: Path):
 )
 def test_survey_classes(message: str, expected: str):
     assert expected in accelerator_survey.classify(message)
+
+
+def test_survey_counts_stages_from_the_manifest(tmp_path: Path):
+    """A run of one stage alone is reported against all the stages the project
+    declares, not against the one stage it ran."""
+    stage = {"passed": 1, "failed": 0, "skipped": 0, "seconds": 1.0, "skips": [], "failures": []}
+    run = {"mode": "auto", "exit_code": 0, "wall_seconds": 1.0, "stages": {"3": stage}}
+    lane = {"machine": {}, "project": "deployment-audit", "written_at": 0, "runs": [run]}
+    (tmp_path / "lane-run-deployment-audit-1.json").write_text(json.dumps(lane))
+    manifest = (ROOT / "projects" / "deployment-audit" / "project.toml").read_text()
+    declared = manifest.count("[[stages]]")
+    rows = accelerator_survey.survey(tmp_path)
+    assert declared > 1
+    assert f"| 3 of {declared} |" in accelerator_survey.markdown(rows, {})

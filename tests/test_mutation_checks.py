@@ -280,3 +280,32 @@ def test_a_dotted_exception_name_is_skipped_when_a_row_is_looked_up(toy: Path):
     for m in replaced + [next(m for m in every if m.key == FLOOR)]:
         found = mutants.find_mutant(toy, "2", m.key, m.operator, m.line)
         assert found is not None and found.occurrence == m.occurrence, m.key
+
+
+def _write_stage_many_times(project: str, stage: str, times: int) -> None:
+    for i in range(times):
+        mutate.write_report(Path(project), {stage: {"run": i}})
+
+
+def test_two_runs_writing_their_stages_at_once_lose_neither(tmp_path: Path):
+    """Two processes merge their own stage into one report, 300 times each, at once:
+    the report ends with both stages, each at its last write."""
+    import multiprocessing
+
+    project = tmp_path / "two-stages"
+    project.mkdir()
+    (project / "project.toml").write_text(
+        'id = "two-stages"\n\n[[stages]]\nid = "1"\n\n[[stages]]\nid = "2"\n'
+    )
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_write_stage_many_times, args=(str(project), stage, 300))
+        for stage in ("1", "2")
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    stages = json.loads((project / mutate.REPORT).read_text())["stages"]
+    assert stages == {"1": {"run": 299}, "2": {"run": 299}}

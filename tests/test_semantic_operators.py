@@ -2,6 +2,9 @@
 and on the toy project made for them (`fixtures/toy-semantic`).
 
 - Each operator's own examples (Cosmic Ray's `Example`s) apply exactly as written.
+- Every operator walks statements it does not mutate (annotated, augmented and
+  chained assignments, `del`, decorators, async code) without an error, leaving
+  them as they are.
 - The provider is registered: Cosmic Ray names all of them `semantic/<Operator>`.
 - On the toy, whose `mutation.toml` asks for them, the stage enumeration holds at
   least one mutant of every semantic operator; each is applied alone to a copy
@@ -42,6 +45,46 @@ def test_each_example_applies_exactly(operator):
     for example in examples:
         got = mutate_code(example.pre_mutation_code, operator(), example.occurrence)
         assert got == example.post_mutation_code, (example.pre_mutation_code, got)
+
+
+OTHER_STATEMENTS = """\
+import jax
+
+limit: int = 3
+count: float
+total = 0
+total += limit
+a = b = limit
+del a
+
+
+@jax.jit
+def f(x: float) -> float:
+    y: float = x * 2
+    y **= 2
+    return y
+
+
+async def g(xs):
+    async for x in xs:
+        yield x
+"""
+
+
+@pytest.mark.parametrize("operator", OPERATORS, ids=lambda op: op.__name__)
+def test_statements_an_operator_does_not_mutate_are_walked_without_error(operator):
+    """Enumerating a file of such statements raises nothing, and any mutant made of
+    it still parses (the swap of `total = 0` and `total += limit` is a real one)."""
+    import ast
+
+    found = 0
+    for occurrence in range(50):
+        got = mutate_code(OTHER_STATEMENTS, operator(), occurrence)
+        if got is None:
+            break
+        ast.parse(got)
+        found += 1
+    assert found < 50
 
 
 def test_the_provider_is_registered_under_semantic():

@@ -4,7 +4,9 @@ A starter of a small project (one stage whose test fails at once, and a
 conftest that writes `evidence/stage_1.json` in place, as most projects'
 do) gets one damaged file: `evidence/progress.json` or `evidence/stage_1.json`
 as a JSON list, invalid JSON, a folder, a FIFO, a symbolic link to a file
-outside the starter, a 50 MB file or a file without permissions. Each command
+outside the starter, a 50 MB file or a file without permissions (as root, the
+command runs without the capabilities that override permissions, through
+`setpriv`, so it meets the permission bits as any user does). Each command
 runs as a subprocess with a timeout (a hang is a failure): it exits 0, 1 or 2,
 never with a traceback; a file it cannot use is refused in one line on stderr
 that names it; stamps that are not stamps are set aside with one line; and
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,8 +116,8 @@ def damage(path: Path, case: str, outside: Path) -> None:
         with path.open("wb") as file:
             file.write(b"[" + b"1," * (25 * 2**20) + b"1]")  # 50 MB of valid JSON.
     elif case == "no-permission":
-        if os.geteuid() == 0:
-            pytest.skip("root reads and writes any file whatever its permissions")
+        if os.geteuid() == 0 and not SETPRIV:
+            pytest.skip("root reads any file whatever its permissions, and no `setpriv`")
         path.write_text("{}\n", encoding="utf-8")
         path.chmod(0)
 
@@ -141,15 +144,31 @@ def answer(command: list[str], **options) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
-def run(folder: Path, *args: str) -> subprocess.CompletedProcess:
+# Root reads a file of mode 0 through its capabilities to override permissions; a
+# command run without them (util-linux's `setpriv`) meets the permission bits.
+SETPRIV = shutil.which("setpriv")
+
+
+def run(folder: Path, *args: str, case: str = "") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(folder / "src"), COLUMNS="200")
     env.pop("EVIDENCE_DIR", None)
-    return answer([sys.executable, "progress.py", *args], cwd=folder, env=env)
+    command = [sys.executable, "progress.py", *args]
+    if case == "no-permission" and os.geteuid() == 0:
+        drop = "-dac_override,-dac_read_search"
+        command = [SETPRIV, "--bounding-set", drop, "--", *command]
+    return answer(command, cwd=folder, env=env)
 
 
 def stamp_stage_1(folder: Path) -> None:
-    """A passed stamp of stage 1 whose code hash is current, so that every command
-    goes on to read the stage's evidence file."""
+    """Stage 1's region written and a passed stamp of it whose code hash is current,
+    so that every command goes on to read the stage's evidence file (a stamp over
+    an unwritten region is never current)."""
+    shapes = folder / "src" / "damage_demo" / "shapes.py"
+    lines = shapes.read_text(encoding="utf-8").splitlines()
+    unwritten = [i for i, line in enumerate(lines) if "raise NotImplementedError(" in line]
+    assert len(unwritten) == 1, lines
+    lines[unwritten[0]] = "    return math.pi * r**2"
+    shapes.write_text("\n".join(lines) + "\n", encoding="utf-8")
     code = progress_module().stage_code_hash(folder, "1", STAGE_TESTS)
     record = {"result": "passed", "code_hash": code, "evidence_sha256": "0" * 64}
     record["ran_at"] = "2026-01-01T00:00:00+00:00"
@@ -176,7 +195,7 @@ def test_damaged_stamps(starter: Path, tmp_path: Path, case: str, command: str):
     path = starter / "evidence" / "progress.json"
     outside = tmp_path / "outside.json"
     damage(path, case, outside)
-    done = run(starter, *([] if command == "run" else [command]))
+    done = run(starter, *([] if command == "run" else [command]), case=case)
     check(done, "evidence/progress.json", case, must_name=True)
     if case == "link":
         assert outside.read_bytes() == OUTSIDE
@@ -207,7 +226,7 @@ def test_damaged_stage_evidence(starter: Path, tmp_path: Path, case: str, comman
     if command != "run":
         stamp_stage_1(starter)
     damage(path, case, outside)
-    done = run(starter, *([] if command == "run" else [command]))
+    done = run(starter, *([] if command == "run" else [command]), case=case)
     check(done, "evidence/stage_1.json", case, must_name=True)
     if case == "link":
         assert outside.read_bytes() == OUTSIDE

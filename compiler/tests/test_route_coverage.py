@@ -255,6 +255,8 @@ def _stamp_as_passed(folder: Path, stage_id: str) -> dict:
 def test_a_stamp_with_the_right_hashes_over_unwritten_regions_is_not_demonstrated(
     tmp_path: Path,
 ):
+    """... and `progress.py` itself reads the regions: it runs the stage (which fails)
+    instead of answering that every stage passes."""
     folder = make_starter(tmp_path)
     _stamp_as_passed(folder, "1")
     done = progress(folder, "coverage", "--role", "demo-route")
@@ -262,6 +264,9 @@ def test_a_stamp_with_the_right_hashes_over_unwritten_regions_is_not_demonstrate
     word, reason = stage_lines(done.stdout)["1"]
     assert word == "remaining" and "still raise the starter's error" in reason, done.stdout
     assert_clean(done.stdout)
+    run = progress(folder)
+    assert run.returncode == 1 and "Every stage passes" not in run.stdout, run.stdout
+    assert "stage 1" in run.stdout, run.stdout
 
 
 def test_the_reference_code_passing_is_not_the_learners_demonstration(tmp_path: Path):

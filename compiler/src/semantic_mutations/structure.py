@@ -98,8 +98,12 @@ class CollapseIterable(Operator):
 
 
 def _assigned(statement) -> set[str]:
+    """Names a plain `a = ...` or `a, b = ...` statement assigns; none for any other
+    statement (an annotated or augmented assignment included)."""
     expr = statement.children[0] if statement.type == "simple_stmt" else None
-    if expr is None or expr.type != "expr_stmt" or expr.children[1].value != "=":
+    if expr is None or expr.type != "expr_stmt":
+        return set()
+    if getattr(expr.children[1], "value", None) != "=":  # `x: int = 1` has an annassign.
         return set()
     target = expr.children[0]
     leaves = [target] if target.type == "name" else [c for c in getattr(target, "children", [])]

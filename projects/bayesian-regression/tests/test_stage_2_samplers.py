@@ -273,12 +273,15 @@ def test_hmc_moments_match_the_exact_posterior(name, problems, hmc_runs, evidenc
     the exact NIG moments, on two designs, with at most one divergent transition.
 
     Size 1e-4: a Sidak bound over 36 figures, 28 z-scores (Student-t, 63 dof) and 8 mixing
-    times (chi2_63 at TAU_MAX = 3), the model's figure. Recorded evidence (the size
-    sweep's `hmc` part, stopped before it wrote its record; its log is kept in
-    `evidence/size_sweep.json`): the largest |z| over 256 keys and both designs was 4.65
-    for the reference, 4.37 and 4.22 with the drift reassociated, 4.17 with the momentum
-    as `z * sqrt(1 / m)`, against 5.15; the mixing times and divergences under those keys,
-    and the 4 rewrites of `model.py` not yet reached, were not recorded. Power: an MCSE is 0.007 to
+    times (chi2_63 at TAU_MAX = 3), the model's figure (7.8e-5 for the z part). Recorded
+    sweep (`evidence/size_sweep.json`, part `hmc`): 256 keys x 2 designs under the
+    reference and the 6 rewrites of the drift and `log_joint` that compile to other bits
+    (3 more compile to the reference's), 1792 runs per design, none past any limit: the
+    largest |z| 4.65 (reference), 4.37 and 4.22 (drift reassociated), 4.17 (momentum as
+    `z * sqrt(1 / m)`), 4.00 (`X w` as row sums), 4.44 (prior term scaled first), 3.81
+    (`log_joint` terms reassociated), against 5.15; each z's sd over runs 0.89 to 1.09
+    (the t model says 1.016); mixing times at most 3.19 against 6.08; at most 1 divergent
+    transition in a run (1 run of 3584). Power: an MCSE is 0.007 to
     0.011 posterior sd for a mean and 1.5% to 2.6% of a variance, so a bias of 0.06 sd in
     a mean or 13% in a variance fails with chance >= 1/2 (0.08 sd and 19%: 0.99); chains
     that barely move (tau in the hundreds: a drift without M^-1, NaN momenta) fail the
@@ -331,9 +334,12 @@ def test_adapted_mass_matrix_is_the_posterior_variance(name, problems, hmc_runs,
     """Every chain's adapted inverse mass (a 75-draw window) is within MASS_RATIO_RANGE of the
     exact variance.
 
-    Size 1e-4 by the log-normal model of MASS_RATIO_RANGE (Sidak over 512 ratios), whose
-    parameters come from an earlier sweep not kept: not yet backed by recorded evidence.
-    This run's ratios: 0.35 to 1.88. Power: an inverse mass that is not the
+    Size 1e-4 by the log-normal model of MASS_RATIO_RANGE (Sidak over 512 ratios). Recorded
+    sweep (`evidence/size_sweep.json`, part `hmc`, 1792 runs per design: 256 keys under the
+    reference and 6 rewrites): ratios 0.248 to 2.76 (correlated) and 0.215 to 3.46
+    (uncorrelated), none outside; the log sd 0.26 to 0.30 against the model's 0.30, the
+    tails at 1% and 0.1% as the fit says; the size from the fit, sd at its upper 99% bound,
+    2.2e-5. This run's ratios: 0.35 to 1.88. Power: an inverse mass that is not the
     variance fails in some chain: the unit (unadapted) mass gives ratios 14 to 144, the
     standard deviation 3.8 to 12, the precision above 200."""
     low, high = MASS_RATIO_RANGE

@@ -29,6 +29,11 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Determinism comes from explicit keys, split before use: a reused key is an error.
 jax.config.update("jax_debug_key_reuse", True)
+# The stage tests hold float32 results to float32 tolerances. A TPU multiplies
+# float32 matrices with bfloat16 inputs unless asked otherwise; the claims are about
+# float32 products, so the session asks for them on every backend (a CPU computes
+# the same bits either way).
+jax.config.update("jax_default_matmul_precision", "highest")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

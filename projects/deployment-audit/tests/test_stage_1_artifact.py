@@ -347,7 +347,14 @@ def test_preprocessing_spec_and_label_map(evidence, trained):
 
 def test_accuracy_recomputed_in_numpy(evidence, trained):
     """The reported test accuracy is within 0.01 of a NumPy float64 recount on 450 held-out digits,
-    and at least 0.9."""
+    and at least 0.9.
+
+    Size: below 1e-12 over training seeds: over 208 runs (160 seeds, 24 under each of
+    two rewrites; two more rewrites compile to the same figures) the accuracy was 0.940
+    to 0.986, mean 0.963, sd 0.0066, so 0.9 lies 8.4 spreads (upper 99% bound) below the
+    mean; the recount never differed. Power: a model below 0.9 (chance is 0.1) or a
+    reported accuracy 5 of 450 examples off its recount fails.
+    (sweep: evidence/size_sweep.json, the `size_sweep` script beside the tests)"""
     digits = data.load()
     test_ids = np.asarray(trained["split"]["test"])
     mean, scale = data.spec_arrays(trained["_spec"]["preprocessing"])

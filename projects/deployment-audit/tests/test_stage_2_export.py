@@ -183,7 +183,7 @@ def test_policy_forward_and_bytes_on_random_weights(policy, hidden):
     got = np.asarray(
         precision.forward_jit(jax.tree.map(jnp.asarray, qparams), policy, jnp.asarray(x))
     )
-    reference, _ = _numpy_policy(qparams, policy, x)
+    reference, _, _ = _numpy_policy(qparams, policy, x)
     tol = {"f32": 1e-4, "bf16": 2e-2, "int8_w": 1e-4, "int8_w8a8": 1e-4}[policy]
     np.testing.assert_allclose(got, reference, rtol=0, atol=tol)
     widths = [data.NUM_FEATURES, *hidden, 10]
@@ -475,7 +475,16 @@ def test_self_test_bounds_logit_drift_when_every_class_is_kept(
     re-exported; every logit, biases shifted by alternating signs), each at 0.5x and 2x
     the bound. The reference drift and the unchanged classes are computed here in NumPy;
     the self-test's figures are checked field by field, in process and through `verify`
-    (a fresh process for the every-logit pattern past the bound)."""
+    (a fresh process for the every-logit pattern past the bound).
+
+    Size: about 2.5e-5 over training seeds, from the premise that no golden class
+    changes: it fails where a golden row's top-2 margin is under 4.8e-5 (4 rounding
+    windows, plus 4e-5 that the 2x drift may take off it). Over 208 runs the margins'
+    density near 0 was 0.066 per unit per row (8 rows), the smallest margin 0.036, and
+    the float32 golden logits lay within 2.9 ulps of a float64 forward pass (the
+    premise allows 16); the former premise, 10x the drift, gave 1.3e-4. Power: a
+    self-test that compares classes only, or allows a drift of 2x the bound, fails.
+    (sweep: evidence/size_sweep.json, the `size_sweep` script beside the tests)"""
     delta = factor * SELF_TEST_ATOL
     golden = json.loads((artifact / export.GOLDEN_FILE).read_text())
     target, reference, drifted = _drifted_artifact(trained, artifact, tmp_path, pattern, delta)
@@ -489,7 +498,7 @@ def test_self_test_bounds_logit_drift_when_every_class_is_kept(
     assert (reference + window < SELF_TEST_ATOL) == (factor < 1)
     assert (reference - window > SELF_TEST_ATOL) == (factor > 1)
     assert drifted.argmax(axis=1).tolist() == golden["predictions"]
-    assert float((top2[:, 1] - top2[:, 0]).min()) > 10 * delta
+    assert float((top2[:, 1] - top2[:, 0]).min()) > 4 * window
     within = factor < 1
     result = export.load_artifact(target).self_test()
     runs = {"in process": {"exit_code": None, "self_test": result}}
@@ -507,11 +516,16 @@ def test_self_test_bounds_logit_drift_when_every_class_is_kept(
             text=True,
             timeout=900,  # A hang guard only: a loaded machine starts JAX slowly.
         )
+        try:
+            fresh = json.loads(proc.stdout).get("self_test", {}) if proc.returncode in (0, 1) else {}
+        except json.JSONDecodeError:
+            raise AssertionError(
+                f"`verify` in a fresh process (exit {proc.returncode}) printed no JSON; "
+                f"its stderr:\n{proc.stderr[-2000:]}"
+            ) from None
         runs["verify, fresh process"] = {
             "exit_code": proc.returncode,
-            "self_test": json.loads(proc.stdout).get("self_test", {})
-            if proc.returncode in (0, 1)
-            else {},
+            "self_test": fresh,
             "stderr": proc.stderr[-300:],
         }
     ok = True
@@ -591,12 +605,19 @@ def test_compatibility_window(evidence, artifact, tmp_path, age_days, convention
 # --- PRECISION ---------------------------------------------------------------
 
 
-def _numpy_policy(qparams, policy, x):
+# An activation within this many steps of half a step from a grid point may round either
+# way: float32 sums in another order move it by about an ulp (under 1e-5 of a step).
+QUANT_TIE = 1e-4
+
+
+def _numpy_policy(qparams, policy, x, flip_ties=False):
     """The policy's arithmetic in NumPy: float64 where the policy accumulates in
     float32 (products of bf16/int8-dequantized values), exact integers for int8 x int8.
-    Returns `(logits, int_accumulators)`."""
+    With `flip_ties`, activations within `QUANT_TIE` of half a step round the other way.
+    Returns `(logits, int_accumulators, rows holding such a tie)`."""
     x = np.asarray(x, np.float32)
     accs = []
+    ties = np.zeros(len(x), bool)
     layers = qparams["layers"]
     for i, lay in enumerate(layers):
         if policy == "f32":
@@ -610,12 +631,18 @@ def _numpy_policy(qparams, policy, x):
             ]
         else:
             xq = np.clip(np.rint(x / lay["a_scale"]), -127, 127).astype(np.int64)
+            v = x.astype(np.float64) / np.float64(lay["a_scale"])
+            tie = np.abs(np.abs(v - np.floor(v)) - 0.5) < QUANT_TIE
+            if flip_ties:
+                other = np.where(xq == np.floor(v), np.floor(v) + 1, np.floor(v))
+                xq = np.where(tie, np.clip(other, -127, 127), xq).astype(np.int64)
+            ties |= tie.any(axis=1)
             acc = xq @ lay["kernel"].astype(np.int64)
             accs.append(acc)
             y = acc.astype(np.float32) * (lay["a_scale"] * lay["w_scale"]) + lay["bias"]
         y = np.maximum(y, 0.0) if i < len(layers) - 1 else y
         x = y.astype(np.float32)
-    return x, accs
+    return x, accs, ties
 
 
 def _bytes_from_widths(widths, policy):
@@ -645,7 +672,18 @@ def models(trained):
 @pytest.mark.parametrize("which", ["hidden (32,)", "hidden (48, 24)"])
 def test_precision_policies_against_numpy(evidence, models, which):
     """Every policy's logits, int32 accumulators, byte table and flipped examples match NumPy, on
-    two trained models."""
+    two trained models.
+
+    An int8_w8a8 activation within `QUANT_TIE` of half a step may round either way
+    (float32 sums in another order: XLA fuses the rescale and bias), which moves its
+    row's logits by about 0.03 and its later accumulators by a kernel row; such a row
+    is compared with both roundings, and counted as a near-tie where they give two
+    classes. Size: before that, 2 of 264 training runs failed (about 1 in 100 per
+    model); since, none of 208 (each model holds 2 to 5 tie rows at the two seeds that
+    had failed); it now needs two ties in one row that round apart. Power: activations
+    rounded by another rule, or any logit off by more than the tolerance in a row
+    without a tie, fail. (sweep: evidence/size_sweep.json, the `size_sweep` script
+    beside the tests)"""
     run = models[which]
     digits = data.load()
     mean, scale = data.spec_arrays(run["_spec"]["preprocessing"])
@@ -656,6 +694,7 @@ def test_precision_policies_against_numpy(evidence, models, which):
     table = precision.compare(run["_params"], x, digits.labels[test], test, calib)
     widths = [64, *run["_spec"]["config"]["hidden_sizes"], 10]
     ref_f32 = _numpy_policy(precision.quantize(run["_params"], "f32", calib), "f32", x)[0]
+    ties_seen = 0
     ok = True
     for row in table["rows"]:
         policy = row["policy"]
@@ -663,7 +702,11 @@ def test_precision_policies_against_numpy(evidence, models, which):
         logits = np.asarray(
             precision.forward_jit(jax.tree.map(jnp.asarray, qparams), policy, jnp.asarray(x))
         )
-        reference, accs = _numpy_policy(qparams, policy, x)
+        reference, accs, ties = _numpy_policy(qparams, policy, x)
+        # The same with every quantization tie rounded the other way (equal outside them).
+        other, other_accs, _ = _numpy_policy(qparams, policy, x, flip_ties=True)
+        closer = np.abs(logits - other).max(axis=1) < np.abs(logits - reference).max(axis=1)
+        ties_seen += int(ties.sum())
         # f32 / int8_w: float32 sums vs float64, ~1e-6 relative. bf16: the hidden
         # activations are rounded to bf16 (2^-8 relative), so a float32-vs-float64
         # difference can move one rounding by one bf16 step: 2e-2 bounds its effect.
@@ -673,7 +716,7 @@ def test_precision_policies_against_numpy(evidence, models, which):
             f"{policy} forward vs NumPy implementation of the same arithmetic",
             which,
             logits,
-            reference,
+            np.where(closer[:, None], other, reference),
             rtol=0.0,
             atol=tol,
         )
@@ -681,9 +724,15 @@ def test_precision_policies_against_numpy(evidence, models, which):
             jax_accs = precision.int8_accumulators(
                 jax.tree.map(jnp.asarray, qparams), jnp.asarray(x)
             )
+            # Each row equal to the exact integers of one rounding of its ties.
             exact = all(
-                np.array_equal(np.asarray(a, np.int64), b)
-                for a, b in zip(jax_accs, accs, strict=True)
+                bool(
+                    np.all(
+                        np.all(np.asarray(a, np.int64) == b, axis=1)
+                        | np.all(np.asarray(a, np.int64) == c, axis=1)
+                    )
+                )
+                for a, b, c in zip(jax_accs, accs, other_accs, strict=True)
             )
             ok &= evidence.record(
                 "int8 x int8 -> int32 accumulators equal exact integer arithmetic",
@@ -706,6 +755,7 @@ def test_precision_policies_against_numpy(evidence, models, which):
         ref_pred, pol_pred = ref_f32.argmax(1), reference.argmax(1)
         top2 = np.sort(reference, axis=1)[:, -2:]
         near_tie = set(test[(top2[:, 1] - top2[:, 0]) < 1e-3].tolist())
+        near_tie |= set(test[reference.argmax(1) != other.argmax(1)].tolist())
         numpy_flips = set(test[ref_pred != pol_pred].tolist())
         table_flips = {f["id"] for f in row["flipped"]}
         ok &= evidence.record(
@@ -717,6 +767,7 @@ def test_precision_policies_against_numpy(evidence, models, which):
                 "accuracy": row["accuracy"],
                 "accuracy_change": row["accuracy_change"],
                 "max_abs_logit_error": row["max_abs_logit_error"],
+                "rows_with_a_quantization_tie": int(ties.sum()),
             },
             None,
             (table_flips ^ numpy_flips) <= near_tie,
@@ -728,7 +779,13 @@ def test_precision_policies_against_numpy(evidence, models, which):
         ties = len(near_tie) / len(test)
         accuracy = float((pol_pred == labels).mean())
         change = accuracy - float((ref_pred == labels).mean())
-        largest = float(np.abs(reference - ref_f32).max())
+        err = np.abs(reference - ref_f32).max(axis=1)
+        err_other = np.abs(other - ref_f32).max(axis=1)
+        largest = float(err.max())
+        # Between the largest error of the rows' closer and farther roundings (equal
+        # without a tie).
+        low = float(np.minimum(err, err_other).max())
+        high = float(np.maximum(err, err_other).max())
         ok &= evidence.record(
             f"{policy} accuracy, its change and the largest logit error vs NumPy",
             which,
@@ -740,9 +797,9 @@ def test_precision_policies_against_numpy(evidence, models, which):
             {"logit_error_atol": 2 * tol},
             abs(row["accuracy"] - accuracy) <= ties + 1e-12
             and abs(row["accuracy_change"] - change) <= 2 * ties + 1e-12
-            and abs(row["max_abs_logit_error"] - largest) <= 2 * tol,
+            and low - 2 * tol <= row["max_abs_logit_error"] <= high + 2 * tol,
         )
-    assert ok
+    assert ok, f"{ties_seen} rows with a quantization tie"
 
 
 def test_cli_export_verify_precision(trained, tmp_path):
@@ -854,6 +911,11 @@ def _int8_reference(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.rint(w / scale), -127, 127), scale
 
 
+# Each policy's largest |accuracy change| against f32 and largest logit error as a
+# fraction of the f32 logit range, on held-out data.
+EFFECT_BOUNDS = {"bf16": (0.02, 0.02), "int8_w": (0.02, 0.03), "int8_w8a8": (0.03, 0.18)}
+
+
 @pytest.mark.parametrize("which", ["hidden (32,)", "hidden (48, 24)"])
 def test_int8_is_per_channel_and_its_error_is_bounded(evidence, models, which):
     """int8 scales and weights equal a float64 per-channel reference; policy errors stay bounded.
@@ -862,7 +924,18 @@ def test_int8_is_per_channel_and_its_error_is_bounded(evidence, models, which):
     computed here; every dequantized weight within half a step of its column's
     scale; and the policies' effect on held-out data bounded: accuracy within
     2 points of f32 (3 for w8a8), logit error within a fraction of the f32 logit
-    range (bf16 2%, int8 weights 3%, w8a8 10%). Two models."""
+    range (bf16 2%, int8 weights 3%, w8a8 18%). Two models.
+
+    Size: below 1e-5 per model over training seeds. Over 264 seeds per model (200, and
+    32 under each of two rewrites) nothing came near a bound but the w8a8 logit error:
+    its fraction of the range (median 0.015 and 0.019, largest 0.069 and 0.077) is
+    log-normal, and with its spread at the upper end of its 99% interval 18% lies 5.0
+    and 4.4 spreads above the mean (the former 10%: 3.7 and 3.2, a size of 1e-4 and
+    8e-4). Accuracy changes (at most 5 of 450 examples; 9 and 13 allowed): gains and
+    losses as Poisson counts at their upper 99% rates, below 1e-6. Power: a per-tensor
+    scale or truncation fails the exact scale and weight checks; a policy that moves
+    accuracy by 2 points (w8a8: 3) or a logit by the fraction above fails. (sweep:
+    evidence/size_sweep.json, the `size_sweep` script beside the tests)"""
     run = models[which]
     digits = data.load()
     mean, scale = data.spec_arrays(run["_spec"]["preprocessing"])
@@ -906,7 +979,7 @@ def test_int8_is_per_channel_and_its_error_is_bounded(evidence, models, which):
         )
     )
     logit_range = float(f32_logits.max() - f32_logits.min())
-    bounds = {"bf16": (0.02, 0.02), "int8_w": (0.02, 0.03), "int8_w8a8": (0.03, 0.10)}
+    bounds = EFFECT_BOUNDS
     effects = {}
     for policy, (acc_bound, logit_fraction) in bounds.items():
         row = table[policy]

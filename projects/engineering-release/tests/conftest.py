@@ -30,6 +30,11 @@ import pytest
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_debug_key_reuse", True)
+# The stage tests hold float32 results to float32 tolerances. A TPU multiplies
+# float32 matrices with bfloat16 inputs unless asked otherwise; the claims are about
+# float32 products, so the session asks for them on every backend (a CPU computes
+# the same bits either way).
+jax.config.update("jax_default_matmul_precision", "highest")
 
 # The registry is always named explicitly; an inherited tracking URI must not leak in.
 os.environ.pop("MLFLOW_TRACKING_URI", None)

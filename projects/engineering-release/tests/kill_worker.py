@@ -10,7 +10,7 @@ to the point, and runs the `release` command's entry point, which SIGKILLs
 its own process on reaching that point. Forking saves each trial the
 interpreter start-up and imports (seconds of CPU each), not any of the
 release's own work. Prints one JSON line per trial: the point, the state
-directory, and how the child ended.
+directory, how the child ended and the end of its stderr.
 """
 
 import json
@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import mlflow.store.model_registry.sqlalchemy_store  # noqa: F401 - the slow import, once.
@@ -27,14 +28,22 @@ from engineering_release import cli, gates, release, serve  # noqa: F401
 
 
 def child(template: Path, model_id: str, root: Path, point: str) -> None:
-    shutil.copytree(template, root)
-    os.environ[release.CRASH_ENV] = point
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
+    code = 0
     try:
+        # The child's own account, for a trial that ends without reaching its point.
+        os.dup2(os.open(root.parent / "stderr.txt", os.O_WRONLY | os.O_CREAT, 0o644), 2)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        shutil.copytree(template, root)
+        os.environ[release.CRASH_ENV] = point
         cli.main(["--root", str(root), "release", model_id], standalone_mode=True)
+    except SystemExit as end:
+        code = end.code if isinstance(end.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
     finally:
-        os._exit(0)
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def main() -> None:
@@ -61,6 +70,7 @@ def main() -> None:
                     "killed": killed,
                     "exit": os.waitstatus_to_exitcode(status),
                     "cpu_s": usage.ru_utime + usage.ru_stime,
+                    "stderr_tail": (root.parent / "stderr.txt").read_text(errors="replace")[-2000:],
                 }
             ),
             flush=True,

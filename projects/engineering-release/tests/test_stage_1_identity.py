@@ -226,6 +226,55 @@ def test_stored_files_are_read_only(artifacts, tmp_path):
     assert modes and set(modes.values()) == {0o444}, modes
 
 
+def test_nested_stored_files_are_read_only_at_every_depth(artifacts, tmp_path):
+    """A stored directory with files two levels down: every file, at every depth, has mode
+    0o444 (read-only), read back with os.stat."""
+    source = tmp_path / "nested-source"
+    shutil.copytree(artifacts[0], source / "a" / "b")
+    (source / "top.bin").write_bytes(b"top")
+    (source / "a" / "middle.bin").write_bytes(b"middle")
+    objects = store.Store(tmp_path / "store")
+    stored = objects.objects / objects.put(source)
+    modes = {str(p.relative_to(stored)): p.stat().st_mode & 0o777 for p in stored.rglob("*")}
+    files = {name: mode for name, mode in modes.items() if (stored / name).is_file()}
+    depths = {name.count("/") for name in files}
+    assert depths == {0, 1, 2}, sorted(files)
+    assert set(files.values()) == {0o444}, files
+
+
+def test_a_file_of_several_chunks_hashes_as_coreutils_does(tmp_path):
+    """A file longer than the 1 MiB a read takes, whose first two MiB repeat one block: the
+    tree digest equals coreutils', so every chunk counts, once each and in order."""
+    block = bytes(range(256)) * 4096  # 1 MiB
+    root = tmp_path / "big"
+    root.mkdir()
+    (root / "weights.leaf").write_bytes(block + block + b"tail")
+    (root / "swapped.leaf").write_bytes(b"tail" + block + block)
+    assert store.tree_digest(root) == coreutils_digest(root)
+
+
+def test_every_tampered_object_is_refused_whichever_way_its_digest_sorts(artifacts, tmp_path):
+    """One byte changed at each of 8 places of a stored object: `get` refuses every one. The
+    premise, from coreutils: the tampered digests fall on both sides of the id."""
+    objects = store.Store(tmp_path / "store")
+    object_id = objects.put(artifacts[0])
+    leaf = sorted((objects.objects / object_id).glob("*.leaf"))[0]
+    leaf.chmod(0o644)
+    original = leaf.read_bytes()
+    sides = set()
+    for i in range(8):
+        changed = bytearray(original)
+        changed[i * len(original) // 8] ^= 0x01
+        leaf.write_bytes(bytes(changed))
+        now = coreutils_digest(objects.objects / object_id)
+        sides.add(now < object_id)
+        with pytest.raises(store.TamperedObject):
+            objects.get(object_id)
+    leaf.write_bytes(original)
+    assert objects.get(object_id) == objects.objects / object_id
+    assert sides == {True, False}, "the premise needs tampered digests on both sides of the id"
+
+
 def test_tampered_message_names_both_digests(artifacts, tmp_path):
     """The TamperedObject message names the id and the digest coreutils computes for the tampered
     files, word for word."""

@@ -310,7 +310,11 @@ def test_sigkill_at_seeded_moments_leaves_old_or_new(released_template, evidence
         runs = [json.loads(line) for line in proc.stdout.splitlines()]
         assert sorted(r["point"] for r in runs) == sorted(points)
         for run in runs:
-            assert run["killed"], run  # Every point lies on the release's path.
+            # Every point lies on the release's path: a child that ends there was not killed.
+            assert run["killed"], (
+                f"the release ended (exit {run['exit']}) without reaching {run['point']!r}; "
+                f"its stderr:\n{run['stderr_tail']}"
+            )
             run["root"] = Path(run["root"])
             state = release.State(run["root"])
             raw = state.entries()  # Before any recovery: never a torn log.

@@ -392,7 +392,17 @@ def test_evaluate_matches_numpy(evidence, digits, trained, ids, batch_size):
 
     Loss and accuracy over the valid rows only, padding left out, with the
     per-example IDs, labels and predictions in batch order; including a pass of
-    exactly one valid row (a mean over one)."""
+    exactly one valid row (a mean over one).
+
+    Size: the check needs both right and wrong predictions among the 200 rows
+    (0 < accuracy < 1 on the 2-step state). At the test's key the accuracy is
+    inside; over 64 init keys it was 0.02 to 0.22 (mean 0.114, sd 0.045), 0 only
+    2.5 sd away, so a correct update whose rounding takes another path fails
+    about once in 160 under a normal model (sweep: evidence/size_sweep.json, from
+    the `size_sweep` script beside the tests). Labelling one row with the model's own class and
+    one with another removes that; it changes this stage's tests and waits for
+    their mutation rescoring. Power: an evaluate whose accuracy or loss counts
+    padding or drops a row fails."""
     graphdef, state, _ = state_and_batches(trained)
     out = evaluate(graphdef, state, data.dataset(digits, ids, batch_size))
     loss, accuracy, predictions = _numpy_eval(graphdef, state, digits, ids)

@@ -79,7 +79,12 @@ def test_rk4_step_equals_a_numpy_rk4_on_a_time_dependent_system(t, dt, y, theta,
     """One rk4_step equals a NumPy RK4 step to 1e-13 on a time-dependent rhs, over 30 drawn inputs.
 
     One step from a non-zero time of a system whose rhs depends on t (the
-    package's two systems do not, so their tests cannot see the stage times)."""
+    package's two systems do not, so their tests cannot see the stage times).
+    Size: round-off only. Hypothesis fixes its 30 examples (derandomize); over
+    1000 uniform draws from the strategies' ranges plus their 64 corners, under
+    the reference and the four RK4 rewrites, the largest error is 0.006 of the
+    tolerance. Power: any error of a stage time or weight above 1e-13.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     with jax.enable_x64(True):
         got = rk4_step(TIMED, jnp.float64(t), jnp.array(y), jnp.array(theta), jnp.float64(dt), load)
         want = _numpy_rk4(_np_tdep(theta, load), t, np.array(y), dt)
@@ -201,7 +206,15 @@ def test_axis_contract_batch_time_state(batch, evidence):
 
 @pytest.mark.parametrize(("batch", "t_end", "seed"), [(3, 10.0, 0), (5, 4.0, 1)])
 def test_rk4_matches_exact_solution_at_order_four(batch, t_end, seed, evidence):
-    """RK4's error against the exact oscillator falls at fitted order 4 +- 0.3, 2 batches."""
+    """RK4's error against the exact oscillator falls at fitted order 4 +- 0.3, 2 batches.
+
+    Size: the figures are RK4 error on batches drawn from fixed seeds, not noise;
+    over batch seeds 0-31 of both cases the largest |order - 4| is 0.045, and
+    the RK4 rewrites change the order by <= 7e-8. The finest-error bound 1e-6
+    has 24x and 69x margin at the test's seeds; it bounds these batches, not any
+    batch (one of 64 other seeds reached 1.6e-6).
+    Power: an order off by more than 0.3 (the seeded RK4 bugs).
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     theta, y0 = oscillator_batch(batch, seed)
     dts = (0.1, 0.05, 0.025, 0.0125)
     study = rk4_error_study(dts, theta, y0, t_end)
@@ -226,7 +239,9 @@ def test_rk4_error_study_errors_and_slope_recomputed_against_scipy(evidence):
     the fitted order must be the NumPy least-squares slope of ln(error) against
     ln(dt) of the reported errors, and that slope must be near RK4's 4. A study
     that compares at shifted times or fits the axes swapped (or one in log10)
-    changes the numbers; an RK4 with wrong weights loses the order."""
+    changes the numbers; an RK4 with wrong weights loses the order.
+    Size: over batch seeds 0-31 the largest |order - 4| is 0.064 (limit 0.5).
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     # Seed 22: the largest error falls mid-run and in member 1, so a study that
     # measured only the final time or one member would report a smaller error.
     theta, y0 = oscillator_batch(2, seed=22)

@@ -66,7 +66,12 @@ def test_hand_jacobians_and_rhs_equal_autodiff_of_the_model(name, y, p):
     """Hand-written df/dy, df/dtheta and NumPy rhs equal jax.jacobian of the model's rhs (1e-13).
 
     The forward-sensitivity reference's hand-written df/dy, df/dtheta and NumPy
-    rhs, against `jax.jacobian` of the model's own rhs, on both systems."""
+    rhs, against `jax.jacobian` of the model's own rhs, on both systems.
+    Size: round-off only. Hypothesis fixes its 25 examples (derandomize); over
+    200 uniform draws from the strategies' ranges plus their 32 corners, per
+    system, the largest error is 0.0023 of the tolerance (no stage-2 rewrite
+    touches these functions). Power: any error of an entry above 1e-13.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     system = _SYSTEMS[name]
     theta = np.array(p[: len(system.param_names)])
     dfdy, dfdth = S._jacobians(system, np.array(y), theta)

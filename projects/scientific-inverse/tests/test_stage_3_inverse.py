@@ -36,6 +36,61 @@ from scientific_inverse.report import scaling_check
 CONFIG = Config.tiny()
 TRUTH = np.array([CONFIG.damping, CONFIG.stiffness])
 
+# Each statistical check of the study's noisy figures fails a correct solution with
+# probability at most SIZE under the noise model its limit is derived from (a union
+# bound over the parameters and sides it checks); the stage's eight such checks
+# together fail it less than once in 10^4. Their figures over 200 seeds and under
+# the laplace rewrites of reformulations.toml: evidence/size_sweep.json, made by
+# the `size_sweep` script beside the tests.
+SIZE = 1e-5
+
+
+def z_limit(dof: int) -> float:
+    """Largest |estimate - truth| / se of two parameters: Student t with `dof` = n - 2
+    degrees of freedom, two-sided."""
+    return float(stats.t.isf(SIZE / 4, dof))
+
+
+def se_ratio_range(seeds: int) -> tuple[float, float]:
+    """Range of mean Laplace se / population std of `seeds` estimates, two parameters:
+    the std is sigma sqrt(chi2(seeds - 1) / seeds) for estimates of spread sigma."""
+    low = math.sqrt(seeds / stats.chi2.isf(SIZE / 4, seeds - 1))
+    high = math.sqrt(seeds / stats.chi2.ppf(SIZE / 4, seeds - 1))
+    return low, high
+
+
+def fisher_rtol(dof: int) -> float:
+    """Relative tolerance of Laplace se against expected-Fisher se: their ratio is
+    sigma_hat / sigma = sqrt(chi2(dof) / dof), one draw for both parameters; the
+    farther from 1 of its SIZE / 2 quantiles."""
+    low = math.sqrt(stats.chi2.ppf(SIZE / 2, dof) / dof)
+    high = math.sqrt(stats.chi2.isf(SIZE / 2, dof) / dof)
+    return max(1.0 - low, high - 1.0)
+
+
+def rmse_over_noise_range(n: int) -> tuple[float, float]:
+    """Range of the RMSE of `n` held-out noisy values over the noise std, SIZE / 2
+    each side: n RMSE^2 / sigma^2 is chi2(n) for the noise alone, plus the fit's own
+    prediction error, which adds at most a chi2(2) (eigenvalues mu <= 1, see
+    `heldout_rmse_truth_limit`)."""
+    low = math.sqrt(stats.chi2.ppf(SIZE / 2, n) / n)
+    return low, math.sqrt(stats.chi2.isf(SIZE / 2, n + 2) / n)
+
+
+def coverage_floor(seeds: int, nominal: float) -> int:
+    """Fewest seeds of `seeds` whose interval may cover, for each of two parameters:
+    the SIZE / 2 quantile of Binomial(seeds, nominal)."""
+    return int(stats.binom.ppf(SIZE / 2, seeds, nominal))
+
+
+def coverage_band(draws: int, nominal: float) -> tuple[int, int]:
+    """Fewest and most covering intervals of `draws`, two parameters, two-sided: the
+    SIZE / 4 quantiles of Binomial(draws, nominal)."""
+    return (
+        int(stats.binom.ppf(SIZE / 4, draws, nominal)),
+        int(stats.binom.isf(SIZE / 4, draws, nominal)),
+    )
+
 
 # FAST, DIRECT CHECKS AGAINST REFERENCES WRITTEN HERE (before the module's study) -----
 
@@ -49,25 +104,53 @@ def _fits(seed: int, s: int = 3, n: int = 9) -> train.FitBatch:
     return train.FitBatch(theta, rss, counts, jac, np.zeros(s, np.int64))
 
 
+ROW_RTOL = 1e-12
+
+
 @settings(max_examples=15, derandomize=True, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31), confidence=st.sampled_from([0.5, 0.8, 0.95, 0.99]))
 def test_laplace_against_a_row_by_row_reference(seed, confidence):
     """laplace's cov, se, intervals and sigma equal a row-by-row NumPy/SciPy reference (1e-12).
 
     cov = RSS / (n - 2) (J^T J)^-1 and theta -+ t_{n-2}((1 + confidence) / 2) se,
-    row by row with `numpy.linalg.inv` and `scipy.stats.t`."""
+    row by row with `numpy.linalg.inv` and `scipy.stats.t`, to 1e-12 of each
+    figure's scale (`laplace_against_rows`).
+    Size: round-off only. Hypothesis fixes its 15 examples (derandomize); over
+    4000 seeds drawn from the strategy's range (0-1999 and 2000 uniform) and the
+    four laplace rewrites, the largest error is 0.0011 of the tolerance. With the
+    elementwise rtol and atol 0 it had before, a near-zero covariance entry
+    (correlation 5e-5) reached 0.92 of it and 6 of 4000 seeds exceeded 0.1.
+    Power: any departure above 1e-12 of the scale (another quantile, n for n - 2).
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     fits = _fits(seed)
     lap = train.laplace(fits, confidence)
+    for name, actual, reference, atol in laplace_against_rows(lap, fits, confidence):
+        np.testing.assert_allclose(actual, reference, rtol=ROW_RTOL, atol=atol, err_msg=name)
+
+
+def laplace_against_rows(lap: train.Laplace, fits: train.FitBatch, confidence: float) -> list:
+    """(name, laplace's value, row-by-row reference, atol) for each compared figure.
+
+    The reference row by row with `numpy.linalg.inv` and `scipy.stats.t`. The
+    absolute tolerance is ROW_RTOL times the figure's own scale (the largest |cov|
+    entry of the row; |theta| + q se for an interval end), so a covariance or an
+    interval end that happens to be near zero is held to its round-off, not to
+    ROW_RTOL times a near-zero value."""
+    out = []
     for i in range(fits.theta.shape[0]):
         s2 = fits.rss[i] / (fits.n[i] - 2)
         cov = s2 * np.linalg.inv(fits.jac[i].T @ fits.jac[i])
         se = np.sqrt(np.diag(cov))
         q = stats.t.ppf((1 + confidence) / 2, fits.n[i] - 2)
-        np.testing.assert_allclose(lap.cov[i], cov, rtol=1e-12)
-        np.testing.assert_allclose(lap.se[i], se, rtol=1e-12)
-        np.testing.assert_allclose(lap.lower[i], fits.theta[i] - q * se, rtol=1e-12)
-        np.testing.assert_allclose(lap.upper[i], fits.theta[i] + q * se, rtol=1e-12)
-        assert abs(lap.sigma[i] - math.sqrt(s2)) <= 1e-12 * math.sqrt(s2)
+        ends = ROW_RTOL * float(np.max(np.abs(fits.theta[i]) + q * se))
+        out += [
+            (f"cov row {i}", lap.cov[i], cov, ROW_RTOL * float(np.abs(cov).max())),
+            (f"se row {i}", lap.se[i], se, 0.0),
+            (f"lower row {i}", lap.lower[i], fits.theta[i] - q * se, ends),
+            (f"upper row {i}", lap.upper[i], fits.theta[i] + q * se, ends),
+            (f"sigma row {i}", lap.sigma[i], math.sqrt(s2), 0.0),
+        ]
+    return out
 
 
 def test_coverage_summary_counts_each_parameter_over_seeds():
@@ -285,57 +368,113 @@ def study(tmp_path_factory):
 
 
 def test_parameters_recovered_within_their_standard_errors(study, evidence):
-    """The estimate is within 4 se of the truth; mean se is 0.6-1.6x the seeds' spread."""
+    """The estimate is within 4.9 se of the truth; mean se is 0.59-2.49x the seeds' spread.
+
+    |estimate - truth| / se is Student t(n - 2 = 78); the population std of 24
+    estimates is sigma sqrt(chi2(23) / 24). Limits (`z_limit`, `se_ratio_range`):
+    the SIZE / 4 tails, two parameters, two sides (before: 4 se and 0.6-1.6x).
+    Size: analytic 1.0e-5 (|z|) + 1.0e-5 (ratio), before 2.9e-4 and 1.1e-2; over
+    200 seeds 0 exceeded (before: 0 and 2); largest |z| 3.46 (sd 1.08, 1.05; t
+    model 1.01), ratio 0.71-1.78; the laplace rewrites move both by < 1e-15.
+    Power: an estimator bias of 4.9 se fails half the time, 6.2 se 90%; a
+    standard error off by x2.4 or x0.57 fails half the time.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     result, _ = study
     ref = result["fit"]["refined"]
     z = np.abs(np.array(result["parameter_error"]["in_se"]))
-    # 4 standard errors: a false alarm has probability ~6e-5 per parameter.
+    limit = z_limit(ref["n"] - 2)
     assert evidence.record(
         "estimate vs truth",
-        "long window, seed 0",
+        f"long window, seed {CONFIG.seed}",
         {"theta": ref["theta"], "se": ref["se"], "abs_z": z},
-        {"abs_z_max": 4.0},
-        bool(np.all(z <= 4.0)),
+        {"abs_z_max": limit},
+        bool(np.all(z <= limit)),
     ), z
     cover = result["coverage"]
     ratio = np.array(cover["mean_se"]) / np.array(cover["estimate_std"])
-    # Over 24 seeds the sample std of the estimates has ~15% relative error.
+    low, high = se_ratio_range(cover["seeds"])
     assert evidence.record(
         "Laplace se vs spread of estimates over seeds",
         f"{cover['seeds']} seeds",
         {"mean_se_over_std": ratio},
-        {"range": [0.6, 1.6]},
-        bool(np.all((ratio > 0.6) & (ratio < 1.6))),
+        {"range": [low, high]},
+        bool(np.all((ratio > low) & (ratio < high))),
     ), ratio
 
 
 def test_laplace_se_matches_expected_fisher_information(study, evidence):
-    """Laplace se from data and RK4 equal the exact model's expected-Fisher se within 25%."""
+    """Laplace se from data and RK4 equal the exact model's expected-Fisher se within 37%.
+
+    Their ratio is sigma_hat / sigma = sqrt(chi2(78) / 78), one draw for both
+    parameters, times a factor near 1 from the estimate; `fisher_rtol` is the
+    farther of its SIZE / 2 quantiles from 1 (before: 25%).
+    Size: analytic 5.4e-6 (before 1.7e-3); over 200 seeds, each with its own
+    split, 0 exceeded; largest |ratio - 1| 0.244; with sigma_hat / sigma divided
+    out the ratio stays within 0.93-1.07.
+    Power: a standard error off by x1.37 or x0.63 fails half the time.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     result, _ = study
-    obs = synthesize(CONFIG, jax.random.split(jax.random.key(CONFIG.seed), 3)[0])
-    ts = observation_times(CONFIG.t_end, CONFIG.obs_dt)[~obs.heldout]
-    info = identifiability.fisher(
-        np.asarray(CONFIG.theta_true),
-        ts,
-        np.array([CONFIG.x0, CONFIG.v0]),
-        CONFIG.noise_std,
-        free=("c", "k"),
-    )
-    expected_se = np.sqrt(np.diag(np.linalg.inv(info))) * TRUTH  # log units -> absolute
-    observed_se = np.array(result["fit"]["refined"]["se"])
-    # sigma_hat / sigma over 78 degrees of freedom is within ~+-20% at 3 sigma.
+    refined = result["fit"]["refined"]
     assert evidence.allclose(
         "Laplace se (data, RK4) vs expected Fisher (exact model)",
         "long window, fitted times",
-        observed_se,
-        expected_se,
-        rtol=0.25,
+        np.array(refined["se"]),
+        expected_fisher_se(CONFIG),
+        rtol=fisher_rtol(refined["n"] - 2),
         atol=0.0,
     )
 
 
+def _fisher_of_split(config: Config) -> tuple[np.ndarray, np.ndarray, int]:
+    """Expected Fisher information of (log c, log k) at the truth, exact model, over
+    the fitted and over the held-out times of the study's main data set (its split),
+    and the held-out count."""
+    obs = synthesize(config, jax.random.split(jax.random.key(config.seed), 3)[0])
+    ts = observation_times(config.t_end, config.obs_dt)
+    info = [
+        identifiability.fisher(
+            np.asarray(config.theta_true),
+            times,
+            np.array([config.x0, config.v0]),
+            config.noise_std,
+            free=("c", "k"),
+        )
+        for times in (ts[~obs.heldout], ts[obs.heldout])
+    ]
+    return info[0], info[1], int(obs.heldout.sum())
+
+
+def expected_fisher_se(config: Config) -> np.ndarray:
+    """Standard errors of (c, k) from the exact model's expected Fisher information at
+    the truth, over the times the study fits."""
+    info, _, _ = _fisher_of_split(config)
+    truth = np.array([config.damping, config.stiffness])
+    return np.sqrt(np.diag(np.linalg.inv(info))) * truth  # log units -> absolute
+
+
+def heldout_rmse_truth_limit(config: Config) -> float:
+    """Largest held-out RMSE of the fit against the noise-free positions. Linearised,
+    n_h RMSE^2 / sigma^2 = mu_1 xi_1^2 + mu_2 xi_2^2 (xi standard normal, mu the
+    eigenvalues of I_fit^-1 I_held), at most mu_max chi2(2), whose tail beyond
+    2 ln(1 / SIZE) is SIZE."""
+    fitted, held, n_held = _fisher_of_split(config)
+    mu_max = float(np.max(np.real(np.linalg.eigvals(np.linalg.solve(fitted, held)))))
+    return config.noise_std * math.sqrt(2 * mu_max * math.log(1 / SIZE) / n_held)
+
+
 def test_error_budget_is_kept_apart(study, evidence):
-    """Solver bias is in (0, 0.1) se; held-out RMSE is < noise/2 vs truth, ~noise vs data."""
+    """Solver bias is in (0, 0.1) se; held-out RMSE is small vs truth, ~noise vs data.
+
+    Vs the noise-free positions the RMSE is below `heldout_rmse_truth_limit`
+    (0.46-0.73 noise over seeds; before: noise / 2); vs the noisy values it lies
+    in `rmse_over_noise_range(20)`, 0.39-1.79 noise (before: 0.6-1.4).
+    Size: analytic 3.1e-6 (linear model, exact per split; before 1.9e-4) and
+    7.2e-6 (noncentral chi2(20); before 1.2e-2); over 200 seeds 0 exceeded
+    (before: 1 above noise / 2), largest 0.81 of its limit, vs data 0.61-1.39.
+    The solver bias depends on the data only slightly: 0.0012-0.0087 se.
+    Power: a held-out prediction error above its limit (about 0.6 noise rms) vs
+    the truth, an RMSE vs the data outside 0.39-1.79 noise.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     result, _ = study
     bias = np.abs(result["solver_bias"]["in_se"])
     pred = result["prediction_error"]["refined"]
@@ -343,13 +482,14 @@ def test_error_budget_is_kept_apart(study, evidence):
     observed = {"solver_bias_in_se": bias, **pred}
     # The coarse solver (dt = obs_dt) is biased, but by far less than the noise's
     # standard error; the fit predicts held-out times better than the noise level
-    # (vs truth) and reaches the noise floor (vs the noisy values; 20 values: the
-    # RMSE / sigma ratio lies within [0.6, 1.4] with probability > 0.99).
+    # (vs truth) and reaches the noise floor (vs the noisy values).
+    low, high = rmse_over_noise_range(pred["n_heldout"])
+    truth_limit = heldout_rmse_truth_limit(CONFIG)
     passed = (
         np.all(bias > 0)
         and np.all(bias < 0.1)
-        and pred["heldout_rmse_vs_truth"] < noise / 2
-        and 0.6 < pred["heldout_rmse_vs_observed"] / noise < 1.4
+        and pred["heldout_rmse_vs_truth"] < truth_limit
+        and low < pred["heldout_rmse_vs_observed"] / noise < high
     )
     assert evidence.record(
         "parameter error, prediction error, solver bias",
@@ -357,15 +497,20 @@ def test_error_budget_is_kept_apart(study, evidence):
         observed,
         {
             "bias_in_se_below": 0.1,
-            "rmse_truth_below": noise / 2,
-            "rmse_observed_over_noise": [0.6, 1.4],
+            "rmse_truth_below": truth_limit,
+            "rmse_observed_over_noise": [low, high],
         },
         passed,
     ), observed
 
 
 def test_estimate_converges_under_grid_refinement(study, evidence):
-    """The RK4 estimate's gap to the exact-model one falls at order 4 +- 0.4, below 1e-6."""
+    """The RK4 estimate's gap to the exact-model one falls at order 4 +- 0.4, below 1e-6.
+
+    Size: no noise model (solver error on the seed's data); over 200 seeds 0
+    failed: largest |order - 4| 0.16, finest gap <= 3.0e-8, gaps fall on all.
+    Power: an order off by more than 0.4, a finest gap above 1e-6.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     conv = study[0]["convergence"]
     gaps = np.array(conv["abs_gap"])
     orders = conv["observed_order"]
@@ -384,7 +529,11 @@ def test_estimate_converges_under_grid_refinement(study, evidence):
 
 
 def test_profiles_agree_with_laplace_in_the_long_window(study, evidence):
-    """Profile interval ends of c and k lie within 10% of the Laplace width of its ends."""
+    """Profile interval ends of c and k lie within 10% of the Laplace width of its ends.
+
+    Size: no noise model; over 200 seeds 0 failed, largest error 0.29 of the
+    tolerance. Power: an interval end off by more than 10% of the width.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     profiles = study[0]["profiles"]["long"]
     for name in ("c", "k"):
         p = profiles[name]
@@ -401,7 +550,12 @@ def test_profiles_agree_with_laplace_in_the_long_window(study, evidence):
 
 
 def test_short_window_is_weakly_identifiable(study, evidence):
-    """A short window gives > 3x the se and > 5x the condition number; velocity helps."""
+    """A short window gives > 3x the se and > 5x the condition number; velocity helps.
+
+    Size: no noise model; over 200 seeds 0 failed, smallest margins: se ratio 8.0
+    (> 3), |correlation| 0.90 (> 0.8), profile width ratio 9.2 (> 3); the
+    condition numbers depend on the config only.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     result, _ = study
     long_se = np.array(result["fit"]["refined"]["se"])
     short_se = np.array(result["short_window"]["se"])
@@ -457,29 +611,35 @@ def test_mass_scaling_is_unidentifiable_without_a_known_force(study, evidence):
 
 
 def test_interval_coverage_near_nominal(study, evidence):
-    """Laplace interval coverage over seeds is at least nominal - 3 binomial se."""
+    """Laplace interval coverage over 24 seeds is at least 16 of 24 for c and for k.
+
+    `coverage_floor`: the SIZE / 2 quantile of Binomial(24, 0.95) (before:
+    nominal - 3 binomial se, 20 of 24).
+    Size: analytic 2.6e-6 at nominal, 8.7e-6 at the swept miss rate's upper 99%
+    bound (before 1.2e-2); over 200 seeds 0 exceeded (before: 2), fewest covered
+    19; misses over 4800 intervals 4.7% (c) and 5.2% (k).
+    Power: 24 seeds catch gross under-coverage only: 0.64 fails half the time.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
     cover = study[0]["coverage"]
-    floor = cover["nominal"] - 3 * cover["binomial_se"]
-    rate = np.array(cover["rate"])
+    floor = coverage_floor(cover["seeds"], cover["nominal"])
     assert evidence.record(
         "Laplace interval coverage",
         f"{cover['seeds']} seeds",
         cover,
-        {"at_least": floor},
-        bool(np.all(rate >= floor)),
+        {"covered_at_least": floor},
+        bool(np.all(np.array(cover["covered"]) >= floor)),
     ), cover
 
 
-@pytest.mark.parametrize("confidence", [0.8, 0.95])
-def test_laplace_interval_holds_its_nominal_probability(evidence, confidence):
-    """On a linear model laplace's interval has t content equal to its level and covers at it.
+LINEAR_DATA_SETS, LINEAR_POINTS = 4000, 12
 
-    The interval `theta +- q se` on a linear model, where it is exact: its
-    probability content under Student's t (cdf, not the ppf the code uses) equals
-    the level, and over 4000 simulated data sets it covers the truth at the level
-    (within three binomial standard errors). A one-sided quantile fails both."""
-    rng = np.random.default_rng(int(confidence * 100))
-    s, n = 4000, 12
+
+def linear_model_intervals(laplace, confidence: float, seed: int) -> tuple[np.ndarray, ...]:
+    """`laplace`'s intervals for a straight line fitted to LINEAR_DATA_SETS simulated
+    data sets of LINEAR_POINTS points (NumPy generator `seed`): their Student-t
+    probability content and whether each holds the truth, both `(data sets, 2)`."""
+    rng = np.random.default_rng(seed)
+    s, n = LINEAR_DATA_SETS, LINEAR_POINTS
     t_grid = np.linspace(0.0, 1.0, n)
     design = np.stack([np.ones(n), t_grid], axis=1)  # (n, 2)
     truth = np.array([0.3, 4.0])
@@ -493,24 +653,46 @@ def test_laplace_interval_holds_its_nominal_probability(evidence, confidence):
         jac=np.broadcast_to(design, (s, n, 2)),
         steps=np.zeros(s, np.int32),
     )
-    lap = train.laplace(fits, confidence)
+    lap = laplace(fits, confidence)
     q = (lap.upper - theta) / lap.se
     content = stats.t.cdf(q, n - 2) - stats.t.cdf(-q, n - 2)
     covered = (lap.lower <= truth) & (truth <= lap.upper)
-    rate = covered.mean(axis=0)
-    se = math.sqrt(confidence * (1 - confidence) / s)
+    return content, covered
+
+
+@pytest.mark.parametrize("confidence", [0.8, 0.95])
+def test_laplace_interval_holds_its_nominal_probability(evidence, confidence):
+    """On a linear model laplace's interval has t content equal to its level and covers at it.
+
+    The interval `theta +- q se` on a linear model, where it is exact: its
+    probability content under Student's t (cdf, not the ppf the code uses) equals
+    the level, and over 4000 simulated data sets its count of covering intervals
+    lies within `coverage_band`, the SIZE / 4 quantiles of Binomial(4000, level),
+    4.4-4.8 binomial se (before: 3 se).
+    Size: analytic 9.8e-6 (0.8) and 7.8e-6 (0.95), before 5.4e-3 each; over 400
+    generator seeds per level 0 exceeded (before: 2 each), largest |z| 3.08 and
+    3.55; the laplace rewrites give the same counts.
+    Power: a coverage 4.6 binomial se off fails half the time. Seeded bugs: the
+    one-sided and the normal quantile fail the content check; noise variance
+    over n (z about -6) fails at the test's seeds and at 99% (0.8) and 90%
+    (0.95) of other seeds.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand)."""
+    s = LINEAR_DATA_SETS
+    content, covered = linear_model_intervals(train.laplace, confidence, int(confidence * 100))
+    low, high = coverage_band(s, confidence)
+    count = covered.sum(axis=0)
     assert evidence.record(
         "Laplace interval on a linear model: t probability content and simulated coverage",
-        f"level {confidence}, {s} data sets of {n} points, 2 parameters",
+        f"level {confidence}, {s} data sets of {LINEAR_POINTS} points, 2 parameters",
         {
             "content_min": float(content.min()),
             "content_max": float(content.max()),
-            "coverage": rate.tolist(),
-            "binomial_se": se,
+            "covered": count.tolist(),
+            "coverage": (count / s).tolist(),
         },
-        {"content_abs": 1e-9, "coverage_within_se": 3},
+        {"content_abs": 1e-9, "covered_within": [low, high]},
         bool(np.all(np.abs(content - confidence) <= 1e-9))
-        and bool(np.all(np.abs(rate - confidence) <= 3 * se)),
+        and bool(np.all((count >= low) & (count <= high))),
     )
 
 

@@ -91,6 +91,14 @@ def test_prediction_error_is_measured_on_the_heldout_times(evidence, seed, heldo
     (and the one over all times), each more than 0.5% away, does not. The
     short-window fit's extrapolation RMSE runs over the 88 times after its 12
     observations, not from its last observed time.
+    Size: the RMSEs come from the data and the fit only, which no stage-3
+    exercise code reaches (the laplace rewrites leave them bit for bit); over
+    seeds 0-199 (fraction 0.2) and 0-31 (0.35) the reported RMSE matched to
+    1.9e-13 (tolerance 1e-9). The 0.5% wrong-times gap is a property of these
+    seeds' data (1.1% at the smallest here); it fell below 0.5% at 11 of those
+    200 seeds and 4 of 32, so the seeds stay fixed.
+    Power: a figure over the fitted or all times is off by at least 0.5%.
+    Sweep: evidence/size_sweep.json, made by the script `tests/size_sweep` (on demand).
     """
     config = Config.tiny().model_copy(update={"seed": seed, "heldout_fraction": heldout_fraction})
     out = train.fit_and_evaluate(config)

@@ -290,8 +290,10 @@ def cpu() -> str:
 
 
 def is_current(folder: Path, stage: dict, record: dict | None) -> bool:
-    """Whether ``record`` (a stamp) still describes the code and evidence on disk."""
-    if not record:
+    """Whether ``record`` (a stamp) still describes the code and evidence on disk. A
+    stage whose regions still raise the starter's error is never current, whatever
+    its stamp says: the regions themselves are read, not only the stamp's hash."""
+    if not record or stage["id"] in unwritten_regions(folder):
         return False
     evidence = folder / "evidence" / f"stage_{stage['id']}.json"
     return record.get("code_hash") == stage_code_hash(

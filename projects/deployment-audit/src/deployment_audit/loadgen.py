@@ -123,8 +123,9 @@ class ServerProcess:
         budget = _Budget(self.proc.pid, self.start_timeout_s)
         while not port_file.exists():
             if self.proc.poll() is not None or budget.spent():
+                log = self.log()  # Read before `__exit__` removes the folder it is in.
                 self.__exit__(None, None, None)
-                raise ServerStartError(f"The server did not start listening:\n{self.log()}")
+                raise ServerStartError(f"The server did not start listening:\n{log}")
             time.sleep(0.05)
         self.url = f"http://127.0.0.1:{int(port_file.read_text())}"
         return self

@@ -28,6 +28,7 @@ from engineering_release.config import shown
 TREE_FORMAT = b"engineering-release/tree-v1\n"
 ID_LENGTH = 64
 HEX = "0123456789abcdef"
+CHUNK_BYTES = 1 << 20  # A file's bytes are read this many at a time (any size hashes alike).
 
 
 class StoreError(ValueError):
@@ -41,7 +42,7 @@ class TamperedObject(StoreError):
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
             h.update(chunk)
     return h.hexdigest()
 

@@ -4,7 +4,7 @@
   against the specification's table written out by hand in this file (not
   derived from the code's constants); the enumerated MDP `transition_table()`
   against the same specification; the slippery transition frequencies against
-  its probabilities (per-cell z-test, stated below), for two slip values.
+  its probabilities (per-cell z-test at 5.5, stated below), for two slip values.
 - Time limit: truncated exactly at `max_steps`, never on a terminating step.
 - CartPole: states, rewards and termination against gymnasium's CartPole-v1,
   step for step, from the same start state and action sequence (several starts).
@@ -12,9 +12,14 @@
   time limits, `step` (every cell and action, both sides of the time limit),
   `reset` and `transition_table()` against a plain-Python reading of the
   specification; CartPole's resets are uniform on [-0.05, 0.05] per variable.
+- Statistical tests state their size (how often correct code fails them, over
+  keys) and power; the `size_sweep` script beside the tests records the sweeps behind them in
+  `evidence/size_sweep.json`.
 - Owned streams: runs under `jax_debug_key_reuse`; environment i's trajectory
   is bit-identical whether 3 or 11 environments run beside it.
 """
+
+import functools
 
 import gymnasium as gym
 import jax
@@ -121,26 +126,48 @@ def test_gridworld_transition_table_matches_the_specification(evidence, slip, st
     assert np.array_equal(terminal, terminal_ref)
 
 
-@pytest.mark.parametrize("slip", [0.2, 0.5])
-def test_gridworld_slip_frequencies_match_the_specification(evidence, slip):
-    """Slippery next-state frequencies match the specified probabilities within 5 sigma per cell.
+# Per-cell limit of the slip-frequency test, in binomial standard deviations.
+SLIP_Z_LIMIT = 5.5
+SLIP_STEPS = 4000  # steps from each (s, a)
 
-    Each (s, a) stepped n times; each next-state frequency f must satisfy
-    |f - p| <= 5 sqrt(p (1 - p) / n) + 1e-9, p from the specification (a
-    5-sigma normal bound per cell; with 256 (s, a, s') cells with p > 0 the
-    family-wise false-alarm rate is below 2e-4, and the test is deterministic
-    given its key)."""
+
+@functools.partial(jax.jit, static_argnums=0)
+def _vmapped_step(env, state, action, keys):
+    return jax.vmap(env.step)(state, action, keys)
+
+
+def _slip_frequencies(slip: float, key: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(freq, P): each (s, a) stepped SLIP_STEPS times from `split(key, S * A * n)`;
+    freq[s, a, s'] the fraction that reached s', P the specification's table."""
     env = GridWorld(slip=slip)
     P, _, _ = _spec_table(slip, env.step_reward)
-    S, A, n = env.num_states, env.num_actions, 4000
+    S, A, n = env.num_states, env.num_actions, SLIP_STEPS
     s_grid, a_grid = np.meshgrid(np.arange(S), np.arange(A), indexing="ij")
     s_rep = jnp.asarray(np.repeat(s_grid.ravel(), n), jnp.int32)
     a_rep = jnp.asarray(np.repeat(a_grid.ravel(), n), jnp.int32)
-    keys = jax.random.split(jax.random.key(1), S * A * n)
-    out = jax.jit(jax.vmap(env.step))(EnvState(s_rep, jnp.zeros_like(s_rep)), a_rep, keys)
+    keys = jax.random.split(key, S * A * n)
+    out = _vmapped_step(env, EnvState(s_rep, jnp.zeros_like(s_rep)), a_rep, keys)
     nxt = np.asarray(out.state.physics).reshape(S, A, n)
     freq = np.stack([(nxt == s2).mean(axis=2) for s2 in range(S)], axis=2)
-    bound = 5.0 * np.sqrt(P * (1.0 - P) / n) + 1e-9
+    return freq, P
+
+
+@pytest.mark.parametrize("slip", [0.2, 0.5])
+def test_gridworld_slip_frequencies_match_the_specification(evidence, slip):
+    """Slippery next-state frequencies match the specified probabilities within 5.5 sigma per cell.
+
+    Each (s, a) stepped n = 4000 times; each next-state frequency f must satisfy
+    |f - p| <= SLIP_Z_LIMIT sqrt(p (1 - p) / n) + 1e-9 with p from the
+    specification, and a cell with p = 0 is never reached. Size: exact binomial
+    tails summed over the 240 cells with 0 < p < 1: 2.0e-5 (slip 0.2) and
+    1.1e-5 (slip 0.5). Swept over 256 keys per slip (evidence/size_sweep.json,
+    the `size_sweep` script beside the tests): none past the limit, the largest |z| 4.5 and
+    4.6. Power: a cell probability off by 5.5 sd fails with chance 1/2 (0.019
+    at p = 0.05 to 0.042 at p = 0.625); slips drawn from 3 actions instead of
+    4 leave a p = slip / 4 cell at 0, |z| 14.5 (slip 0.2) and 23.9 (slip 0.5)."""
+    freq, P = _slip_frequencies(slip, jax.random.key(1))
+    n = SLIP_STEPS
+    bound = SLIP_Z_LIMIT * np.sqrt(P * (1.0 - P) / n) + 1e-9
     worst_z = float(np.max(np.abs(freq - P) / np.sqrt(np.maximum(P * (1 - P), 1e-12) / n)))
     ok = evidence.record(
         "slippery transition frequencies vs specification",
@@ -150,7 +177,7 @@ def test_gridworld_slip_frequencies_match_the_specification(evidence, slip):
             "max_z": worst_z,
             "impossible_transitions_seen": int(((P == 0) & (freq > 0)).sum()),
         },
-        {"z_per_cell": 5.0},
+        {"z_per_cell": SLIP_Z_LIMIT},
         bool(np.all(np.abs(freq - P) <= bound)),
     )
     assert ok
@@ -393,29 +420,55 @@ def test_gridworld_on_any_board_matches_a_python_reading_of_the_specification(bo
     np.testing.assert_array_equal(terminal, np.isin(np.arange(S), [goal, pit]))
 
 
+RESET_N = 4000  # resets drawn
+RESET_MEAN_Z = 5.0  # |mean| limit per variable, in standard errors of U[-0.05, 0.05]
+RESET_END_GAP = 0.002  # each variable's min and max within this of the interval's ends
+
+
+def _reset_figures(key: jax.Array) -> dict:
+    """RESET_N CartPole resets from `split(key, RESET_N)`: the states, the
+    observations, each variable's mean in standard errors and whether the
+    test's conditions hold."""
+    state, obs = jax.jit(jax.vmap(CartPole().reset))(jax.random.split(key, RESET_N))
+    x = np.asarray(state.physics, np.float64)
+    se = 0.1 / np.sqrt(12.0 * RESET_N)
+    edge = 0.05 - RESET_END_GAP
+    return {
+        "state": state,
+        "obs": obs,
+        "x": x,
+        "mean_z": x.mean(axis=0) / se,
+        "passed": bool(
+            (x >= -0.05).all()
+            and (x <= 0.05).all()
+            and (x.min(axis=0) < -edge).all()
+            and (x.max(axis=0) > edge).all()
+            and (np.abs(x.mean(axis=0)) <= RESET_MEAN_Z * se).all()
+        ),
+    }
+
+
 def test_cartpole_resets_are_uniform_on_the_specified_interval(evidence):
     """4000 CartPole resets are uniform on [-0.05, 0.05] per variable, and the obs is the state.
 
     gymnasium's CartPole-v1 starts each of the 4 variables uniformly on
     [-0.05, 0.05]: 4000 resets from 4000 keys stay inside, reach within 0.002
     of both ends, have a mean within 5 standard errors of 0, and the
-    observation is the state."""
-    n = 4000
-    state, obs = jax.vmap(CartPole().reset)(jax.random.split(jax.random.key(9), n))
-    x = np.asarray(state.physics, np.float64)
-    se = 0.1 / np.sqrt(12.0 * n)
+    observation is the state. Size: 2.3e-6 for the means (normal tails over 4
+    variables; a mean of uniforms has lighter ones), 6e-35 for the 8 ends
+    (0.98^4000 each). Swept over 256 keys (evidence/size_sweep.json, the `size_sweep`
+    script beside the tests): none failed, the largest |mean| 3.4 se, the widest
+    end gap 4e-5. Power: a mean shifted by 5 se = 0.0023 fails with chance
+    1/2; an interval narrower than [-0.048, 0.048] or wider than [-0.05, 0.05]
+    fails."""
+    figures = _reset_figures(jax.random.key(9))
+    x, state, obs = figures["x"], figures["state"], figures["obs"]
     ok = evidence.record(
         "CartPole resets vs U[-0.05, 0.05] per variable",
-        f"{n} keys",
+        f"{RESET_N} keys",
         {"min": x.min(axis=0), "max": x.max(axis=0), "mean": x.mean(axis=0)},
-        {"inside": [-0.05, 0.05], "end_gap": 0.002, "mean_z": 5.0},
-        bool(
-            (x >= -0.05).all()
-            and (x <= 0.05).all()
-            and (x.min(axis=0) < -0.048).all()
-            and (x.max(axis=0) > 0.048).all()
-            and (np.abs(x.mean(axis=0)) <= 5 * se).all()
-        ),
+        {"inside": [-0.05, 0.05], "end_gap": RESET_END_GAP, "mean_z": RESET_MEAN_Z},
+        figures["passed"],
     )
     assert ok
     np.testing.assert_array_equal(np.asarray(obs), np.asarray(state.physics))

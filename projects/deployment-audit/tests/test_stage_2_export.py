@@ -517,7 +517,9 @@ def test_self_test_bounds_logit_drift_when_every_class_is_kept(
             timeout=900,  # A hang guard only: a loaded machine starts JAX slowly.
         )
         try:
-            fresh = json.loads(proc.stdout).get("self_test", {}) if proc.returncode in (0, 1) else {}
+            fresh = (
+                json.loads(proc.stdout).get("self_test", {}) if proc.returncode in (0, 1) else {}
+            )
         except json.JSONDecodeError:
             raise AssertionError(
                 f"`verify` in a fresh process (exit {proc.returncode}) printed no JSON; "

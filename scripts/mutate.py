@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mutants import (
+    CONFIG,
     EXCLUDED,
     REPORT,
     SAMPLE,
@@ -217,10 +219,30 @@ def _merge_report(path: Path, project: Path, stages: dict[str, dict]) -> Path:
     return path
 
 
+def sources_digest(project: Path) -> str:
+    """A digest of every file the mutants and the stage hash are made from
+    (`src/`, `tests/`, `mutation.toml`, `project.toml`), bytes and names."""
+    h = hashlib.sha256()
+    files = [project / CONFIG, project / "project.toml"]
+    for folder in ("src", "tests"):
+        files += sorted(p for p in (project / folder).rglob("*") if p.is_file())
+    for path in files:
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(project)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def run_stages(project: Path, stages: list[str], jobs: int, survivors_only: bool) -> int:
+    # The mutants are enumerated, and the stage hashes taken, from the files as they
+    # are now; an edit between the two would pair the mutants of one version with
+    # the hash of another, so the files must be the same before and after both.
+    sources = sources_digest(project)
     found = {s: stage_mutants(project, s) for s in stages}
     # The identity of what the copies hold: taken before the first copy is made.
     hashes = {s: current_hash(project, found[s]) for s in stages}
+    if sources_digest(project) != sources:
+        print("the project's files changed while its mutants were listed; run again")
+        return 1
     if survivors_only:
         old = json.loads((project / REPORT).read_text(encoding="utf-8"))["stages"]
         keep = {

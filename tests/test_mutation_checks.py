@@ -115,6 +115,25 @@ def test_a_declared_equivalent_is_counted_apart(toy: Path):
     assert report["score"] == round(report["killed"] / (report["mutants_run"] - 1), 4)
 
 
+def test_an_edit_while_the_mutants_are_listed_writes_no_report(toy: Path, monkeypatch):
+    """`mutation.toml` edited between the listing of the mutants and the stage hash (as
+    when a setting changes while a run starts): the run refuses, and writes nothing;
+    the same run without the edit writes its report."""
+    listed = mutate.stage_mutants
+
+    def listed_then_edited(project: Path, stage: str):
+        found = listed(project, stage)
+        (project / "mutation.toml").write_text("semantic_operators = true\n", encoding="utf-8")
+        return found
+
+    monkeypatch.setattr(mutate, "stage_mutants", listed_then_edited)
+    assert mutate.run_stages(toy, ["2"], jobs=1, survivors_only=False) == 1
+    assert not (toy / mutants.REPORT).exists()
+    monkeypatch.setattr(mutate, "stage_mutants", listed)
+    mutate.run_stages(toy, ["2"], jobs=1, survivors_only=False)
+    assert (toy / mutants.REPORT).is_file()
+
+
 def test_a_report_goes_stale_when_a_covered_file_changes_and_only_then(toy: Path):
     def hashes() -> dict[str, str]:
         return {

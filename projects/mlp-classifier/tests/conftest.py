@@ -25,6 +25,10 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Determinism comes from explicit keys, split before use: a reused key is an error.
 jax.config.update("jax_debug_key_reuse", True)
+# The stage claims are about float32 arithmetic. A TPU rounds a float32 matrix
+# product's inputs to bfloat16 unless asked for `highest`; a CPU computes the same
+# bits either way, so the session asks for float32 products on every backend.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,6 +141,30 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, np.generic | np.ndarray):
         return value.tolist()
     return value
+
+
+def _numpy_log_softmax(z: np.ndarray) -> np.ndarray:
+    shifted = z - z.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+@pytest.fixture(scope="session")
+def log_softmax_excess() -> float:
+    """How many times the running backend's float32 `jax.nn.log_softmax` errs more than
+    NumPy's float32 evaluation of the same formula, both against float64 (at least 1).
+
+    Tolerances against NumPy float64 are set for float32 arithmetic whose `exp` and
+    `log` are faithful (a CPU's err 1 to 2 units of roundoff). A TPU v5e's err up to
+    about 130 (`exp`) and 5,800 (`log`) units, so a loss, a gradient or an update made
+    through them is proportionally less exact there; a check of such a result
+    multiplies its tolerance by this figure, measured on the machine that runs: about
+    1 on a CPU, about 50 on a TPU v5e. The sample is fixed: 4,096 rows of 10 logits
+    of scale 4, the regime of this project's losses."""
+    z = (np.random.default_rng(0).standard_normal((4096, 10)) * 4).astype(np.float32)
+    exact = _numpy_log_softmax(z.astype(np.float64))
+    backend = np.asarray(jax.jit(jax.nn.log_softmax)(z), np.float64)
+    faithful = _numpy_log_softmax(z).astype(np.float64)
+    return max(1.0, float(np.abs(backend - exact).max() / np.abs(faithful - exact).max()))
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,10 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Determinism comes from explicit keys, split before use: a reused key is an error.
 jax.config.update("jax_debug_key_reuse", True)
+# The stage claims are about float32 arithmetic. A TPU rounds a float32 matrix
+# product's inputs to bfloat16 unless asked for `highest`; a CPU computes the same
+# bits either way, so the session asks for float32 products on every backend.
+jax.config.update("jax_default_matmul_precision", "highest")
 # Two CPU devices, as `seed_shards = 2` configs need (the CPU backend starts later).
 jax.config.update("jax_num_cpu_devices", 2)
 # Tests build the same program through several `jit` objects (the CLI, the

@@ -376,6 +376,52 @@ def test_nearly_collinear_design_is_solved_stably(rho, evidence):
     assert ok, (qr_err, bound, ne_err)
 
 
+COND_CASES = [  # (seed, n, d, rho, prior scale): the changed conditions
+    (0, 60, 3, 0.9, 1.5),
+    (8, 200, 3, 1.0 - 1e-6, 100.0),
+]
+
+
+@pytest.mark.parametrize("seed,n,d,rho,scale", COND_CASES)
+def test_condition_numbers_are_those_of_x_and_of_r_not_lambda(seed, n, d, rho, scale, evidence):
+    """condition_numbers reports cond(X) and cond(R), not cond(Lambda_n) = cond(R)^2.
+
+    Rule (`model.condition_numbers`): "Condition numbers of the design `X` and of the
+    factor `R` of `Lambda_n` (ratio of extreme singular values; `cond(Lambda_n) =
+    cond(R)^2`)." Reference in float64 NumPy, with no factorization of the code under
+    test: `R^T R = Lambda_n = A^T A` for the stacked `A = [X; I / s]`, so the singular
+    values of `R` are those of `A`, and `cond(R) = numpy.linalg.cond(A)`. Changed
+    condition: a well-conditioned design (cond(R) ~ 5) and a nearly collinear one
+    (rho = 1 - 1e-6, cond(R) ~ 1.5e3). Tolerance: the float32 QR factor is the exact one
+    of `A + dA` with `|dA| <~ n eps32 |A|`, which moves the extreme singular values by at
+    most `|dA|`: a relative error of `n cond(R) eps32` (and `n cond(X) eps32` for the
+    design's float32 SVD), ample for rounding; reporting cond(R)^2 is off by a factor
+    cond(R), 5 to 1.5e3."""
+    ds = data.make_dataset(jax.random.key(seed), n, d, rho, 0.5)
+    prior = model.make_prior(d, scale, 2.0, 1.0)
+    post = model.exact_posterior(ds.x, ds.y, prior)
+    x64 = np.asarray(ds.x, np.float64)
+    stacked = np.vstack([x64, np.eye(d) / scale])
+    cond_x, cond_r = float(np.linalg.cond(x64)), float(np.linalg.cond(stacked))
+    conds = model.condition_numbers(ds.x, post)
+    eps32 = float(np.finfo(np.float32).eps)
+    cond = f"seed={seed} n={n} d={d} rho={rho} prior scale {scale}, vs float64 cond([X; I/s])"
+    ok = [
+        evidence.allclose(
+            "cond(X)", cond, conds["design"], cond_x, rtol=n * cond_x * eps32, atol=0.0
+        ),
+        evidence.allclose(
+            "cond(R), R^T R = Lambda_n",
+            cond,
+            conds["posterior_factor"],
+            cond_r,
+            rtol=n * cond_r * eps32,
+            atol=0.0,
+        ),
+    ]
+    assert all(ok), (conds, cond_x, cond_r)
+
+
 def test_bad_inputs_are_clear_errors():
     """Bad prior values, non-finite or mis-shaped data and bad config fields are refused, naming the
     value."""

@@ -569,6 +569,55 @@ def test_same_seed_same_bits(evidence):
     )
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_suite_function_draws_from_its_own_key(evidence, seed):
+    """make_problem: "One key per function name, independent of the suite's order."
+
+    The module docstring draws weights and point "all drawn from explicit keys";
+    one key per name means two names never share a draw. Changed condition: the
+    problems of every suite function built with one seed (0 and 1), so a key
+    shared between names shows as equal points (and softmax's and logsumexp's
+    matrices `a`, the same shape and scale, equal too). Independent expectation:
+    all points pairwise distinct, and each problem the same, bit for bit, whether
+    the suite is built in its order or reversed (no draw depends on another name)."""
+    config = CONFIG.model_copy(update={"seed": seed})
+    forward = {name: data.make_problem(name, config) for name in NAMES}
+    backward = {name: data.make_problem(name, config) for name in reversed(NAMES)}
+    points = {name: np.asarray(p.x, np.float64) for name, p in forward.items()}
+    shared = [
+        (a, b)
+        for i, a in enumerate(NAMES)
+        for b in NAMES[i + 1 :]
+        if np.array_equal(points[a], points[b])
+    ]
+    same_a = np.array_equal(
+        np.asarray(forward["softmax"].weights["a"]), np.asarray(forward["logsumexp"].weights["a"])
+    )
+    order_free = all(
+        np.array_equal(points[name], np.asarray(backward[name].x))
+        and forward[name].weights.keys() == backward[name].weights.keys()
+        and all(
+            np.array_equal(np.asarray(v), np.asarray(backward[name].weights[k]))
+            for k, v in forward[name].weights.items()
+        )
+        for name in NAMES
+    )
+    assert evidence.record(
+        "one key per function name",
+        f"all {len(NAMES)} suite functions, seed {seed}",
+        {
+            "names_sharing_a_point": shared,
+            "softmax_logsumexp_same_a": same_a,
+            "independent_of_order": order_free,
+        },
+        None,
+        all(p.shape == (CONFIG.n,) for p in points.values())
+        and not shared
+        and not same_a
+        and order_free,
+    )
+
+
 def test_non_float_input_is_refused():
     """An int32 point is refused, naming the dtype, before any derivative is taken."""
     with pytest.raises(checks.DerivativeInputError, match="floating-point `x`.*`int32`"):
@@ -663,6 +712,85 @@ def test_finite_difference_bound_grows_with_f_over_jvp(offset, slope, dtype, con
         else:
             assert expected >= 0.1 and c["tolerance"] == float("inf"), c
     assert ("inconclusive" in report["verdict"]) is (not conclusive), report["verdict"]
+
+
+# Half-width of the symmetric difference in the JVP rule below: 2^-20, so that
+# 1 +- d is exact in float32 and sin(1 + d) - sin(1 - d) spans ~17 float32 ulps.
+_HALF_WIDTH = 2.0**-20
+
+
+@jax.custom_jvp
+def _sin_with_cancelling_jvp(x):
+    return jnp.sin(x)
+
+
+@_sin_with_cancelling_jvp.defjvp
+def _sin_with_cancelling_jvp_rule(primals, tangents):
+    """d sin = cos x, computed as (sin(x + d) - sin(x - d)) / (2 sin d): exact
+    mathematics, catastrophic cancellation in the dtype (no compiler folds it)."""
+    (x,), (t,) = primals, tangents
+    d = jnp.asarray(_HALF_WIDTH, x.dtype)
+    return jnp.sin(x), (jnp.sin(x + d) - jnp.sin(x - d)) / (2 * jnp.sin(d)) * t
+
+
+@pytest.mark.parametrize("pass_reference", [True, False])
+def test_finite_differences_are_judged_against_a_float64_jvp(evidence, pass_reference):
+    """audit.py: "Finite differences are always judged against a float64 JVP of the
+    same function (`reference`), so in float32 they measure how far float32 finite
+    differences can be trusted."
+
+    Changed condition: a float32 problem whose own float32 JVP is wrong: sin at
+    x = 1 (n = 1, so every unit direction is +-1) with a JVP rule computing cos x as
+    (sin(x + d) - sin(x - d)) / (2 sin d), d = 2^-20, which cancels to about 2e-2
+    in float32 and to about 1e-10 in float64. The reference function is passed
+    explicitly or left to its default (the same function on a float64 copy of x).
+    Independent expectation: the float32 central difference at the documented step
+    (3 eps)^(1/3), rounded to float32, and at every sweep step, against the exact
+    derivative cos 1 (NumPy): the reported errors equal those to 1e-8, about 6e-6
+    at the theory step, so both checks pass; a float32 reference would report about
+    2e-2 and fail them."""
+    fn = jax.jit(_sin_with_cancelling_jvp)
+    x = jnp.asarray([1.0], jnp.float32)
+    problem = data.Problem("sin, cancelling JVP rule", fn, x, "float32")
+    report = audit.audit_problem(problem, CONFIG, fn if pass_reference else None)
+    exact = np.cos(1.0)
+
+    def expected_error(h: float) -> float:
+        h32 = np.float32(h)
+        up = np.asarray(fn(x + h32), np.float64)[0]
+        down = np.asarray(fn(x - h32), np.float64)[0]
+        return abs((up - down) / (2.0 * np.float64(h32)) - exact) / exact
+
+    at_theory = expected_error((3.0 * EPS["float32"]) ** (1.0 / 3.0))
+    # The construction itself: the float32 JVP is far off, the float64 one is not.
+    one = jnp.ones(1, jnp.float32)
+    float32_jvp_error = abs(float(jax.jvp(fn, (x,), (one,))[1][0]) - exact) / exact
+    float64_jvp = jax.jvp(fn, (x.astype(jnp.float64),), (one.astype(jnp.float64),))[1]
+    assert float32_jvp_error >= 1e-2
+    assert abs(float(float64_jvp[0]) - exact) / exact <= 1e-9
+    central = [c for c in report["checks"] if c["check"].startswith("central_difference")]
+    sweep = report["sweep"]
+    sweep_expected = [expected_error(h) for h in sweep["steps"]]
+    sweep_gap = max(abs(a - b) for a, b in zip(sweep["rel_errors"], sweep_expected, strict=True))
+    assert evidence.record(
+        "finite differences against the float64 JVP",
+        f"float32 sin at 1, JVP rule exact only in float64, reference "
+        f"{'passed' if pass_reference else 'default'}",
+        {
+            "central_rel_errors": [c["rel_error"] for c in central],
+            "expected_rel_error": at_theory,
+            "sweep_max_abs_gap": sweep_gap,
+            "float32_jvp_error": float32_jvp_error,
+        },
+        {"abs": 1e-8},
+        len(central) == CONFIG.directions
+        and at_theory < 1e-4
+        and all(
+            c["rel_error"] == pytest.approx(at_theory, rel=0, abs=1e-8) and c["passed"]
+            for c in central
+        )
+        and sweep_gap <= 1e-8,
+    )
 
 
 @pytest.mark.parametrize(

@@ -752,6 +752,52 @@ def test_missing_observations_are_masked_not_propagated(study, evidence):
         train.rows(design, stack([empty]), CONFIG.solver_dt, CONFIG.initial_guess)
 
 
+GOOD_START, BAD_START = CONFIG.initial_guess, (0.3, 1e7)  # k 1e7: far from the data's k
+
+
+@pytest.mark.parametrize("bad_row", [1, 2])
+def test_fit_batch_raises_when_a_later_row_fails(bad_row, evidence):
+    """fit_batch raises FitError when any row fails, with the failing row second or third.
+
+    Rule (`train.fit_batch`): "Fits every row; ... Raises `FitError` if any fit
+    fails." Three data sets (keys 21-23) fitted from the config's initial guess, one of
+    them instead from `(c, k) = (0.3, 1e7)`. Independent of the batch check: that start
+    fitted alone (the only row) raises FitError, and the batch with every row started
+    from the initial guess fits without error, so the failure is the one row's. Changed
+    condition: the failing row at position 1 and at 2 (never first, where a check of
+    row 0 alone would also catch it). Deterministic: no noise is drawn by solution code,
+    size nil."""
+    design = train.design_for(CONFIG)
+    n_rows = train.batch_rows(CONFIG)  # the study's row count: reuses its executable
+    sets = [synthesize(CONFIG, jax.random.key(21 + i)) for i in range(3)]
+    obs = stack(sets)
+    starts = np.array([GOOD_START] * 3, np.float64)
+    good = train.fit_batch(design, train.rows(design, obs, CONFIG.solver_dt, starts), n_rows)
+    alone = stack([sets[bad_row]])
+    with pytest.raises(train.FitError) as single:
+        train.fit_batch(design, train.rows(design, alone, CONFIG.solver_dt, BAD_START), n_rows)
+    starts[bad_row] = BAD_START
+    batch = train.rows(design, obs, CONFIG.solver_dt, starts)
+    try:
+        fits = train.fit_batch(design, batch, n_rows)
+        raised, outcome = False, {"theta": fits.theta, "steps": fits.steps}
+    except train.FitError as err:
+        raised, outcome = True, {"message": str(err)}
+    ok = evidence.record(
+        "FitError when a row other than the first fails",
+        f"3 rows, start {BAD_START} in row {bad_row}, the others from {GOOD_START}",
+        {
+            "all_good_start_theta": good.theta,
+            "bad_start_alone": str(single.value),
+            "batch_raised": raised,
+            **outcome,
+        },
+        None,
+        raised and bool(np.all(np.isfinite(good.theta))),
+    )
+    assert ok, outcome
+
+
 def test_same_config_same_bits_other_seed_other_result(study, evidence):
     """The same config refits bitwise equal, its saved result restores, seed 1 differs."""
     first, workdir = study

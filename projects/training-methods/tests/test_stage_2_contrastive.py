@@ -97,6 +97,52 @@ def test_info_nce_equals_the_pair_loop(config, corpus, evidence, source, tempera
     )
 
 
+@nnx.jit
+def _encode_and_states(model, tokens):
+    return (
+        contrastive.encode(model, tokens),
+        model.hidden(tokens, causal=False),
+        model.hidden(tokens, causal=True),
+    )
+
+
+@pytest.mark.parametrize("view", ["prompt", "response"])
+def test_encode_pools_bidirectional_states(config, corpus, evidence, view):
+    """encode is the mean over real tokens of the encoder's (non-causal) hidden states.
+
+    The rule: "Mean-pooled bidirectional hidden states over real tokens: `(N, D)`".
+    Independent reference: the model's documented encoder call `hidden(tokens,
+    causal=False)`, pooled here in float64 NumPy over the non-PAD positions. The check
+    can fail: those states differ from the causal ones (the first real token sees the
+    later ones), and the bidirectional pool differs from the causal pool by far more than
+    the tolerance. Changed condition: prompt views `BOS p SEP`, then response views `r EOS`.
+    """
+    model = build(config, key=jax.random.key(7))
+    prompt, response = contrastive.views(
+        jnp.asarray(corpus.tokens[:16]), jnp.asarray(corpus.prompt_len[:16])
+    )
+    tokens = prompt if view == "prompt" else response
+    encoded, bidir, causal = map(np.asarray, _encode_and_states(model, tokens))
+    real = (np.asarray(tokens) != 0)[..., None].astype(np.float64)
+
+    def pool(states):
+        return np.sum(states.astype(np.float64) * real, axis=1) / np.sum(real, axis=1)
+
+    reference, causal_pool = pool(bidir), pool(causal)
+    # Bidirectional: the first position already depends on the later tokens.
+    first_differs = float(np.max(np.abs(bidir[:, 0] - causal[:, 0])))
+    pools_differ = float(np.max(np.abs(reference - causal_pool)))
+    assert first_differs > 1e-2 and pools_differ > 1e-2, (first_differs, pools_differ)
+    assert evidence.allclose(
+        "encode vs float64 mean-pool of hidden(causal=False) over real tokens",
+        f"{view} views of 16 examples (causal pool differs by {pools_differ:.3g})",
+        encoded,
+        reference,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
 _loss_and_grads = jax.jit(
     jax.value_and_grad(contrastive.info_nce, argnums=(0, 1)), static_argnums=2
 )

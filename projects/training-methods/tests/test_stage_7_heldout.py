@@ -136,6 +136,53 @@ def test_no_heldout_id_enters_any_objective(splits, corpus, ledger, evidence):
     )
 
 
+@pytest.mark.parametrize("planted_batch", [1, 2])
+def test_ledger_records_every_batch_read(config, splits, corpus, ledger, evidence, planted_batch):
+    """Every batch's ids reach the ledger, not only the first; a later held-out id is flagged.
+
+    The rule: "every `fit` records, in its `Ledger`, the example ids its objective read".
+    Independent expected values: the union of the id batches passed to `add`, written out
+    here; and, for the real runs, `batches`' documented epochs (each a fresh permutation
+    of the training ids): SFT's `sft_steps x batch_size` draws (150 x 64) cover at least
+    one full epoch of the 2048 training ids, so it read every one; masked LM's 4 x 64
+    draws lie inside one epoch, 256 distinct training ids.
+    Changed condition: one held-out id planted in the 2nd, then the 3rd of three batches.
+    """
+    train, held = _split_corpora(corpus, splits)
+    train_ids = [int(i) for i in splits["train"]]
+    leak = int(splits["heldout"][5 + planted_batch])
+    fed = [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
+    fed[planted_batch] = [*fed[planted_batch], leak]
+    hand = Ledger()
+    for ids in fed:
+        hand.add("sft", np.asarray(ids, np.int32))
+    hand.add("mlm", np.asarray([9, 10], np.int32))
+    hand.add("mlm", np.asarray([11], np.int32))
+    report = heldout.audit(hand, train, held)
+    expected = {"sft": {*range(9), leak}, "mlm": {9, 10, 11}}
+    batch = config.batch_size
+    full_epochs = config.sft_steps * batch // len(train_ids)
+    assert evidence.record(
+        "ledger ids vs every batch fed to it; a held-out id in a later batch",
+        f"held-out id in batch {planted_batch + 1} of 3; SFT and masked-LM fits",
+        {
+            "recorded": {k: sorted(v) for k, v in hand.read.items()},
+            "leaked_ids": report["leaked_ids"],
+            "sft_ids_read": len(ledger.read["sft"]),
+            "mlm_ids_read": len(ledger.read["mlm"]),
+            "sft_full_epochs": full_epochs,
+        },
+        {"exact": True},
+        hand.read == expected
+        and report["leaked_ids"] == {"sft": [leak], "mlm": []}
+        and not report["separated"]
+        and full_epochs >= 1
+        and ledger.read["sft"] == set(train_ids)
+        and len(ledger.read["mlm"]) == 4 * batch
+        and ledger.read["mlm"] <= set(train_ids),
+    )
+
+
 def _prompt_matrix(c):
     m = np.full((len(c.ids), c.tokens.shape[1]), -1, np.int64)
     for i, (row, n) in enumerate(zip(c.tokens, c.prompt_len, strict=True)):

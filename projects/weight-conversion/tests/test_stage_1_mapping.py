@@ -177,6 +177,52 @@ def test_tied_weights_consumed_once_with_or_without_the_alias(evidence, torch_so
         convert(torch_map(arch), differing, arch, spec)
 
 
+@pytest.mark.parametrize(
+    ("which", "copy", "where", "direction"),
+    [
+        ("trained", "head.weight", "first", np.inf),
+        ("other-arch", "class_embed.weight", "last", -np.inf),
+    ],
+    ids=["head-one-ulp-up", "class-embed-one-ulp-down"],
+)
+def test_tied_copies_one_ulp_apart_are_refused(
+    evidence, torch_source, which, copy, where, direction
+):
+    """Tied copies one ulp apart are refused, naming both copies: equality is bitwise, no tolerance.
+
+    Rule (`t_tied`): "Several names for one tensor (tied weights): every copy
+    present must be bitwise equal; the target receives it once." One element
+    of one copy is moved a single float32 ulp (np.nextafter), which any
+    closeness test (np.allclose) would accept; the conversion must refuse it.
+    Changed conditions: head.weight one ulp up at its first element (trained
+    source, default arch); class_embed.weight one ulp down at its last element
+    (untrained source, another architecture)."""
+    net, arch = (torch_source.model, Arch()) if which == "trained" else (untrained(OTHER), OTHER)
+    spec = checkpoint.target_spec(model.abstract_model(arch))
+    state = dict(net.state_dict())
+    moved = state[copy].detach().numpy().copy()
+    index = (0, 0) if where == "first" else tuple(n - 1 for n in moved.shape)
+    old = moved[index]
+    moved[index] = np.nextafter(old, np.float32(direction), dtype=np.float32)
+    # the change is one ulp, in the stated direction, and within any usual tolerance
+    assert moved.dtype == np.float32
+    assert (moved[index] > old) == (direction > 0) and moved[index] != old
+    assert np.nextafter(moved[index], old, dtype=np.float32) == old  # no float32 between
+    assert np.allclose(moved, state[copy].numpy())
+    state[copy] = torch.from_numpy(moved)
+    with pytest.raises(
+        MappingError, match=r"`class_embed.weight`.*`head.weight`.*tied copies"
+    ) as info:
+        convert(torch_map(arch), state, arch, spec)
+    assert evidence.record(
+        "tied copies one ulp apart refused (bitwise equality)",
+        f"{which}: {copy}{list(index)} one ulp {'up' if direction > 0 else 'down'}",
+        {"problems": info.value.problems},
+        None,
+        True,
+    )
+
+
 def test_bad_names_are_reported_by_name(evidence, torch_source):
     """A renamed, missing or extra tensor, or another architecture's state_dict, is refused naming
     every bad key."""

@@ -19,6 +19,7 @@ exactly, and a reference 0.98 of it away accepted, 1.02 away refused.
 """
 
 import json
+import os
 import re
 import shutil
 import struct
@@ -613,6 +614,60 @@ def test_orbax_digest_record_gates_the_checkpoint(run_dir, tmp_path):
             checkpoint.load_orbax(folder, arch)
         assert label
     checkpoint.load_orbax(copy(), arch)  # an intact copy loads
+
+
+def test_orbax_digests_cover_the_nested_array_files(evidence, tmp_path):
+    """One flipped byte in a file inside a subfolder of the Orbax checkpoint is refused, naming it.
+
+    Rule (checkpoint module): "`save_orbax` also records the size and SHA-256
+    of every file it wrote ... `load_orbax` requires that record and compares
+    it before Orbax reads anything, so a damaged file is named"; `_file_digests`:
+    "of every file of a checkpoint folder" -- the files in subfolders (the
+    array data) included. The nested files are found independently, by
+    walking the saved folder with os.walk; one byte of one of them is flipped
+    (same size, other bytes). Before any damage, the record must list each of
+    them at the size os.walk finds. Changed conditions: the largest file at each
+    nesting depth (at least two depths, e.g. `d/<hash>` and
+    `ocdbt.process_0/d/<hash>`), each in its own copy, and a second
+    architecture's checkpoint."""
+    found = {}
+    for arch, seed in ((Arch(), 0), (OTHER, 1)):
+        saved = checkpoint.save_orbax(model.create_model(arch, seed=seed), tmp_path / f"s{seed}")
+        nested = {}  # depth -> [(size, relative path)]
+        for root, _, files in os.walk(saved):
+            depth = len(Path(root).relative_to(saved).parts)
+            for f in files:
+                if depth >= 1:
+                    rel = os.path.relpath(os.path.join(root, f), saved)
+                    nested.setdefault(depth, []).append(
+                        (os.path.getsize(os.path.join(root, f)), rel)
+                    )
+        assert len(nested) >= 2, nested  # files at two nesting depths at least
+        # the record (`{relative path: [size, sha256]}`) lists each nested file, at its size
+        record = json.loads((saved / checkpoint.FILE_DIGESTS).read_text())
+        walked = {rel: size for files in nested.values() for size, rel in files}
+        assert {rel: record.get(rel, [None])[0] for rel in walked} == walked
+        for depth, candidates in sorted(nested.items()):
+            size, rel = max(candidates)
+            d = tmp_path / f"s{seed}-depth{depth}"
+            shutil.copytree(saved, d)
+            blob = bytearray((d / rel).read_bytes())
+            blob[len(blob) // 2] ^= 0x01
+            (d / rel).write_bytes(bytes(blob))
+            with pytest.raises(
+                checkpoint.CheckpointError,
+                match=rf"file `{re.escape(rel)}` of the checkpoint has changed since it was saved",
+            ) as info:
+                checkpoint.load_orbax(d, arch)
+            found[f"{arch.channels}ch depth {depth}: {rel} ({size} bytes)"] = str(info.value)[-200:]
+        checkpoint.load_orbax(saved, arch)  # the undamaged checkpoint loads
+    assert evidence.record(
+        "Orbax digests cover nested array files: one flipped byte refused, file named",
+        "largest file at each depth, 2 architectures",
+        found,
+        None,
+        len(found) >= 4,
+    )
 
 
 @pytest.mark.parametrize("shift", [0.0, 0.05], ids=["reference-as-saved", "reference-shifted"])

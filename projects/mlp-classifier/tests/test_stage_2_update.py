@@ -447,3 +447,62 @@ def test_evaluate_of_padding_only_is_zero(digits, trained):
     out = evaluate(graphdef, state, [batch])
     assert (out["count"], out["loss"], out["accuracy"]) == (0, 0.0, 0.0)
     assert out["ids"].size == out["labels"].size == out["predictions"].size == 0
+
+
+def _with_rng_leaf(state: TrainState, change: str) -> tuple[TrainState, bool]:
+    """`state` with one part of its dropout stream changed, every other leaf kept,
+    and whether the new state's bits differ (key data and counter compared here)."""
+    leaves, treedef = jax.tree.flatten(state.rng)
+    k = next(i for i, x in enumerate(leaves) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
+    c = next(i for i, x in enumerate(leaves) if i != k)  # The RngCount, uint32 ().
+    impl = jax.random.key_impl(leaves[k])
+    key_data = np.array(jax.random.key_data(leaves[k]))
+    new = list(leaves)
+    if change == "key data: one bit flipped":
+        flipped = key_data.copy()
+        flipped.flat[-1] ^= np.uint32(1)
+        new[k] = jax.random.wrap_key_data(jnp.asarray(flipped), impl=impl)
+    elif change == "key replaced by jax.random.key(12345)":
+        new[k] = jax.random.key(12345, impl=impl)
+    elif change == "draw counter + 1":
+        new[c] = leaves[c] + jnp.ones_like(leaves[c])
+    elif change == "control: same key data re-wrapped":
+        new[k] = jax.random.wrap_key_data(jnp.asarray(key_data), impl=impl)
+    differs = not (
+        np.array_equal(np.asarray(jax.random.key_data(new[k])), key_data)
+        and np.array_equal(np.asarray(new[c]), np.asarray(leaves[c]))
+    )
+    return state._replace(rng=jax.tree.unflatten(treedef, new)), differs
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "key data: one bit flipped",
+        "key replaced by jax.random.key(12345)",
+        "draw counter + 1",
+        "control: same key data re-wrapped",
+    ],
+)
+def test_digest_covers_the_dropout_key_data(evidence, trained, change):
+    """A state that differs only in its dropout key's data (or draw counter) gets another digest.
+
+    `checkpoint.digest`: "Equal digests mean bitwise-equal state: params, optimizer
+    state, RNG state and step counter alike." The RNG state is the dropout stream's
+    typed key AND its draw counter; a key has no arithmetic, so
+    `test_digest_covers_every_part_of_the_state` only bumps the counter. Here only
+    the key's data changes (one bit flipped; or another key, `jax.random.key(12345)`),
+    or only the counter, every other leaf kept as it is. Expected, independently of
+    `digest`: the digests differ exactly when the key data or the counter differ
+    bitwise, compared here as `uint32` arrays; the control re-wraps the same key
+    data into a new key object, so its digest must stay equal."""
+    _, state, _ = state_and_batches(trained)
+    changed, differs = _with_rng_leaf(state, change)
+    before, after = checkpoint.digest(state), checkpoint.digest(changed)
+    assert evidence.record(
+        "digest changes when only the dropout RNG state (key data or counter) changes",
+        f"{change}; params, opt state and step kept (dropout 0.5, after 2 steps)",
+        {"rng_bits_differ": differs, "digest_before": before, "digest_after": after},
+        {"digests_differ_iff_rng_bits_differ": True},
+        (before != after) == differs and differs == (not change.startswith("control")),
+    )

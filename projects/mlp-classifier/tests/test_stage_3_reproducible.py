@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from flax import nnx
 
 from mlp_classifier import checkpoint, data, dossier, plots, train
 from mlp_classifier.cli import main
@@ -768,3 +769,85 @@ def test_bad_checkpoint_is_a_clear_error(quick_dossier, tmp_path, damage):
     }[damage]
     with pytest.raises(checkpoint.CheckpointError, match=message):
         checkpoint.restore(path, like)
+
+
+def _numpy_eval_metrics(graphdef, state, digits, ids) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy over exactly the rows `ids`, from an eager
+    eval-mode model's logits (float64 NumPy from there on)."""
+    model = nnx.merge(graphdef, state.params, state.rng, copy=True)
+    model.eval()
+    logits = np.asarray(model(jax.numpy.asarray(digits.images[ids])), np.float64)
+    labels = digits.labels[ids]
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss = float(-log_probs[np.arange(len(ids)), labels].mean())
+    return loss, float((logits.argmax(axis=1) == labels).mean())
+
+
+@pytest.mark.parametrize(
+    "run", ["quick dossier (CLI, read back)", "tiny, seed 1, split_seed 1, val 0.1, test 0.3"]
+)
+def test_epoch_validation_metrics_are_computed_on_the_validation_split(
+    evidence, digits, quick_dossier, log_softmax_excess, run
+):
+    """The last epoch's val_loss and val_accuracy are those of the validation IDs, not the test IDs.
+
+    `Config.val_fraction`: "Fraction of each class held out for validation (per-epoch
+    metrics)."; `Config.test_fraction`: "Fraction of each class held out for the final
+    test." The last epoch's validation figures are measured on the final state, so
+    they are recomputed here from that state's eager eval-mode logits on the
+    validation IDs of the split the run records, with a NumPy cross-entropy, and must
+    equal the run's record; the same recomputation on the test IDs must differ from
+    them (the check can tell the two parts apart). Conditions: the CLI quick dossier
+    (state from its checkpoint, split from split.json), and an in-memory tiny run with
+    other seeds and fractions. Loss tolerance: float32's, times the backend's
+    `log_softmax_excess` (1 on a CPU); accuracy: exact (a count of rows)."""
+    if run.startswith("quick"):
+        saved = dossier.load(quick_dossier)
+        graphdef, _ = train.create_train_state(
+            QUICK, train.make_optimizer(QUICK), jax.random.key(0)
+        )
+        state, metrics = _restore_checkpoint(quick_dossier), saved.metrics
+        split = {name: np.asarray(ids) for name, ids in saved.split.items()}
+    else:
+        config = Config.tiny().model_copy(
+            update={"seed": 1, "split_seed": 1, "val_fraction": 0.1, "test_fraction": 0.3}
+        )
+        result = train.train_and_evaluate(config)
+        graphdef, state, metrics, split = (
+            result.graphdef,
+            result.state,
+            result.metrics,
+            result.split,
+        )
+    val_loss, val_accuracy = _numpy_eval_metrics(graphdef, state, digits, split["validation"])
+    test_loss, test_accuracy = _numpy_eval_metrics(graphdef, state, digits, split["test"])
+    last = metrics["epochs"][-1]
+    rtol, atol = 1e-5 * log_softmax_excess, 1e-6 * log_softmax_excess
+    assert evidence.allclose(
+        "last epoch's val_loss vs NumPy cross-entropy on the validation IDs (final state)",
+        f"{run}: {len(split['validation'])} validation IDs",
+        last["val_loss"],
+        val_loss,
+        rtol=rtol,
+        atol=atol,
+    )
+    # The validation and test figures must lie well apart, or the check could not tell them.
+    margin = 10 * (atol + rtol * abs(test_loss))
+    observed = {
+        "recorded_val_accuracy": last["val_accuracy"],
+        "numpy_val_accuracy": val_accuracy,
+        "recorded_val_loss": last["val_loss"],
+        "numpy_test_loss": test_loss,
+        "numpy_test_accuracy": test_accuracy,
+        "recorded_test_loss": metrics["test"]["loss"],
+    }
+    assert evidence.record(
+        "last epoch's val_accuracy equals NumPy's on the validation IDs; test figures differ",
+        f"{run}: {len(split['validation'])} validation, {len(split['test'])} test IDs",
+        observed,
+        {"val_accuracy_abs": 1e-12, "numpy_val_vs_test_loss_min_gap": margin},
+        abs(last["val_accuracy"] - val_accuracy) <= 1e-12
+        and abs(val_loss - test_loss) > margin
+        and last["val_loss"] != metrics["test"]["loss"],
+    )

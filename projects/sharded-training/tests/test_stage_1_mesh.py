@@ -219,6 +219,92 @@ def test_the_batch_is_split_over_the_data_axis(evidence, mesh_shape):
     ), wrong
 
 
+def _range(index: slice, size: int) -> tuple[int, int]:
+    """A shard's index along one dimension as (start, stop) of a dimension of `size`."""
+    start, stop, _ = index.indices(size)
+    return start, stop
+
+
+@pytest.mark.parametrize("mesh_shape", [(4, 2), (2, 4)])
+def test_the_model_axis_splits_the_hidden_layer(evidence, mesh_shape):
+    """`model` splits the hidden units: w1 by columns, b1, w2 by rows; params replicated over data.
+
+    The documented layout (sharding.py): "`data` splits the batch, `model` splits
+    the hidden layer of the MLP (`w1` by columns, `b1`, `w2` by rows)". Condition
+    varied: the mesh, (4, 2) and (2, 4), so that splitting w2's class columns instead
+    gives other shard shapes on both. Expected, computed here from the mesh sizes
+    (h = hidden / model): w1 (features, h), b1 (h,), w2 (h, classes), b2 (classes,)
+    on every device, for the fresh state, its Adam moments ("sharded like params")
+    and the state after one sharded step. Placement: on each device w1's columns,
+    b1 and w2's rows are the same block of h hidden units; the blocks of the model
+    coordinates tile [0, hidden), and devices differing only in the data coordinate
+    hold the same block. Shapes and index ranges are read from the arrays' shards,
+    not from the PartitionSpec, so any equivalent way of writing the layout passes."""
+    config = CONFIG.model_copy(update={"mesh_shape": mesh_shape})
+    mesh = sharding.make_mesh(mesh_shape)
+    d, m = mesh_shape
+    f, hidden, c = config.num_features, config.hidden_size, config.num_classes
+    h = hidden // m
+    expected = {"w1": (f, h), "b1": (h,), "w2": (h, c), "b2": (c,)}
+    hidden_dim = {"w1": 1, "b1": 0, "w2": 0}  # The dimension that indexes hidden units.
+    coordinate = {
+        dev.id: (int(i), int(j)) for (i, j), dev in np.ndenumerate(np.asarray(mesh.devices))
+    }
+    state = train.init_state(config, mesh)
+    batch = padded_batch(config, "scattered")
+    new_state, _ = train.make_step_fn(config, mesh, state)(
+        state, sharding.global_batch(batch, mesh, config.batch_size)
+    )
+    leaves = [("params", name, state.params[name]) for name in expected]
+    leaves += [("params after one step", name, new_state.params[name]) for name in expected]
+    # The Adam moments: every optimizer-state leaf stored under a parameter's name.
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]:
+        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        if names and names[-1] in expected:
+            leaves.append((f"opt_state{jax.tree_util.keystr(path[:-1])}", names[-1], leaf))
+    assert len(leaves) == 4 * len(expected), [(label, name) for label, name, _ in leaves]
+    wrong, shard_shapes, hidden_blocks = [], {}, {}
+    for label, name, array in leaves:
+        shape = expected[name]
+        blocks = {}  # device id -> hidden range of this leaf's shard on it
+        shards = array.addressable_shards
+        if len(shards) != jax.device_count():
+            wrong.append(f"{label} {name}: {len(shards)} shards")
+        for shard in shards:
+            got = tuple(shard.data.shape)
+            shard_shapes[f"{label} {name}"] = list(got)
+            if got != shape:
+                wrong.append(f"{label} {name} on device {shard.device.id}: {got} != {shape}")
+            # Every dimension but the hidden one is whole on every device.
+            for dim, (index, size) in enumerate(zip(shard.index, array.shape, strict=True)):
+                if dim != hidden_dim.get(name) and _range(index, size) != (0, size):
+                    wrong.append(f"{label} {name} dim {dim} split on {shard.device.id}")
+            if name in hidden_dim:
+                blocks[shard.device.id] = _range(shard.index[hidden_dim[name]], hidden)
+        if name not in hidden_dim:
+            continue
+        by_model = {}
+        for dev_id, block in blocks.items():
+            by_model.setdefault(coordinate[dev_id][1], set()).add(block)
+        if any(len(v) != 1 for v in by_model.values()):
+            wrong.append(f"{label} {name}: differs across the data axis: {by_model}")
+        tiles = sorted(b for v in by_model.values() for b in v)
+        if len(by_model) != m or tiles != [(k * h, (k + 1) * h) for k in range(m)]:
+            wrong.append(f"{label} {name}: hidden blocks {tiles} do not tile [0, {hidden})")
+        hidden_blocks.setdefault(label, {})[name] = blocks
+    # On each device, w1's columns, b1 and w2's rows are the same hidden units.
+    for label, by_name in hidden_blocks.items():
+        if not by_name["w1"] == by_name["b1"] == by_name["w2"]:
+            wrong.append(f"{label}: w1, b1 and w2 hold different hidden units on a device")
+    assert evidence.record(
+        "parameter shards: model splits the hidden units (w1 columns, b1, w2 rows)",
+        f"mesh {mesh_shape}: {d} data x {m} model, hidden {hidden}, classes {c}",
+        {"problems": wrong[:8], "shard_shapes": shard_shapes},
+        {"shard_shapes": expected},
+        not wrong,
+    ), wrong
+
+
 @pytest.mark.parametrize("pattern", ["pipeline", "scattered", "no padding"])
 def test_naive_mean_of_means_differs_under_unequal_counts(evidence, pattern):
     """The count-weighted loss equals NumPy's; a mean of shard means fails under unequal counts."""

@@ -463,6 +463,77 @@ def test_the_state_digest_changes_when_any_one_field_changes(evidence, field):
     ), observed
 
 
+def _adam_state_after_one_update() -> train.TrainState:
+    """`_small_state` after one Adam update of its moments (grads = the params + 1, all
+    positive), so that both moments are non-zero; params, step and key stay as built."""
+    state = _small_state(step=5, seed=0, scale=1.0)
+    grads = jax.tree.map(lambda p: p + 1.0, state.params)
+    _, opt_state = train.make_optimizer(CONFIG).update(grads, state.opt_state, state.params)
+    return state._replace(opt_state=opt_state)
+
+
+def _nudge_opt_leaf(state: train.TrainState, field: str) -> train.TrainState:
+    """The state with ONE element of ONE optimizer-state leaf changed: the first element of
+    Adam's `mu` or `nu` for `w1` moved to the next float32 up, or the Adam `count` + 1;
+    `nothing` rewrites that element with its own value. Every other leaf is the same."""
+
+    def nudge(path, leaf):
+        where = jax.tree_util.keystr(path)
+        if field == "count" and where.endswith(".count"):
+            return leaf + 1
+        if field in ("mu", "nu", "nothing") and where.endswith((".mu['w1']", ".nu['w1']")):
+            if field == "nothing" or f".{field}[" in where:
+                value = np.array(leaf)
+                if field != "nothing":
+                    value.flat[0] = np.nextafter(value.flat[0], np.float32(np.inf))
+                return jnp.asarray(value)
+        return leaf
+
+    return state._replace(opt_state=jax.tree_util.tree_map_with_path(nudge, state.opt_state))
+
+
+@pytest.mark.parametrize("field", ["nothing", "mu", "nu", "count"])
+def test_the_state_digest_changes_when_the_adam_state_alone_changes(evidence, field):
+    """train.digest differs when one Adam moment element or the Adam count alone differs.
+
+    The documented rule (train.digest): "equal digests mean bitwise-equal params,
+    optimizer state, step and PRNG key". Two states built independently after one
+    Adam update (both moments non-zero), equal in params, step and key; the other
+    differs only in the optimizer state: one element of `mu` (or of `nu`) moved by
+    one float32 ulp (`np.nextafter`), or the Adam step count + 1. A resume that
+    restored wrong Adam moments must not pass for the uninterrupted run. Expected by
+    hand: equal digests exactly when nothing differs (`nothing` rewrites the same
+    element with its own value)."""
+    ours = _adam_state_after_one_update()
+    theirs = _nudge_opt_leaf(_adam_state_after_one_update(), field)
+    ours_leaves = jax.tree_util.tree_leaves(ours.opt_state)
+    theirs_leaves = jax.tree_util.tree_leaves(theirs.opt_state)
+    differing = sum(
+        int(np.sum(np.asarray(a) != np.asarray(b)))
+        for a, b in zip(ours_leaves, theirs_leaves, strict=True)
+    )
+    expected_equal = field == "nothing"
+    observed = {
+        "differs": field,
+        "differing_optimizer_elements": differing,
+        "moments_nonzero": all(
+            bool(np.all(np.asarray(leaf) != 0))
+            for leaf in ours_leaves
+            if np.asarray(leaf).dtype == np.float32
+        ),
+        "digests_equal": train.digest(ours) == train.digest(theirs),
+    }
+    assert evidence.record(
+        "state digest of two states differing at most in one optimizer-state element",
+        f"differs: {field}",
+        observed,
+        {"digests_equal": expected_equal, "differing_optimizer_elements": 1 - expected_equal},
+        observed["digests_equal"] == expected_equal
+        and differing == (0 if expected_equal else 1)
+        and observed["moments_nonzero"],
+    ), observed
+
+
 def test_every_resumed_loss_and_the_final_state_are_bitwise_equal(evidence, sweep):
     """After 10 random SIGKILLs and resumes, every loss and the final state match bitwise."""
     ref_dir, job, attempts = sweep

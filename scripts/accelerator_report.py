@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import mutants  # noqa: E402
+import mutate  # noqa: E402
 from catalog_compiler.accelerator import REPORT, AcceleratorReport  # noqa: E402
 from scratch import stage_ids  # noqa: E402
 
@@ -135,6 +136,8 @@ def main() -> None:
     tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, target)
     print(f"wrote {target.relative_to(ROOT)}")
+    # The README's stage table shows each stage's last run on an accelerator.
+    mutate.rewrite_readme(target.parent)
 
 
 if __name__ == "__main__":

@@ -325,14 +325,27 @@ def print_scores(project: Path, reports: dict[str, dict]) -> int:
     return status
 
 
+def accelerator_cell(summary: dict | None) -> str:
+    """A stage's README cell for its last run on an accelerator, from
+    `catalog_compiler.accelerator.stage_summaries`: the verdict, the device, the
+    date and commit it ran at, and whether the stage's code has changed since."""
+    if summary is None:
+        return "not run"
+    cell = f"{summary['verdict']} on {summary['device']} ({summary['ran_on']}, {summary['commit']})"
+    return cell if summary["current"] else f"{cell}; code changed since"
+
+
 def readme_table(project: Path) -> str:
-    """The README stage table with a mutation-score column from the report."""
+    """The README stage table: an accelerator column from `accelerator-report.json`
+    and a mutation-score column from the mutation report."""
+    from catalog_compiler.accelerator import stage_summaries
     from scratch import manifest
 
     report = json.loads((project / REPORT).read_text(encoding="utf-8"))["stages"]
+    chip = stage_summaries(project) or {}
     lines = [
-        "| Stage | Deliverable | Test file | Hardware | Mutation score |",
-        "|---|---|---|---|---|",
+        "| Stage | Deliverable | Test file | Hardware | Accelerator | Mutation score |",
+        "|---|---|---|---|---|---|",
     ]
     for s in manifest(project)["stages"]:
         r = report.get(s["id"])
@@ -345,7 +358,7 @@ def readme_table(project: Path) -> str:
         tests = ", ".join(f"`{t}`" for t in s["tests"])
         lines.append(
             f"| {s['id']}. {s['title']} | {s['deliverable']} | {tests} | "
-            f"{s.get('hardware', 'cpu')} | {score} |"
+            f"{s.get('hardware', 'cpu')} | {accelerator_cell(chip.get(s['id']))} | {score} |"
         )
     return "\n".join(lines)
 

@@ -11,7 +11,9 @@ over other stages join into one run, exiting as the worst of them, and two runs
 of one stage are refused. Negative controls
 show the schema refusing a skip without a reason, a count that disagrees with
 its list and a run that leaves a stage out, and `stage_summaries` calling a
-stage stale once its code hash differs from the mutation report's.
+stage stale once its code hash differs from the mutation report's. Each README's
+stage table shows, per stage, the last accelerator run (verdict, device, date,
+commit) and `code changed since` when the stage's code hash has moved on.
 """
 
 from __future__ import annotations
@@ -168,3 +170,73 @@ def test_two_runs_of_one_stage_in_one_mode_are_refused():
         accelerator_report.join_by_mode(
             [_run("auto", 0, 1.0, ["1", "2"]), _run("auto", 0, 1.0, ["2"])]
         )
+
+
+def _readme_rows(project: Path) -> dict[str, list[str]]:
+    """Stage id -> the cells of its row in the README's stage table, by column name."""
+    lines = (project / "README.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Stage | Deliverable |"))
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        rows[cells["Stage"].split(".", 1)[0]] = cells
+    return rows
+
+
+def _expected_accelerator_cell(project: Path, stage: str) -> str:
+    """What the README must say, read straight from the two JSON reports: the
+    stage's verdict words, device, date and commit, and `code changed since` exactly
+    when the report's code hash is not the mutation report's."""
+    path = project / accelerator.REPORT
+    if not path.is_file():
+        return "not run"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    runs = [run["stages"][stage] for run in report["runs"]]
+    timed_out = any(run["exit_code"] == "timeout" for run in report["runs"])
+    if timed_out or any(r["failed"] for r in runs):
+        verdict = "failed"
+    elif any(r["passed"] for r in runs):
+        verdict = "passed"
+    else:
+        verdict = "skipped" if all(r["skipped"] for r in runs) else "failed"
+    scored = json.loads((project / "mutation-report.json").read_text(encoding="utf-8"))
+    stale = scored["stages"].get(stage, {}).get("code_hash") != report["code_hashes"][stage]
+    cell = (
+        f"{verdict} on {report['device']['device_kind']} "
+        f"({report['ran_on']}, {report['commit'][:7]})"
+    )
+    return f"{cell}; code changed since" if stale else cell
+
+
+@pytest.mark.parametrize("project", ready_projects(), ids=lambda p: p.name)
+def test_readme_shows_each_stage_s_last_accelerator_run_and_whether_it_is_current(project):
+    rows = _readme_rows(project)
+    assert sorted(rows) == sorted(stage_ids(project))
+    for stage, cells in rows.items():
+        assert cells["Accelerator"] == _expected_accelerator_cell(project, stage), (
+            f"{project.name}/README.md stage {stage}: run `python scripts/mutate.py "
+            f"{project.name} --readme` after the accelerator or mutation report changes"
+        )
+
+
+def test_the_readme_check_sees_a_stale_stage(tmp_path):
+    """Negative control: a current stage's expected cell gains `code changed since`
+    once the mutation report's code hash differs from the accelerator report's."""
+    project, stage = next(
+        (p, s)
+        for p in REPORTED
+        for s in stage_ids(p)
+        if not _expected_accelerator_cell(p, s).endswith("code changed since")
+    )
+    copy_ = tmp_path / project.name
+    copy_.mkdir()
+    for name in (accelerator.REPORT, "mutation-report.json"):
+        (copy_ / name).write_text((project / name).read_text(encoding="utf-8"))
+    before = _expected_accelerator_cell(copy_, stage)
+    scored = json.loads((copy_ / "mutation-report.json").read_text(encoding="utf-8"))
+    scored["stages"][stage]["code_hash"] = "0" * 64
+    (copy_ / "mutation-report.json").write_text(json.dumps(scored))
+    assert _expected_accelerator_cell(copy_, stage) == f"{before}; code changed since"

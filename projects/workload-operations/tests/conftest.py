@@ -1,5 +1,6 @@
 """Shared test set-up: JAX strict mode, stage markers, the `gpu` marker, the
-`evidence` fixture, and one JAX compilation cache for every job the tests start.
+`evidence` fixture, one JAX compilation cache for every job the tests start, and
+`job_log`, a supervised job's own log tail for assertion messages.
 
 Evidence: every stage test records what it compared (check, condition,
 observed error, tolerance, passed) through the `evidence` fixture, one per
@@ -163,6 +164,40 @@ def evidence(request: pytest.FixtureRequest, stage_evidence: dict[str, Evidence]
     log = stage_evidence.setdefault(match.group(1), Evidence(match.group(1)))
     yield log
     log.write(Path(os.environ.get("EVIDENCE_DIR", PROJECT_ROOT / "evidence")))
+
+
+def job_log(
+    workdir: str | Path, attempt: int = 0, *, err_lines: int = 30, out_lines: int = 5
+) -> str:
+    """The end of a supervised job's own logs, for an assertion message.
+
+    Returns the last `err_lines` lines of `<workdir>/logs/attempt_<attempt>.err` and
+    the last `out_lines` of `.out` (the files the supervisor points the job's standard
+    error and output at), each under a heading naming the file, as one string. A file
+    that is missing or empty says so. It only reads: it never raises for a log it
+    cannot find, and it decides nothing.
+
+    A job that exits at its start (a bug in the job's code, a machine that refuses the
+    metrics server's socket, an accelerator another process holds) says why only
+    there; a test that needed the job to get further puts this in its message, so the
+    reason is in the test's report. The message must stay a `str`: in a tuple, the
+    lines would show by their repr, quotes escaped and newlines folded.
+    """
+    parts = []
+    for suffix, count in ((".err", err_lines), (".out", out_lines)):
+        path = Path(workdir) / "logs" / f"attempt_{attempt}{suffix}"
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError as err:
+            parts.append(f"--- {path}: cannot be read ({err.strerror or err})")
+            continue
+        if not lines:
+            parts.append(f"--- {path}: empty")
+            continue
+        shown = lines[-count:]
+        parts.append(f"--- last {len(shown)} of {len(lines)} lines of {path}:")
+        parts.extend(shown)
+    return "\n".join(parts)
 
 
 @pytest.fixture(scope="session")

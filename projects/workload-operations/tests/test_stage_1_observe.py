@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import psutil
 import pytest
 from click.testing import CliRunner
+from conftest import job_log
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -377,7 +378,10 @@ def test_scraped_counters_agree_with_the_jobs_own_count(tmp_path, jax_cache, evi
         t.join()
     for key, config in configs.items():
         outcome = results[key]
-        assert outcome.status == "completed", (outcome.status, outcome.returncode)
+        assert outcome.status == "completed", (
+            f"{key}: the job ended `{outcome.status}` (exit status {outcome.returncode}), "
+            f"not `completed`\n{job_log(tmp_path / key)}"
+        )
         log = (tmp_path / key / "logs" / "attempt_0.out").read_text().splitlines()
         records = [json.loads(line) for line in log]
         beats = sum(r.get("event") == "heartbeat" for r in records)

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from click.testing import CliRunner
+from conftest import job_log
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from timeline import Timeline, every, faulty_job, first_verdict, window_rate_reference
@@ -383,6 +384,19 @@ def drills(tmp_path_factory, jax_cache):
     return summary
 
 
+def _drill_logs(rows: list[dict], shown: int = 2) -> str:
+    """The log tails of the first `shown` of the drills `rows` (results of `run_drills`)
+    with their classification, for an assertion message: a drill whose job died before
+    its fault was injected says why only in its own logs. No rows: an empty string."""
+    if not rows:
+        return ""
+    lines = [f"{len(rows)} drill(s) in question; the logs of the first {min(shown, len(rows))}:"]
+    for r in rows[:shown]:
+        lines.append(f"{Path(r['workdir']).name}: classified `{r['classification']}`")
+        lines.append(job_log(r["workdir"]))
+    return "\n".join(lines)
+
+
 # The class each drilled fault must be given (the drill's own table is not the reference).
 _CLASS_OF_FAULT = {
     "exception": "exception",
@@ -403,13 +417,15 @@ def test_every_fault_is_classified_in_five_repetitions(drills, evidence):
     assert set(drills["per_fault"]) == set(_CLASS_OF_FAULT), sorted(drills["per_fault"])
     for kind, f in drills["per_fault"].items():
         expected = _CLASS_OF_FAULT[kind]
+        wrong = [r for r in drills["results"] if r["fault"] == kind]
+        wrong = [r for r in wrong if r["classification"] != expected]
         assert evidence.record(
             "diagnosis = injected fault",
             f"{kind} x {f['runs']}, injected after steps 24, 26, 28, 30, 32",
             {"classifications": f["classifications"], "expected": expected},
             {"exact": True},
             f["runs"] == 5 and f["classifications"] == [expected] * 5,
-        ), (kind, f["classifications"])
+        ), f"{kind}: classified {f['classifications']}\n{_drill_logs(wrong)}"
 
 
 def test_drill_detection_follows_the_fault_onset(drills, evidence):
@@ -423,6 +439,9 @@ def test_drill_detection_follows_the_fault_onset(drills, evidence):
     c = Config.tiny()
     for kind, f in drills["per_fault"].items():
         d = f["detection_intervals"]
+        # A drill without a figure: its fault was never injected, or never detected.
+        missing = [r for r in drills["results"] if r["fault"] == kind]
+        missing = [r for r in missing if r["intervals_since_fault"] is None]
         bound = _bound_reference(
             _CLASS_OF_FAULT[kind],
             c.heartbeat_interval_s,
@@ -438,7 +457,10 @@ def test_drill_detection_follows_the_fault_onset(drills, evidence):
             {"intervals": d, "max": max(d) if d else None, "within": [x <= bound for x in d]},
             {"bound_intervals": bound},
             len(d) == 5 and min(d) >= 0 and f["bound_intervals"] == pytest.approx(bound),
-        ), (kind, d, f["bound_intervals"], bound)
+        ), (
+            f"{kind}: intervals {d}, bound {f['bound_intervals']} (table {bound})\n"
+            f"{_drill_logs(missing)}"
+        )
 
 
 def test_no_process_of_a_failed_job_is_left(drills, evidence):
@@ -448,11 +470,13 @@ def test_no_process_of_a_failed_job_is_left(drills, evidence):
     """
     pgids, sidecars = set(), set()
     for r in drills["results"]:
+        assert r["incident"] is not None, f"no incident was kept\n{_drill_logs([r])}"
         incident = json.loads(Path(r["incident"]).read_text())
         pgids.add(incident["termination"]["pgid"])
         log = Path(incident["evidence"]["logs"]["stdout"]).read_text().splitlines()
-        start = next(json.loads(line) for line in log if '"event": "start"' in line)
-        sidecars.add(start["sidecar_pid"])
+        starts = [json.loads(line) for line in log if '"event": "start"' in line]
+        assert starts, f"the job never wrote its start event\n{_drill_logs([r])}"
+        sidecars.add(starts[0]["sidecar_pid"])
     left = []
     for proc in psutil.process_iter(["pid", "status"]):
         try:
@@ -477,7 +501,7 @@ def test_incident_keeps_the_evidence_of_each_symptom(drills, evidence):
     `train_and_evaluate`; memory over 512 MB with a stack dump. Each also keeps its last
     progress and a diagnosis sentence.
     """
-    checks = {}
+    checks, failed = {}, []
     for r in drills["results"]:
         inc = json.loads(Path(r["incident"]).read_text())
         ev = inc["evidence"]
@@ -499,13 +523,15 @@ def test_incident_keeps_the_evidence_of_each_symptom(drills, evidence):
             ok = ev["rss_mb_at_detection"] > 512 and inc["termination"]["stack_dumped"]
         ok = ok and ev["last_progress"] is not None and inc["diagnosis"]
         checks.setdefault(kind, []).append(bool(ok))
+        if not ok:
+            failed.append(r)
     assert evidence.record(
         "each incident keeps the evidence of its symptom",
         "30 incidents",
         checks,
         None,
         all(all(v) for v in checks.values()),
-    ), checks
+    ), f"{checks}\n{_drill_logs(failed)}"
 
 
 def test_unknown_fault_name_is_a_clear_error(tmp_path):

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import job_log
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -238,7 +239,10 @@ def saved_run(tmp_path_factory, jax_cache):
     config = Config.tiny_recovery().replace(steps_per_second=0.0)
     workdir = tmp_path_factory.mktemp("saved") / "run"
     outcome = Supervisor(config, workdir, detect=False, compilation_cache=jax_cache).run()
-    assert outcome.status == "completed", outcome.status
+    assert outcome.status == "completed", (
+        f"the job ended `{outcome.status}` (exit status {outcome.returncode}), "
+        f"not `completed`\n{job_log(workdir)}"
+    )
     verdicts = verifier.verify(workdir, config)
     assert [v["accepted"] for v in verdicts] == [True] * 5, verdicts
     return config, workdir
@@ -415,6 +419,16 @@ def reference():
     return {r["step"]: r for r in result["records"]}, result["final_heldout"]
 
 
+def _attempt_logs(name: str, outcomes: list) -> str:
+    """Each attempt's status, exit status and own log tail, for an assertion message:
+    a job that died at its start says why only in its logs."""
+    lines = [f"{name}: attempts ended {[o.status for o in outcomes]}"]
+    for o in outcomes:
+        lines.append(f"attempt {o.attempt}: `{o.status}`, exit status {o.returncode}")
+        lines.append(job_log(o.workdir, o.attempt))
+    return "\n".join(lines)
+
+
 def _records(workdir: Path) -> list[dict]:
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
@@ -431,8 +445,11 @@ def test_continuation_equals_an_uninterrupted_run_bitwise(recovery, reference, e
     reference, reference_heldout = reference
     for name in SCENARIOS:
         outcomes = results[name]["outcomes"]
+        # Checked first: the verification and the records below exist only if it holds.
+        assert [o.status for o in outcomes] == ["killed", "completed"], _attempt_logs(
+            name, outcomes
+        )
         first_verification = results[name]["verifications"][0]
-        assert [o.status for o in outcomes] == ["killed", "completed"], name
         start = outcomes[1].finished["start_step"]
         resumed = [r for r in _records(root / name) if r["attempt"] == 1]
         steps = [r["step"] for r in resumed]
@@ -468,6 +485,11 @@ def test_only_completed_steps_are_accepted(recovery, evidence):
 
     config, root, results = recovery
     for name in SCENARIOS:
+        outcomes = results[name]["outcomes"]
+        # The continuation's start step is read below: it must have run and finished.
+        assert len(outcomes) == 2 and outcomes[1].finished is not None, _attempt_logs(
+            name, outcomes
+        )
         workdir = root / name
         ledger = checkpoint.Ledger(workdir)
         job_completed = set(ledger.by_step("completed"))

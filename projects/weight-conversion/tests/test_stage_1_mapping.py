@@ -127,16 +127,29 @@ def test_layout_transforms_match_torch_ops(evidence, arch):
     assert all(results), [n for n, r in zip(checks, results, strict=True) if not r]
 
 
-def test_converted_model_reproduces_torch_logits(evidence, torch_source, split):
-    """The converted NNX model's held-out logits are within 1e-4 of PyTorch's, with identical
-    predictions."""
+# Logits of the converted model against the source framework's, float32: 1e-4 (rtol and
+# atol) with faithful elementwise functions, the CPU's. The path runs through GELU,
+# softmax and the normalisations, so the bound is scaled by `elementwise_excess`, the
+# running backend's measured excess over faithful float32 functions (1 on a CPU).
+LOGIT_TOLERANCE = 1e-4
+
+
+def test_converted_model_reproduces_torch_logits(evidence, torch_source, split, elementwise_excess):
+    """The converted NNX model's held-out logits are within 1e-4 (x the backend's elementwise
+    excess) of PyTorch's, with identical predictions."""
     target, _, arrays = converted(torch_source.model, Arch())
     checkpoint.fill(target, arrays)
     ref = sources.torch_logits(torch_source.model, data.nchw(split.test_images))
     ours = model.logits(target, data.nhwc(split.test_images))
     same = int(np.sum(ref.argmax(1) == ours.argmax(1)))
+    tol = LOGIT_TOLERANCE * elementwise_excess
     assert evidence.allclose(
-        "NNX logits vs PyTorch logits", "held-out split, float32", ours, ref, rtol=1e-4, atol=1e-4
+        "NNX logits vs PyTorch logits",
+        f"held-out split, float32, elementwise excess {elementwise_excess:.3g}",
+        ours,
+        ref,
+        rtol=tol,
+        atol=tol,
     )
     assert evidence.record(
         "identical predictions",
@@ -309,9 +322,9 @@ def test_conversion_is_deterministic(evidence, torch_source):
     )
 
 
-def test_keras_map(evidence, keras_source, split):
-    """The Keras map names check clean, and the converted model's logits are within 1e-4 of Keras's
-    own."""
+def test_keras_map(evidence, keras_source, split, elementwise_excess):
+    """The Keras map names check clean, and the converted model's logits are within 1e-4 (x the
+    backend's elementwise excess) of Keras's own."""
     weights = sources.keras_weights(keras_source.model)
     arch = sources.keras_arch(Arch())
     target = model.abstract_model(arch)
@@ -320,13 +333,14 @@ def test_keras_map(evidence, keras_source, split):
     checkpoint.fill(target, convert(keras_map(arch), weights, arch, spec))
     images = data.nhwc(split.test_images)
     ref = sources.keras_taps(keras_source.model, images)["head"]
+    tol = LOGIT_TOLERANCE * elementwise_excess
     assert evidence.allclose(
         "NNX logits vs Keras logits",
-        "Keras source, epsilons 1e-3",
+        f"Keras source, epsilons 1e-3, elementwise excess {elementwise_excess:.3g}",
         model.logits(target, images),
         ref,
-        rtol=1e-4,
-        atol=1e-4,
+        rtol=tol,
+        atol=tol,
     )
 
 
@@ -431,6 +445,19 @@ def _python_first_nonfinite(values: list[float], shape: tuple[int, ...]):
     return len(bad), tuple(reversed(index))
 
 
+NON_FINITE = (float("nan"), float("inf"), float("-inf"))
+
+
+def _non_finite_placement(size: int, count: int, seed: int) -> dict[int, float]:
+    """`count` distinct positions of `range(size)`, each with NaN, inf or -inf, drawn by
+    NumPy from `seed`: one Hypothesis draw for the count and one for the seed per example,
+    instead of one per position and kind (whose per-draw cost made generation slow)."""
+    rng = np.random.default_rng(seed)
+    positions = rng.permutation(size)[:count]
+    kinds = rng.integers(0, len(NON_FINITE), size=count)
+    return {int(p): NON_FINITE[k] for p, k in zip(positions, kinds, strict=True)}
+
+
 @settings(max_examples=120, derandomize=True, deadline=None, database=None)
 @given(
     shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
@@ -442,10 +469,11 @@ def test_first_nonfinite_counts_and_locates_against_python(shape, dtype, chunk, 
     """first_nonfinite gives the count and first row-major index of non-finite values, as a Python
     loop does."""
     size = math.prod(shape)
-    positions = data.draw(st.sets(st.integers(0, size - 1), max_size=size))
+    count = data.draw(st.integers(0, size))  # none, some or every value non-finite
+    placement = _non_finite_placement(size, count, data.draw(st.integers(0, 2**32 - 1)))
     values = [float(i) - size / 2 for i in range(size)]
-    for p in positions:
-        values[p] = data.draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
+    for p, value in placement.items():
+        values[p] = value
     array = np.array(values, dtype=dtype).reshape(shape)
     expected = _python_first_nonfinite(values, shape)
     assert first_nonfinite(array, chunk=chunk) == expected

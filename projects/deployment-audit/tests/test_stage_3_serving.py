@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import socket
 import time
 
 import httpx
@@ -868,8 +869,12 @@ async def _stalled_run(stall_s: float) -> tuple[list[dict], dict[int, dict], np.
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    # The listening socket is made here, not by `start_server`: asyncio skips an
+    # address family the machine refuses and serves on no socket at all, where
+    # `create_server` raises the machine's own error.
+    listening = socket.create_server(("127.0.0.1", 0))
+    server = await asyncio.start_server(handle, sock=listening)
+    port = listening.getsockname()[1]
     config = LoadConfig(
         rates=(1.0,), requests_per_rate=n, max_seconds_per_rate=120.0, request_timeout_s=60.0
     )

@@ -832,8 +832,11 @@ def test_epoch_validation_metrics_are_computed_on_the_validation_split(
         rtol=rtol,
         atol=atol,
     )
-    # The validation and test figures must lie well apart, or the check could not tell them.
-    margin = 10 * (atol + rtol * abs(test_loss))
+    # The validation and test figures must lie apart, or the check could not tell them:
+    # a record made on the test IDs lies within one tolerance of `test_loss`, so it
+    # fails the comparison above only when `test_loss` lies more than two tolerances
+    # from `val_loss`.
+    margin = 2 * (atol + rtol * abs(test_loss))
     observed = {
         "recorded_val_accuracy": last["val_accuracy"],
         "numpy_val_accuracy": val_accuracy,

@@ -1,7 +1,7 @@
 """Writes `projects/<id>/accelerator-report.json` from the accelerator lane's JSON.
 
     python scripts/accelerator_report.py PROJECT --commit SHA --lane LANE.json [--lane ...]
-        [--command TEXT]
+        [--junit JUNIT.xml[.gz] ...] [--command TEXT]
 
 `scripts/accelerator_lane.py` runs on the accelerator machine, which has the
 project's files but not this repository's tooling, so it records what ran and
@@ -16,12 +16,15 @@ pass). The code
 hashes are those of the commit that was sent to the machine (`--commit`), taken
 from a `git archive` of it, so a report made after later edits still names what
 ran; the report is validated (`catalog_compiler.accelerator`) before it is
-written, atomically.
+written, atomically. With the run's JUnit files (`--junit`), a seeded bug that
+survived only because every test it names was skipped there (each parameter; a
+socket the machine refuses, say) is recorded `untestable`, with the skip's reason.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import os
@@ -30,6 +33,8 @@ import sys
 import tarfile
 import tempfile
 import time
+import tomllib
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +80,53 @@ def join_by_mode(runs: list[dict]) -> list[dict]:
     return list(joined.values())
 
 
-def build(project: str, commit: str, lanes: list[dict], command: str) -> dict:
+def named_tests_at(project: str, commit: str) -> dict[str, list[str]]:
+    """Seeded bug id -> the tests it names (`seeded_bugs.toml` at `commit`)."""
+    text = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{commit}:projects/{project}/seeded_bugs.toml"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {bug["id"]: bug.get("tests", []) for bug in tomllib.loads(text).get("bugs", [])}
+
+
+def junit_cases(paths: list[Path]) -> dict[str, str | None]:
+    """`file.py::test[params]` -> its skip reason, or None where the test ran, from
+    the lane's JUnit files (`junit-<project>-<mode>.xml`, gzipped or not)."""
+    cases: dict[str, str | None] = {}
+    for path in paths:
+        data = path.read_bytes()
+        root = ET.fromstring(gzip.decompress(data) if path.suffix == ".gz" else data)
+        for case in root.iter("testcase"):
+            node = f"{case.get('classname', '').split('.')[-1]}.py::{case.get('name')}"
+            skipped = case.find("skipped")
+            reason = None if skipped is None else skipped.get("message", "") or "skipped"
+            # A test that ran in any run counts as run.
+            cases[node] = None if node in cases and cases[node] is None else reason
+    return cases
+
+
+def untestable_reason(named: list[str], cases: dict[str, str | None]) -> str | None:
+    """The skip reasons when every test a seeded bug names (`tests/f.py::name`, all
+    its parameters) was skipped in the run of the same commit; else None.
+
+    A bug whose tests all skip on a machine (they need sockets, say) passes there
+    whatever it breaks: its `survived` says nothing about the tests, so the report
+    records it as `untestable` with the reason its tests gave."""
+    reasons: set[str] = set()
+    for test in named:
+        wanted = test.rpartition("/")[2]
+        found = [r for node, r in cases.items() if node.split("[")[0] == wanted]
+        if not found or any(r is None for r in found):
+            return None
+        reasons.update(r for r in found if r is not None)
+    return "; ".join(sorted(reasons)) if reasons else None
+
+
+def build(
+    project: str, commit: str, lanes: list[dict], command: str, junit: list[Path] = ()
+) -> dict:
     """The report's JSON from the lane payloads (raises ValueError when they disagree)."""
     devices = {json.dumps(lane["machine"], sort_keys=True) for lane in lanes}
     names = {lane["project"] for lane in lanes}
@@ -93,6 +144,12 @@ def build(project: str, commit: str, lanes: list[dict], command: str) -> dict:
         for lane in lanes
         for bug in lane.get("bugs", [])
     ]
+    named = named_tests_at(project, full) if bugs and junit else {}
+    cases = junit_cases(list(junit))
+    for bug in bugs:
+        reason = untestable_reason(named.get(bug["id"], []), cases)
+        if bug["outcome"] == "survived" and reason is not None:
+            bug.update(outcome="untestable", reason=reason)
     stamps = [lane["written_at"] for lane in lanes if "written_at" in lane]
     payload = {
         "schema_version": 1,
@@ -118,6 +175,14 @@ def main() -> None:
         default="python scripts/accelerator_lane.py run PROJECT --mode auto --mode interpret; "
         "python scripts/accelerator_lane.py bugs PROJECT",
     )
+    parser.add_argument(
+        "--junit",
+        type=Path,
+        action="append",
+        default=[],
+        help="the run's JUnit file(s): a seeded bug whose every named test skipped "
+        "there is recorded `untestable`, with the reason",
+    )
     args = parser.parse_args()
     lanes = []
     for path in args.lane:
@@ -128,7 +193,7 @@ def main() -> None:
             lane["written_at"] = int(stamp)
         lanes.append(lane)
     try:
-        report = build(args.project, args.commit, lanes, args.command)
+        report = build(args.project, args.commit, lanes, args.command, args.junit)
     except (ValueError, KeyError, subprocess.CalledProcessError) as err:
         sys.exit(f"accelerator_report: {err}")
     target = ROOT / "projects" / args.project / REPORT

@@ -51,8 +51,10 @@ def test_report_is_valid_and_every_stage_passed_or_skipped_with_its_reason(proje
         verdict = accelerator.stage_verdict(report, stage)
         runs = {run.mode: run.stages[stage] for run in report.runs}
         assert verdict in ("passed", "skipped"), (stage, verdict, runs)
-    survived = [b.id for b in report.seeded_bugs if b.outcome != "caught"]
+    survived = [b.id for b in report.seeded_bugs if b.outcome not in ("caught", "untestable")]
     assert not survived, f"seeded bugs not caught on {report.device.device_kind}: {survived}"
+    caught = sum(b.outcome == "caught" for b in report.seeded_bugs)
+    assert caught >= 3, f"{caught} seeded bugs caught on {report.device.device_kind}; at least 3"
 
 
 def _sample() -> dict:
@@ -240,3 +242,48 @@ def test_the_readme_check_sees_a_stale_stage(tmp_path):
     scored["stages"][stage]["code_hash"] = "0" * 64
     (copy_ / "mutation-report.json").write_text(json.dumps(scored))
     assert _expected_accelerator_cell(copy_, stage) == f"{before}; code changed since"
+
+
+def _junit(tmp_path: Path, cases: dict[str, str | None]) -> Path:
+    """A JUnit file holding `module.py::name` -> skip reason (None: it passed)."""
+    rows = []
+    for node, reason in cases.items():
+        module, name = node.split("::")
+        inner = "" if reason is None else f'<skipped message="{reason}"/>'
+        rows.append(f'<testcase classname="tests.{module[:-3]}" name="{name}">{inner}</testcase>')
+    path = tmp_path / "junit-toy-auto.xml"
+    path.write_text(f"<testsuites><testsuite>{''.join(rows)}</testsuite></testsuites>")
+    return path
+
+
+A, B = "tests/test_s.py::test_a", "tests/test_s.py::test_b"
+
+
+@pytest.mark.parametrize(
+    ("named", "cases", "expected"),
+    [
+        ([A], {"test_s.py::test_a[1]": "no sockets", "test_s.py::test_a[2]": "no sockets"}, True),
+        ([A], {"test_s.py::test_a[1]": "no sockets", "test_s.py::test_a[2]": None}, False),
+        ([A, B], {"test_s.py::test_a": "no sockets", "test_s.py::test_b": None}, False),
+        ([A], {"test_s.py::test_ab": "no sockets"}, False),
+    ],
+    ids=["every-parameter-skipped", "one-parameter-ran", "another-named-test-ran", "absent"],
+)
+def test_a_bug_is_untestable_only_when_every_test_it_names_skipped(
+    tmp_path, named, cases, expected
+):
+    found = accelerator_report.junit_cases([_junit(tmp_path, cases)])
+    reason = accelerator_report.untestable_reason(named, found)
+    assert (reason == "no sockets") if expected else reason is None
+
+
+@pytest.mark.parametrize(
+    ("outcome", "reason"),
+    [("untestable", None), ("caught", "no sockets")],
+    ids=["no-reason", "reason-on-a-catch"],
+)
+def test_the_schema_ties_a_reason_to_untestable_only(outcome, reason):
+    report = _sample()
+    report["seeded_bugs"][0].update(outcome=outcome, reason=reason)
+    with pytest.raises(ValidationError):
+        accelerator.AcceleratorReport.model_validate(report)

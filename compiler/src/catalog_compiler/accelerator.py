@@ -83,10 +83,21 @@ class ModeRun(_Strict):
 
 
 class BugRun(_Strict):
+    """One seeded bug applied on the accelerator. `untestable`: every test the bug
+    names was skipped on that machine in the report's own run (so its passing says
+    nothing); `reason` then holds those skips' reason, and only then."""
+
     id: Text
     stage: Text
-    outcome: Literal["caught", "survived", "broken", "stale"]
+    outcome: Literal["caught", "survived", "broken", "stale", "untestable"]
     seconds: float = Field(ge=0)
+    reason: Text | None = None
+
+    @model_validator(mode="after")
+    def _reason_exactly_when_untestable(self) -> BugRun:
+        if (self.outcome == "untestable") != (self.reason is not None):
+            raise ValueError(f"bug `{self.id}`: a reason goes with `untestable` only")
+        return self
 
 
 class AcceleratorReport(_Strict):
@@ -158,7 +169,12 @@ def stage_summaries(folder: Path) -> dict[str, dict] | None:
             "bugs_caught": sum(
                 b.outcome == "caught" for b in report.seeded_bugs if b.stage == stage
             ),
-            "bugs_run": sum(b.stage == stage for b in report.seeded_bugs),
+            "bugs_run": sum(
+                b.stage == stage and b.outcome != "untestable" for b in report.seeded_bugs
+            ),
+            "bugs_untestable": sum(
+                b.stage == stage and b.outcome == "untestable" for b in report.seeded_bugs
+            ),
         }
         for stage, code_hash in report.code_hashes.items()
     }

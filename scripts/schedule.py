@@ -70,11 +70,32 @@ def warm_env(cache_dir: Path) -> dict[str, str]:
     tmp.parent.chmod(tmp.parent.stat().st_mode | 0o111)
     env["TMPDIR"] = str(tmp)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.setdefault("MPLBACKEND", "Agg")
+    return shared_cache_env(env, cache_dir)
+
+
+# JAX's warning when a cache entry cannot be read; it then compiles, as on a miss.
+CACHE_READ_WARNING = "Error reading persistent compilation cache entry"
+
+
+def shared_cache_env(env: dict[str, str], cache_dir: Path) -> dict[str, str]:
+    """``env`` with JAX's persistent compilation cache at ``cache_dir``, which
+    runs side by side share.
+
+    JAX writes a cache entry in place (without a lock when the cache has no size
+    limit, and a limit makes every write list the whole folder), so one run can
+    read the half-written entry of another. JAX then warns with
+    `CACHE_READ_WARNING` and compiles the program itself: the result is the same
+    as on a miss. A project's `filterwarnings = error` would make that warning
+    fail whichever test was compiling, so runs that share a cache show it in the
+    warnings summary instead (a command-line `-W` outranks the ini file)."""
     env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
     # Cache every program, not only those over JAX's default 1 s of compile:
     # the runs of one check compile mostly the same small programs again.
     env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    env.setdefault("MPLBACKEND", "Agg")
+    shown = f'-W "default:{CACHE_READ_WARNING}:UserWarning"'
+    if shown not in env.get("PYTEST_ADDOPTS", ""):
+        env["PYTEST_ADDOPTS"] = " ".join(filter(None, [env.get("PYTEST_ADDOPTS", ""), shown]))
     return env
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from catalog_compiler.starters import copy_project  # noqa: F401  (re-exported)
+from schedule import shared_cache_env
 from warm_runner import TIMED_OUT, WarmRunner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,10 +82,7 @@ def run_env(copy: Path, cache_dir: Path) -> dict[str, str]:
         [str(copy / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
-    # Cache every program, not only those over JAX's default 1 s of compile:
-    # the runs of one check compile mostly the same small programs again.
-    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    shared_cache_env(env, cache_dir)
     env["EVIDENCE_DIR"] = str(copy / "evidence")
     env.setdefault("MPLBACKEND", "Agg")
     return env

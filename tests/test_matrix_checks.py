@@ -14,6 +14,7 @@ leaves in its temporary folder inside the caller's scratch folder.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import stat
 import subprocess
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import learner  # noqa: E402
 import ready_projects  # noqa: E402
 import seeded_bugs  # noqa: E402
-from schedule import Job, Worker, run_jobs, scratch_tmp  # noqa: E402
+from schedule import CACHE_READ_WARNING, Job, Worker, run_jobs, scratch_tmp  # noqa: E402
 from scratch import run_pytest  # noqa: E402
 from warm_runner import TIMED_OUT, WRONG_IMPORT  # noqa: E402
 
@@ -271,6 +272,55 @@ def test_what_a_forked_run_leaves_in_its_temporary_folder_stays_in_the_scratch_f
     tmp = scratch_tmp(worker.cache_dir)
     assert stat.S_IMODE(tmp.stat().st_mode) == 0o1777
     assert stat.S_IMODE(tmp.parent.stat().st_mode) & 0o111 == 0o111
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["forked", "fresh process"])
+def test_a_torn_cache_read_is_shown_not_failed_where_warnings_are_errors(
+    toy: Path, worker: Worker, warm: bool
+):
+    """Runs that share a compilation cache can read an entry another run is still
+    writing; JAX warns and compiles, as on a miss. Under `filterwarnings = error`
+    that warning alone must not fail a test, while every other warning still does."""
+    (toy / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
+    (toy / "tests/test_stage_1_sum.py").write_text(
+        textwrap.dedent(
+            f"""
+            import warnings
+
+            def test_reads_a_torn_entry():
+                warnings.warn("{CACHE_READ_WARNING} for 'jit_f': ValueError: truncated")
+
+            def test_warns_otherwise():
+                warnings.warn("{CACHE_READ_WARNING[:-1]}ies are all fine")
+            """
+        )
+    )
+    runner = worker.runner if warm else None
+    done = run_pytest(
+        toy, ["tests/test_stage_1_sum.py"], worker.cache_dir, runner=runner, stop_first=False
+    )
+    assert done.code == 1, done.output
+    assert "1 failed, 1 passed" in done.output, done.output
+    assert "FAILED tests/test_stage_1_sum.py::test_warns_otherwise" in done.output
+    assert "truncated" in done.output  # shown in the warnings summary
+    # Negative control: outside a shared cache's runs the same warning fails.
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_stage_1_sum.py::test_reads_a_torn_entry",
+        ],
+        cwd=toy,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+        | {"PYTHONPATH": str(toy / "src")},
+    )
+    assert plain.returncode == 1, plain.stdout + plain.stderr
 
 
 def test_the_warm_server_refuses_to_fork_once_a_backend_runs():

@@ -121,10 +121,21 @@ def unwritten_regions(folder: Path = HERE) -> dict[str, list[tuple[str, int, str
     return found
 
 
+def _claims_mark(node: ast.AST) -> bool:
+    """``pytest.mark.claims(...)``: a test's declaration of what it proves."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "claims"
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "mark"
+    )
+
+
 def code_identity(text: str) -> bytes:
-    """What a test file runs: its syntax tree without comments or docstrings (so
-    rewording a check's docstring keeps its stamp). Text that does not parse is
-    taken as it is."""
+    """What a test file runs: its syntax tree without comments, docstrings or
+    `claims` markers (so rewording a check's docstring, or naming the claims it
+    proves, keeps its stamp). Text that does not parse is taken as it is."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -139,6 +150,21 @@ def code_identity(text: str) -> bytes:
             and isinstance(body[0].value.value, str)
         ):
             node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.decorator_list = [d for d in node.decorator_list if not _claims_mark(d)]
+        if isinstance(node, (ast.List, ast.Tuple)):
+            node.elts = [e for e in node.elts if not _claims_mark(e)]
+    tree.body = [
+        n
+        for n in tree.body
+        if not (isinstance(n, ast.Assign) and _claims_mark(n.value))
+        and not (
+            isinstance(n, ast.Assign)
+            and isinstance(n.value, (ast.List, ast.Tuple))
+            and not n.value.elts
+            and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
+        )
+    ]
     return ast.dump(tree).encode()
 
 

@@ -58,6 +58,7 @@ def load_weights(model: MLP, weights: list[tuple[np.ndarray, np.ndarray]]) -> No
         layer.bias[...] = jnp.asarray(b)  # In-place update.
 
 
+@pytest.mark.claims("mlp-matches-numpy")
 @pytest.mark.parametrize(
     ("hidden", "batch"),
     [((32,), 1), ((32,), 7), ((256, 128), 64), ((16, 16, 16), 5), ((), 3)],
@@ -84,6 +85,7 @@ def test_forward_matches_numpy_float64(evidence, hidden, batch):
     )
 
 
+@pytest.mark.claims("mlp-eval-deterministic")
 def test_eval_mode_is_deterministic(evidence):
     """Eval mode: two calls give bitwise-equal logits and leave the dropout RNG count unchanged."""
     model = MLP(IN, [64, 32], OUT, 0.5, rngs=nnx.Rngs(params=0, dropout=1))
@@ -102,6 +104,7 @@ def test_eval_mode_is_deterministic(evidence):
     )
 
 
+@pytest.mark.claims("mlp-train-draws-a-fresh-key")
 def test_train_mode_dropout_changes_outputs_and_is_reproducible(evidence):
     """Train-mode dropout differs from eval and between calls; the same key repeats it bitwise."""
     x = jnp.asarray(np.random.default_rng(0).uniform(size=(16, IN)), jnp.float32)
@@ -132,6 +135,7 @@ def test_train_mode_dropout_changes_outputs_and_is_reproducible(evidence):
     )
 
 
+@pytest.mark.claims("mlp-matches-numpy")
 def test_train_mode_without_dropout_matches_numpy(evidence):
     """In train mode with dropout rate 0 the logits equal the float64 NumPy MLP (1e-5)."""
     rng = np.random.default_rng(7)
@@ -150,6 +154,7 @@ def test_train_mode_without_dropout_matches_numpy(evidence):
     )
 
 
+@pytest.mark.claims("mlp-dropout-once-per-hidden-layer")
 @pytest.mark.parametrize(
     ("hidden", "rate"),
     [((32,), 0.1), ((256, 128), 0.2), ((16, 16, 16), 0.5), ((64, 32), 0.0), ((), 0.3)],
@@ -227,6 +232,7 @@ def expected_param_count(hidden: list[int]) -> int:
     return sum(d_in * d_out + d_out for d_in, d_out in zip(widths[:-1], widths[1:], strict=True))
 
 
+@pytest.mark.claims("explicit-state")
 @pytest.mark.parametrize("hidden", [[32], [100, 50, 25]])
 def test_inspect_lists_state_and_param_count(evidence, tmp_path, hidden):
     """`inspect` lists nnx.state's paths and kinds, and the parameter count the widths give."""
@@ -319,6 +325,7 @@ def test_evidence_round_trip(evidence, tmp_path):
     assert payload["records"] and all("passed" in r for r in payload["records"])
 
 
+@pytest.mark.claims("mlp-leading-axes", "mlp-no-hidden-layer")
 @pytest.mark.parametrize("hidden", [(32,), ()], ids=["one hidden layer", "no hidden layer"])
 @pytest.mark.parametrize("lead", [(), (2, 3)], ids=["one row", "two leading axes"])
 def test_any_leading_axes_match_numpy(hidden, lead):
@@ -335,6 +342,7 @@ def test_any_leading_axes_match_numpy(hidden, lead):
     np.testing.assert_allclose(np.asarray(logits), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.claims("mlp-refuses-bad-input")
 @pytest.mark.parametrize("hidden", [(32,), ()], ids=["one hidden layer", "no hidden layer"])
 @pytest.mark.parametrize("width", [IN - 1, IN + 1])
 def test_input_one_column_too_narrow_or_too_wide_is_refused(hidden, width):
@@ -346,6 +354,7 @@ def test_input_one_column_too_narrow_or_too_wide_is_refused(hidden, width):
         model(x)
 
 
+@pytest.mark.claims("mlp-refuses-bad-input")
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_input_is_refused(bad):
     """A NaN or infinite input raises ValueError eagerly; under jit the check is skipped.

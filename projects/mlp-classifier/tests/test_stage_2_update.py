@@ -54,6 +54,7 @@ def numpy_loss(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> floa
     return float(nll[mask].sum() / mask.sum())
 
 
+@pytest.mark.claims("loss-masked-mean", "verified-updates")
 @pytest.mark.parametrize("mask_kind", ["all valid", "last 20 rows padding", "one valid row"])
 def test_loss_matches_numpy(evidence, digits, log_softmax_excess, mask_kind):
     """The masked loss equals a float64 NumPy cross-entropy, 3 masks; padded rows change no bit.
@@ -85,6 +86,7 @@ def test_loss_matches_numpy(evidence, digits, log_softmax_excess, mask_kind):
     assert bool(loss_fn(model, scrambled)[0] == loss)
 
 
+@pytest.mark.claims("verified-updates")
 @pytest.mark.parametrize("point", [0, 1, 2])
 def test_gradients_match_central_differences_float64(evidence, digits, point):
     """Float64 autodiff derivatives of the loss equal central finite differences, at 3 points."""
@@ -160,6 +162,7 @@ def adamw_rule(lr, weight_decay, b1=0.9, b2=0.999, eps=1e-8):
     return init, step
 
 
+@pytest.mark.claims("step-applies-optax", "step-counts", "verified-updates")
 @pytest.mark.parametrize(
     ("name", "overrides", "rule"),
     [
@@ -218,6 +221,47 @@ def test_three_optimizer_steps_match_published_rule(
     assert int(state.step) == 3
 
 
+@pytest.mark.claims("step-metrics")
+@pytest.mark.parametrize("seed", [6, 7])
+def test_train_step_metrics_count_the_valid_rows_only(evidence, digits, log_softmax_excess, seed):
+    """train_step's metrics: the mean loss, the count and the correct predictions of the
+    valid rows, at the parameters the step started from (5 padded rows of 48 left out).
+
+    With dropout 0 the step's forward pass is the eval-mode model's; its logits at the
+    starting parameters give a NumPy float64 loss and an argmax count here. Tolerance:
+    float32's, times the backend's `log_softmax_excess` (1 on a CPU)."""
+    config = Config.tiny().model_copy(update={"dropout_rate": 0.0})
+    tx = make_optimizer(config)
+    graphdef, state = create_train_state(config, tx, jax.random.key(seed))
+    batch = real_batches(digits, 1, seed=seed)[0]
+    mask = np.asarray(batch["mask"])
+    model = nnx.merge(graphdef, state.params, state.rng, copy=True)
+    model.eval()
+    logits = np.asarray(model(batch["image"]))
+    labels = np.asarray(batch["label"])
+    _, metrics = train_step(graphdef, tx, state, batch)
+    expected = {
+        "count": int(mask.sum()),
+        "correct": int(((logits.argmax(axis=1) == labels) & mask).sum()),
+    }
+    observed = {"count": int(metrics["count"]), "correct": int(metrics["correct"])}
+    assert evidence.record(
+        "train_step count and correct vs the valid rows counted in NumPy",
+        f"seed {seed}, {mask.sum()} valid rows of {len(mask)}",
+        {"observed": observed, "expected": expected},
+        None,
+        observed == expected and expected["count"] == BATCH - 5,
+    )
+    assert evidence.allclose(
+        "train_step loss vs NumPy float64 masked mean at the starting parameters",
+        f"seed {seed}, dropout 0",
+        metrics["loss"],
+        numpy_loss(logits, labels, mask),
+        rtol=1e-6 * log_softmax_excess,
+        atol=1e-6 * log_softmax_excess,
+    )
+
+
 def _rng_count(state: TrainState) -> int:
     """The dropout stream's draw counter (`RngCount`) in `state.rng`."""
     counts = [v.get_value() for path, v in nnx.to_flat_state(state.rng) if path[-1] == "count"]
@@ -225,6 +269,7 @@ def _rng_count(state: TrainState) -> int:
     return int(counts[0])
 
 
+@pytest.mark.claims("step-advances-the-rng")
 @pytest.mark.parametrize("hidden_sizes", [(32,), (24, 16)])
 def test_every_step_draws_fresh_dropout_masks(evidence, digits, hidden_sizes):
     """train_step advances dropout a draw per hidden layer per step; the new masks change the loss.
@@ -283,6 +328,7 @@ def eval_batches(digits):
     return data.dataset(digits, np.arange(300, 500), 64)
 
 
+@pytest.mark.claims("explicit-state", "verified-updates")
 def test_evaluate_does_not_mutate_training_state(evidence, digits, trained):
     """Two evaluate passes leave the state's sha256 digest unchanged and match eager eval mode."""
     graphdef, state, _ = state_and_batches(trained)
@@ -336,6 +382,7 @@ def steps_the_optimizer(graphdef, state: TrainState, batches) -> None:
         )  # In-place update.
 
 
+@pytest.mark.claims("verified-updates")
 @pytest.mark.parametrize(
     ("bad_evaluate", "caught"),
     [(forgets_eval_mode, True), (steps_the_optimizer, True), (evaluate, False)],
@@ -370,6 +417,7 @@ def test_digest_covers_every_part_of_the_state(trained, field):
     assert checkpoint.digest(changed) != checkpoint.digest(state)
 
 
+@pytest.mark.claims("loss-all-padding-is-zero")
 def test_loss_of_an_all_padding_batch_is_zero(digits):
     """A batch with no valid row has loss exactly 0, not the NaN of 0 / 0."""
     model = create_model(Config.tiny(), jax.random.key(3))

@@ -46,6 +46,7 @@ def quick_dossier(tmp_path_factory) -> Path:
     return workdir
 
 
+@pytest.mark.claims("split-stratified", "split-disjoint-covering", "split-part-sizes")
 @pytest.mark.parametrize(
     ("split_seed", "val_fraction", "test_fraction"), [(0, 0.15, 0.2), (1, 0.1, 0.3)]
 )
@@ -98,6 +99,7 @@ def test_split_is_disjoint_covering_and_stratified(
     )
 
 
+@pytest.mark.claims("split-key-decides")
 def test_other_split_seed_gives_other_split(digits):
     """Split seeds 0 and 1 give different test IDs, so the determinism check can fail."""
     a = data.split_ids(digits.labels, jax.random.key(0), 0.15, 0.2)
@@ -108,6 +110,7 @@ def test_other_split_seed_gives_other_split(digits):
 LABELS = np.array([0, 1, 0, 1, 2, 2, 0, 1, 2, 0], np.int64)
 
 
+@pytest.mark.claims("split-refuses-bad-input")
 @pytest.mark.parametrize(
     ("labels", "val", "test", "message"),
     [
@@ -127,6 +130,7 @@ def test_split_refuses_bad_labels_and_fractions(labels, val, test, message):
         data.split_ids(labels, jax.random.key(0), val, test)
 
 
+@pytest.mark.claims("split-part-sizes", "split-round-half-even")
 def test_split_just_inside_the_fraction_bounds(digits):
     """Fractions summing just below 1, or as small as 0.01, give the per-class rounded sizes."""
     for val, test in ((0.45, 0.5), (0.01, 0.3)):
@@ -245,6 +249,7 @@ def test_no_test_id_reaches_the_training_loop(evidence, digits, monkeypatch):
     )
 
 
+@pytest.mark.claims("reproducible-runs")
 def test_same_config_and_seed_give_bitwise_identical_metrics(evidence):
     """Two runs of one config give bitwise-equal metrics and state; seed 1 gives other metrics."""
     first = train.train_and_evaluate(Config.tiny())
@@ -295,6 +300,7 @@ def _split_by_the_documented_rule(
     return parts
 
 
+@pytest.mark.claims("split-class-keys", "split-key-decides")
 def test_split_depends_on_split_seed_only_not_on_the_training_seed(evidence, digits):
     """A run's split is the documented split of `split_seed`, whatever its training `seed`.
 
@@ -385,6 +391,7 @@ def test_split_depends_on_split_seed_only_not_on_the_training_seed(evidence, dig
     )
 
 
+@pytest.mark.claims("reproducible-runs")
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_orbax_round_trip_is_bitwise(evidence, digits, tmp_path, optimizer):
     """An Orbax save and restore returns every state leaf bitwise, for AdamW and for SGD."""
@@ -555,6 +562,7 @@ def test_crash_never_leaves_a_complete_looking_dossier(tmp_path, monkeypatch):
 SEED_TOLERANCE = 0.06
 
 
+@pytest.mark.claims("reproducible-runs")
 def test_reproduce_is_bitwise_and_reports_seed_spread(evidence, quick_dossier):
     """reproduce re-runs a dossier to bitwise-equal metrics; 3 new seeds stay within 0.06 of it.
 

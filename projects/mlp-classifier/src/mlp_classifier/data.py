@@ -52,21 +52,26 @@ def split_ids(
     train parts of `round(fraction * class size)` examples, so every split keeps
     the class proportions of the whole set. Same `key`, same split, on any
     machine (`jax.random` is counter-based and platform-independent).
+    [claim:split-stratified]
 
     Returns sorted int32 ID arrays that are disjoint and together cover
-    `range(len(labels))`.
+    `range(len(labels))`. [claim:split-disjoint-covering]
 
     Raises `ValueError` for labels that are not a non-empty 1-D integer array, or
     fractions that are not finite, in (0, 1), and together below 1.
+    [claim:split-refuses-bad-input]
 
     Cases:
       class `classes[i]` (ascending, as `np.unique` gives them) -> permuted with
         `jax.random.permutation(class_keys[i], size)`, its own key.
+        [claim:split-class-keys]
       a class of c examples -> its first `round(test_fraction * c)` permuted IDs are
         test, the next `round(val_fraction * c)` validation, the rest train.
+        [claim:split-part-sizes]
       a half (0.5 * 177 = 88.5) -> Python's `round` goes to the even integer (88);
         the tests count part sizes that way, so `int(x + 0.5)` fails them.
-      same key -> the same split; another key -> other test IDs.
+        [claim:split-round-half-even]
+      same key -> the same split; another key -> other test IDs. [claim:split-key-decides]
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):

@@ -50,18 +50,23 @@ class MLP(nnx.Module):
         """Maps `x`, float32 of shape `(batch, in_features)`, to logits of shape
         `(batch, num_classes)`. In train mode each call draws a fresh dropout
         key, which advances the model's RNG state (an in-place update).
+        [claim:mlp-train-draws-a-fresh-key]
 
         Raises `ValueError` if the last axis of `x` is not `in_features` wide, or if
         a concrete (not traced) `x` holds NaN or infinite values.
+        [claim:mlp-refuses-bad-input]
 
         Cases:
           no hidden layer (`hidden_sizes` empty) -> the head alone, `head(x)`.
+            [claim:mlp-no-hidden-layer]
           `x` of shape `(..., in_features)`, any leading axes (none included) ->
-            logits `(..., num_classes)`, row by row.
+            logits `(..., num_classes)`, row by row. [claim:mlp-leading-axes]
           eval mode -> dropout off: no key is drawn and two calls are bitwise equal.
+            [claim:mlp-eval-deterministic]
           train mode -> dropout called exactly once per hidden layer, after its relu,
             never on the input or the logits (stage 2 counts one draw per hidden layer).
-          Logits match a float64 NumPy MLP to 1e-5 (rtol and atol).
+            [claim:mlp-dropout-once-per-hidden-layer]
+          Logits match a float64 NumPy MLP to 1e-5 (rtol and atol). [claim:mlp-matches-numpy]
         """
         in_features = (self.hidden[0] if len(self.hidden) else self.head).in_features
         if x.shape[-1:] != (in_features,):

@@ -94,10 +94,11 @@ def loss_fn(model: MLP, batch: Batch) -> tuple[jax.Array, jax.Array]:
       `(loss, logits)`: loss float32 `()`, logits float32 `(B, num_classes)`.
 
     Cases:
-      every row valid -> the plain mean over the B rows.
+      every row valid -> the plain mean over the B rows. [claim:loss-masked-mean]
       some rows padding -> the mean over the valid rows only; changing the padded
-        rows' images or labels changes no bit of the loss.
+        rows' images or labels changes no bit of the loss. [claim:loss-masked-mean]
       no valid row -> exactly 0.0, not 0 / 0 = NaN (divide by `max(count, 1)`).
+        [claim:loss-all-padding-is-zero]
     Under the tests' strict dtype promotion `mask` is bool and its sum an integer:
     cast it to the loss dtype before multiplying or dividing (`float32 * bool` raises).
     """
@@ -124,15 +125,17 @@ def train_step(
     """One optimizer step on `batch`, dropout on. Pure: returns the new state.
 
     Returns `(new_state, metrics)`; metrics: `loss` float32 `()` (mean over valid
-    rows), `count` and `correct` int32 `()`.
+    rows), `count` and `correct` int32 `()`, at the parameters the step started
+    from. [claim:step-metrics]
 
     The new state, as the tests check it:
       params -> `optax.apply_updates(params, updates)` with `tx.update(grads,
         opt_state, params)`, grads of `pure_loss` at `state.params` and `state.rng`
-        (optax's updates already point downhill: add them).
+        (optax's updates already point downhill: add them). [claim:step-applies-optax]
       rng -> the RngState `pure_loss` returns (advanced one draw per hidden layer),
         never `state.rng`, or every step would draw the same dropout masks.
-      step -> `state.step + 1`, int32.
+        [claim:step-advances-the-rng]
+      step -> `state.step + 1`, int32. [claim:step-counts]
     Under the tests' strict dtype promotion optax's Adam bias correction (a Python
     float raised to the int32 count) raises: call `tx.update` inside
     `with jax.numpy_dtype_promotion("standard"):`, and only there.

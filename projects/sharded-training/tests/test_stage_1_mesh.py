@@ -178,6 +178,9 @@ def test_each_step_advances_the_step_counter_by_one():
 MESHES = [(1, (1, 1)), (2, (2, 1)), (4, (4, 1)), (8, (8, 1)), (4, (2, 2)), (8, (4, 2))]
 
 
+@pytest.mark.claims(
+    "mesh-data-model-layout", "global-batch-ids-stay-on-host", "global-batch-rows-by-data-index"
+)
 @pytest.mark.parametrize("mesh_shape", [(8, 1), (4, 2)])
 def test_the_batch_is_split_over_the_data_axis(evidence, mesh_shape):
     """global_batch puts rows [i*B/d, (i+1)*B/d) of every field but ids on data index i.
@@ -225,6 +228,7 @@ def _range(index: slice, size: int) -> tuple[int, int]:
     return start, stop
 
 
+@pytest.mark.claims("mesh-data-model-layout")
 @pytest.mark.parametrize("mesh_shape", [(4, 2), (2, 4)])
 def test_the_model_axis_splits_the_hidden_layer(evidence, mesh_shape):
     """`model` splits the hidden units: w1 by columns, b1, w2 by rows; params replicated over data.
@@ -305,6 +309,7 @@ def test_the_model_axis_splits_the_hidden_layer(evidence, mesh_shape):
     ), wrong
 
 
+@pytest.mark.claims("naive-mean-of-means-wrong", "loss-unequal-shards-plain-mean")
 @pytest.mark.parametrize("pattern", ["pipeline", "scattered", "no padding"])
 def test_naive_mean_of_means_differs_under_unequal_counts(evidence, pattern):
     """The count-weighted loss equals NumPy's; a mean of shard means fails under unequal counts."""
@@ -349,6 +354,12 @@ def test_naive_mean_of_means_differs_under_unequal_counts(evidence, pattern):
     )
 
 
+@pytest.mark.claims(
+    "global-update-equals-single-device",
+    "loss-padding-weight-zero",
+    "loss-unequal-shards-plain-mean",
+    "loss-returns-valid-count",
+)
 @pytest.mark.parametrize("pattern", ["pipeline", "scattered"])
 @pytest.mark.parametrize(("n_devices", "mesh_shape"), MESHES)
 def test_global_update_equals_single_device_update(evidence, n_devices, mesh_shape, pattern):

@@ -61,6 +61,7 @@ def row_block_reference(batch_size: int, index: int, count: int) -> list[int] | 
     return list(range(index * per, (index + 1) * per))
 
 
+@pytest.mark.claims("process-rows-refusals", "process-rows-contiguous-blocks")
 @FAST
 @given(
     count=st.integers(-1, 8),
@@ -81,6 +82,7 @@ def test_process_rows_against_a_reference(count, batch_size, index):
     assert rows == expected
 
 
+@pytest.mark.claims("process-rows-refusals")
 @pytest.mark.parametrize(
     ("batch_size", "index", "count", "message"),
     [
@@ -98,6 +100,7 @@ def test_process_rows_refusals_name_the_value(batch_size, index, count, message)
         data.process_rows(batch_size, index, count)
 
 
+@pytest.mark.claims("processes-feed-own-rows")
 @pytest.mark.parametrize("process_count", [1, 2, 4])
 def test_local_shard_keeps_its_rows_and_masks_the_padding(process_count):
     """LocalShard.map gives each process its block of padded IDs; padding is masked, example 0.
@@ -140,6 +143,7 @@ HLO = "\n".join(
 )
 
 
+@pytest.mark.claims("hlo-gradient-all-reduce-sized")
 def test_collectives_parsed_from_hlo_text():
     """collectives reads op, arrays, elements, bytes and groups of 3 collectives from HLO text.
 
@@ -271,6 +275,7 @@ def launched(request, tmp_path_factory):
     return config, root / "run", finals
 
 
+@pytest.mark.claims("processes-match-one-process")
 def test_parity_with_single_process_8_devices(evidence, launched):
     """A 2-process x 4-device run matches 1 process x 8 devices: losses and params to 1e-4."""
     config, workdir, finals = launched
@@ -306,6 +311,7 @@ def test_parity_with_single_process_8_devices(evidence, launched):
     assert ok_losses and ok_params
 
 
+@pytest.mark.claims("processes-feed-own-rows")
 def test_each_process_feeds_only_its_own_rows(evidence, launched):
     """Each process fed only its slice of every global batch; each example once per epoch."""
     config, _, finals = launched
@@ -345,6 +351,7 @@ def test_each_process_feeds_only_its_own_rows(evidence, launched):
     del features, labels
 
 
+@pytest.mark.claims("processes-feed-own-rows")
 def test_the_run_ids_partition_every_batch_and_the_summary_agrees(evidence, launched):
     """The recorded IDs, pooled per step, are that batch's IDs once each; summarize agrees.
 
@@ -374,6 +381,7 @@ def test_the_run_ids_partition_every_batch_and_the_summary_agrees(evidence, laun
     ), observed
 
 
+@pytest.mark.claims("hlo-gradient-all-reduce-sized")
 def test_gradient_all_reduce_matches_parameter_shards(evidence, launched):
     """The compiled gradient all-reduce carries exactly the per-device parameter shards."""
     config, workdir, _ = launched

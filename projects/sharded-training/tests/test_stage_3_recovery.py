@@ -150,6 +150,12 @@ LOCAL_DAMAGES = [
 ]
 
 
+@pytest.mark.claims(
+    "check-step-state-item",
+    "check-step-data-item",
+    "check-step-intact-ok",
+    "damaged-checkpoint-never-restored",
+)
 @pytest.mark.parametrize("how", LOCAL_DAMAGES)
 def test_a_damaged_step_is_rejected_with_its_reason(evidence, local_checkpoints, tmp_path, how):
     """check_step rejects a removed or truncated item, naming it; restore falls back one step.
@@ -187,6 +193,7 @@ def test_a_damaged_step_is_rejected_with_its_reason(evidence, local_checkpoints,
     ), observed
 
 
+@pytest.mark.claims("damaged-checkpoint-never-restored")
 def test_two_damaged_steps_fall_back_to_the_third(local_checkpoints, tmp_path):
     """Two newer steps damaged: the third is restored; only the primary moves them aside.
 
@@ -235,6 +242,7 @@ def _digest_order(sign: int) -> Config:
     raise AssertionError("no such seed")
 
 
+@pytest.mark.claims("check-step-other-config-raises", "check-step-intact-ok")
 @pytest.mark.parametrize("sign", [1, -1], ids=["digest-after", "digest-before"])
 def test_a_step_of_another_config_names_both_digests_and_the_field(local_checkpoints, sign):
     """A step of another config or process count raises naming both values and the field."""
@@ -312,6 +320,7 @@ def test_the_config_digest_changes_when_any_one_field_changes(evidence, field):
     ), observed
 
 
+@pytest.mark.claims("check-step-other-config-raises")
 def test_a_run_with_another_data_seed_is_refused_the_checkpoint(
     evidence, local_checkpoints, tmp_path
 ):
@@ -354,6 +363,7 @@ def test_a_run_with_another_data_seed_is_refused_the_checkpoint(
     ), observed
 
 
+@pytest.mark.claims("checkpoint-async-full-state")
 def test_saves_are_written_in_the_background(evidence, tmp_path):
     """checkpoint.manager's save returns before Orbax finalizes the step on another thread.
 
@@ -401,6 +411,7 @@ def test_saves_are_written_in_the_background(evidence, tmp_path):
     ), seen
 
 
+@pytest.mark.claims("survivor-exits")
 def test_the_configured_heartbeat_reaches_jax_distributed(evidence):
     """The worker passes the configured heartbeat timeout to jax.distributed.initialize.
 
@@ -442,6 +453,7 @@ DIGEST_PAIRS = {
 }
 
 
+@pytest.mark.claims("kill-resume-bitwise-equal")
 @pytest.mark.parametrize("field", list(DIGEST_PAIRS))
 def test_the_state_digest_changes_when_any_one_field_changes(evidence, field):
     """train.digest differs when the step, the PRNG key or the params alone differ, else equal.
@@ -492,6 +504,7 @@ def _nudge_opt_leaf(state: train.TrainState, field: str) -> train.TrainState:
     return state._replace(opt_state=jax.tree_util.tree_map_with_path(nudge, state.opt_state))
 
 
+@pytest.mark.claims("kill-resume-bitwise-equal")
 @pytest.mark.parametrize("field", ["nothing", "mu", "nu", "count"])
 def test_the_state_digest_changes_when_the_adam_state_alone_changes(evidence, field):
     """train.digest differs when one Adam moment element or the Adam count alone differs.
@@ -534,6 +547,7 @@ def test_the_state_digest_changes_when_the_adam_state_alone_changes(evidence, fi
     ), observed
 
 
+@pytest.mark.claims("kill-resume-bitwise-equal", "checkpoint-async-full-state")
 def test_every_resumed_loss_and_the_final_state_are_bitwise_equal(evidence, sweep):
     """After 10 random SIGKILLs and resumes, every loss and the final state match bitwise."""
     ref_dir, job, attempts = sweep
@@ -599,6 +613,7 @@ def test_every_resumed_loss_and_the_final_state_are_bitwise_equal(evidence, swee
     assert final["environment"] == ref_final["environment"]
 
 
+@pytest.mark.claims("kill-resume-bitwise-equal")
 def test_kills_during_checkpoint_writes_leave_no_committed_step(evidence, sweep):
     """A kill while Orbax writes step s leaves s a temporary folder, never a committed step.
 
@@ -632,6 +647,9 @@ def test_kills_during_checkpoint_writes_leave_no_committed_step(evidence, sweep)
     ), observed
 
 
+@pytest.mark.claims(
+    "damaged-checkpoint-never-restored", "check-step-state-item", "check-step-data-item"
+)
 def test_damaged_checkpoints_are_rejected_and_fall_back(evidence, sweep):
     """A damaged latest checkpoint is rejected at relaunch, saying so; an older one restores."""
     _, _, attempts = sweep
@@ -669,6 +687,7 @@ def test_damaged_checkpoints_are_rejected_and_fall_back(evidence, sweep):
     )
 
 
+@pytest.mark.claims("check-step-other-config-raises")
 def test_checkpoint_from_another_config_is_a_clear_error(sweep):
     """Resuming with another learning rate raises CheckpointError naming the field."""
     ref_dir, _, _ = sweep
@@ -682,6 +701,7 @@ def test_checkpoint_from_another_config_is_a_clear_error(sweep):
         train.run(other, copy)
 
 
+@pytest.mark.claims("survivor-exits")
 def test_the_survivor_of_a_killed_peer_stops_with_a_message(evidence, tmp_path):
     """The survivor of a SIGKILLed peer exits 1 with one message within heartbeat + 15 s.
 

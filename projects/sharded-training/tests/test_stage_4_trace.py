@@ -44,6 +44,13 @@ def constructed_trace(durations_ns: list[int], gap_ns: int = 10_000) -> dict:
     return {"host": host, "device_busy": busy, "rendezvous": rendezvous, "collective_ops": []}
 
 
+@pytest.mark.claims(
+    "breakdown-skips-warm-up",
+    "breakdown-iteration-duration",
+    "breakdown-host-events-by-start",
+    "breakdown-intervals-clipped-unioned",
+    "breakdown-median-per-step",
+)
 @pytest.mark.parametrize("steps_per_call", [1, 8])
 def test_breakdown_of_a_constructed_trace(evidence, steps_per_call):
     """breakdown recovers a constructed trace's known per-step figures, 1 and 8 steps per call.
@@ -83,6 +90,7 @@ def covered(intervals, lo: int, hi: int) -> int:
     return len({t for s, e in intervals for t in range(max(s, lo), min(e, hi))})
 
 
+@pytest.mark.claims("breakdown-intervals-clipped-unioned")
 @FAST
 @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 25)), max_size=8))
 def test_interval_union_against_a_coverage_count(pairs):
@@ -180,6 +188,14 @@ def breakdown_reference(trace, window, k, skip):
     }
 
 
+@pytest.mark.claims(
+    "breakdown-skips-warm-up",
+    "breakdown-iteration-duration",
+    "breakdown-host-events-by-start",
+    "breakdown-intervals-clipped-unioned",
+    "breakdown-median-per-step",
+    "compile-apart-from-steps",
+)
 @FAST
 @given(traces())
 def test_breakdown_against_its_definition(drawn):
@@ -231,6 +247,7 @@ class _OnesOfLength:
         return jnp.ones((self.length,) if len(shape) == 1 else shape, dtype)
 
 
+@pytest.mark.claims("roofline-cost-and-ceilings")
 @pytest.mark.parametrize(
     ("gemm_s", "copy_s", "copy_elements"),
     [(2e-3, 1e-3, None), (5e-4, 8e-3, 2**20), (1.25e-2, 3e-4, 3 * 2**18 + 5)],
@@ -311,6 +328,7 @@ KNOWN_STEP_S = {
 }
 
 
+@pytest.mark.claims("optimization-before-after")
 @pytest.mark.parametrize("case", list(KNOWN_STEP_S))
 def test_before_and_after_ratio_from_known_step_times(evidence, monkeypatch, tmp_path, case):
     """after_vs_before is t(before) / t(after) (a 2x gain reads 2.0) on a clock set by hand.
@@ -414,6 +432,7 @@ def report(tmp_path_factory):
     return full, json.loads(out.read_text()), out
 
 
+@pytest.mark.claims("optimization-before-after")
 def test_outputs_and_bench_shape(report):
     """bench writes identity, measurements and ratios of 3 variants, a plot and the report."""
     full, bench, out = report
@@ -450,6 +469,7 @@ def test_outputs_and_bench_shape(report):
     assert "ThunkExecutor::Execute" in md and "`input_wait`" in md and "Rendezvous" in md
 
 
+@pytest.mark.claims("trace-read-back-in-code", "compile-apart-from-steps")
 @pytest.mark.parametrize("variant", ["before", "after"])
 def test_trace_agrees_with_host_timers(evidence, report, variant):
     """Traced step times lie within their host timers and agree at the median (1 ms + 5%)."""
@@ -513,6 +533,7 @@ def test_trace_agrees_with_host_timers(evidence, report, variant):
     assert full["trace"]["events_read"]["device_busy"] > 0
 
 
+@pytest.mark.claims("optimization-before-after")
 def test_losses_unchanged_by_the_optimization(evidence, report):
     """The losses of 8 steps per call (lax.scan) equal one step per call bitwise."""
     full, _, _ = report
@@ -535,6 +556,7 @@ def test_losses_unchanged_by_the_optimization(evidence, report):
     )
 
 
+@pytest.mark.claims("roofline-cost-and-ceilings")
 @pytest.mark.parametrize("mesh_shape", [(4, 2), (8, 1)])
 def test_cost_analysis_flops_against_a_matmul_count(evidence, mesh_shape):
     """cost_analysis FLOPs per device are 1-2x an analytic matmul count, on 2 meshes."""

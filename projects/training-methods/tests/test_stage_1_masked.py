@@ -81,6 +81,11 @@ def _random_tokens(seed: int, shape, s: int, special_fraction: float) -> np.ndar
     return tokens.astype(np.int32)
 
 
+@pytest.mark.claims(
+    "mlm-selects-real-symbols-at-rate",
+    "mlm-corrupt-returns-labels-and-mask",
+    "mlm-one-key-per-draw",
+)
 @settings(max_examples=24, derandomize=True, deadline=None, database=None)
 @given(
     s=st.sampled_from([2, 7, 16]),
@@ -114,6 +119,7 @@ def test_corruption_invariants(s, rate, shape, seed, special_fraction):
     assert np.all((inputs[sel] == MASK) | in_vocab[sel])
 
 
+@pytest.mark.claims("mlm-random-symbol-uniform")
 @pytest.mark.parametrize("s", [3, 16])
 def test_random_replacements_cover_exactly_the_symbols(s):
     """Random replacements hit every real symbol uniformly, about 10% of the time, for 3 and 16.
@@ -147,6 +153,9 @@ def _np_ce(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return lse - np.take_along_axis(z, labels[..., None], -1)[..., 0]
 
 
+@pytest.mark.claims(
+    "mlm-selects-real-symbols-at-rate", "mlm-split-80-10-10", "mlm-one-key-per-draw"
+)
 @pytest.mark.parametrize("rate", [0.15, 0.4])
 def test_corruption_split_matches_its_probabilities(config, corpus, evidence, rate):
     """The selection rate and 80/10/10 split match their probabilities, at mask rates 0.15, 0.4.
@@ -192,6 +201,7 @@ def test_corruption_split_matches_its_probabilities(config, corpus, evidence, ra
     )
 
 
+@pytest.mark.claims("mlm-loss-mean-over-selected", "mlm-loss-strict-dtypes")
 @pytest.mark.parametrize("count", [0, 1, 2, 5, 24])
 def test_loss_and_accuracy_at_every_mask_size(count):
     """Masked loss and accuracy equal NumPy at 0, 1, 2, 5 and 24 counted positions (0 if none).
@@ -243,6 +253,7 @@ def test_accuracy_equals_numpy(seed, shape, density):
     assert abs(acc - ref) <= 1e-7
 
 
+@pytest.mark.claims("mask-bool-and-same-shape")
 @pytest.mark.parametrize("shape", [(4, 1), (4, 14), (5, 13), (3, 13), (4,), (4, 13, 1)], ids=str)
 def test_masks_of_every_other_shape_are_refused(config, corpus, shape):
     """Masks of any shape but the labels' are refused (never broadcast) by loss and check_mask."""
@@ -255,6 +266,7 @@ def test_masks_of_every_other_shape_are_refused(config, corpus, shape):
         mlm.check_mask(jnp.ones(shape, bool), labels)
 
 
+@pytest.mark.claims("mask-bool-and-same-shape")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.int32, jnp.uint8, jnp.bfloat16])
 def test_masks_of_every_other_dtype_are_refused(corpus, dtype):
     """A mask of float32, int32, uint8 or bfloat16 is refused by name, and a bool mask passes."""
@@ -264,6 +276,7 @@ def test_masks_of_every_other_dtype_are_refused(corpus, dtype):
     mlm.check_mask(jnp.ones(labels.shape, bool), labels, "m")  # a bool mask passes
 
 
+@pytest.mark.claims("mlm-loss-mean-over-selected")
 @pytest.mark.parametrize("rate,pattern", CONDITIONS)
 def test_loss_equals_float64_enumeration(config, corpus, encoder, evidence, rate, pattern):
     """The masked loss equals a float64 per-position enumeration, at two mask rates and paddings.
@@ -288,6 +301,7 @@ def test_loss_equals_float64_enumeration(config, corpus, encoder, evidence, rate
     assert not np.any(selected & (np.asarray(tokens) < NUM_SPECIAL))
 
 
+@pytest.mark.claims("mlm-loss-mean-over-selected")
 @pytest.mark.parametrize("rate,pattern", CONDITIONS)
 def test_labels_outside_the_mask_change_neither_loss_nor_gradient(
     config, corpus, encoder, loss_and_grad, evidence, rate, pattern
@@ -333,6 +347,7 @@ def test_labels_outside_the_mask_change_neither_loss_nor_gradient(
     )
 
 
+@pytest.mark.claims("mask-bool-and-same-shape")
 def test_bad_masks_are_refused_by_name(config, corpus):
     """A float mask and a (4, 1) mask are refused by the loss, naming the dtype or the shape."""
     tokens = jnp.asarray(corpus.tokens[:4])

@@ -41,6 +41,7 @@ def _views(model, tokens, prompt_len):
     return contrastive.encode(model, p), contrastive.encode(model, r)
 
 
+@pytest.mark.claims("false-negative-pairs")
 @pytest.mark.parametrize("num_dupes", [1, 3])
 def test_duplicated_positives_are_reported(config, corpus, evidence, num_dupes):
     """Duplicated positives found equal a brute-force search of every pair, for 1 and 3 copies."""
@@ -71,6 +72,7 @@ def test_mismatched_embeddings_are_refused():
         contrastive.info_nce(jnp.ones((4, 8)), jnp.ones((4, 8)), 0.0)
 
 
+@pytest.mark.claims("info-nce-symmetric", "info-nce-no-rank-promotion")
 @pytest.mark.parametrize(
     "source,temperature", [("random", 0.1), ("random", 1.0), ("encoder", 0.05)]
 )
@@ -148,6 +150,7 @@ _loss_and_grads = jax.jit(
 )
 
 
+@pytest.mark.claims("info-nce-symmetric")
 @pytest.mark.parametrize("temperature", [1e-3, 1e-4])
 def test_low_temperature_stays_finite_and_exact(evidence, temperature):
     """At temperatures 1e-3 and 1e-4 the loss and gradients stay finite and equal the float64 loop.

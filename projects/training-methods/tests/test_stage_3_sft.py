@@ -72,6 +72,9 @@ def _reference_pack(tokens, prompt_len, length):
     return fields
 
 
+@pytest.mark.claims(
+    "pack-greedy-in-order", "pack-segment-ids", "pack-positions-restart", "pack-example-rows"
+)
 @pytest.mark.parametrize("n,length", [(12, 13), (12, 32), (20, 48), (7, 100), (1, 13)])
 def test_pack_fields_equal_a_plain_python_packing(config, corpus, n, length):
     """Every packed field equals a plain-Python greedy packing, for five counts and row lengths.
@@ -107,6 +110,7 @@ def test_pack_row_length_boundaries(corpus):
         sft.pack(tokens[0], prompt_len[:1], longest)
 
 
+@pytest.mark.claims("sft-loss-mean-over-counted", "sft-loss-strict-dtypes")
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 30])
 def test_sft_loss_at_every_mask_size(count):
     """The SFT loss equals a float64 mean at 0, 1, 2, 7 and 30 counted targets (0 if none)."""
@@ -129,6 +133,7 @@ def test_sft_loss_at_every_mask_size(count):
     np.testing.assert_allclose(loss, expected, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.claims("sft-response-mask")
 @pytest.mark.parametrize("which", ["tiny", "lengths 1-4"])
 def test_response_mask_matches_token_types(corpus, other_corpus, evidence, which):
     """The response mask equals one built from token types (after SEP, not padding), two ranges."""
@@ -151,6 +156,7 @@ def test_response_mask_matches_token_types(corpus, other_corpus, evidence, which
     )
 
 
+@pytest.mark.claims("sft-response-mask", "sft-loss-mean-over-counted")
 @pytest.mark.parametrize("which", ["tiny", "lengths 1-4"])
 def test_prompt_labels_change_neither_loss_nor_gradient(
     config, corpus, other_corpus, grad_fn, evidence, which
@@ -213,6 +219,7 @@ def _packed_logits(model, tokens, segment_ids, positions):
     return model(tokens, segment_ids=segment_ids, positions=positions)
 
 
+@pytest.mark.claims("pack-segment-ids", "pack-positions-restart")
 @pytest.mark.parametrize("length", [32, 48])
 def test_packed_examples_cannot_see_each_other(config, corpus, evidence, length):
     """Changing one packed example changes no other's logit; each gets its logits alone.
@@ -271,6 +278,7 @@ def test_packed_examples_cannot_see_each_other(config, corpus, evidence, length)
     )
 
 
+@pytest.mark.claims("sft-response-mask", "sft-loss-mean-over-counted")
 def test_loss_fn_is_next_token_cross_entropy_over_the_response(config, corpus):
     """loss_fn equals a float64 next-token cross-entropy over the targets of a token-type mask."""
     model = build(config, key=jax.random.key(8))

@@ -62,6 +62,9 @@ def _linear(d_in, d_out, seed):
     return layer
 
 
+@pytest.mark.claims(
+    "lora-scaled-low-rank-update", "lora-step-0-is-the-base", "lora-merge-folds-the-kernel"
+)
 @pytest.mark.parametrize(
     "d_in,d_out,rank,alpha", [(6, 10, 1, 8.0), (12, 5, 3, 2.0), (8, 8, 8, 1.0)]
 )
@@ -151,6 +154,7 @@ def test_rank_boundaries(rank, ok):
             lora.LoRALinear(base, rank, 8.0, key=jax.random.key(0))
 
 
+@pytest.mark.claims("lora-step-0-is-the-base")
 @pytest.mark.parametrize("rank", [1, 16])
 def test_adapted_model_equals_the_base_bitwise_at_step_0(config, corpus, sft_run, evidence, rank):
     """At step 0 the adapted model's logits equal the base model's bitwise, at ranks 1 and 16."""
@@ -217,6 +221,7 @@ def test_only_the_adapters_train(config, sft_run, runs, evidence, rank):
     )
 
 
+@pytest.mark.claims("lora-merge-folds-the-kernel")
 @pytest.mark.parametrize("rank", RANKS)
 def test_merged_weights_give_the_unmerged_outputs(config, corpus, runs, evidence, rank):
     """Merged weights give the unmerged logits within 16 eps K max|logit|, at ranks 1, 4 and 16.

@@ -38,6 +38,7 @@ CASES = [
 ]
 
 
+@pytest.mark.claims("dpo-rewards-and-loss")
 @pytest.mark.parametrize("beta", [0.1, 2.0])
 def test_dpo_matches_the_table_of_cases(evidence, beta):
     """DPO equals the closed form log(1 + exp(-beta margin)) on six enumerated cases, beta 0.1, 2.
@@ -82,6 +83,9 @@ class _Uniform(nnx.Module):
         return jnp.zeros((*tokens.shape, self.vocab), jnp.float32)
 
 
+@pytest.mark.claims(
+    "sequence-logps-sum-over-response", "sequence-logps-normalized", "sequence-logps-strict-dtypes"
+)
 @pytest.mark.parametrize("vocab", [10, 21])
 def test_length_differences_sum_versus_normalized(evidence, vocab):
     """Under a uniform policy the summed log-prob prefers the short response; normalized, a tie.
@@ -169,6 +173,9 @@ def _np_logps(table, rows, lens, normalize=False):
     return np.asarray(out)
 
 
+@pytest.mark.claims(
+    "sequence-logps-sum-over-response", "sequence-logps-normalized", "sequence-logps-strict-dtypes"
+)
 @pytest.mark.parametrize("normalize", [False, True])
 def test_sequence_logps_equal_a_numpy_enumeration(normalize):
     """Sequence log-probs of a random bigram model equal NumPy's, summed and normalized."""
@@ -238,6 +245,7 @@ def pairs(config, splits, corpus):
     )
 
 
+@pytest.mark.claims("dpo-reference-no-gradient")
 def test_the_reference_gets_no_gradient(config, pairs, sft_run, evidence):
     """The reference model gets an exactly zero gradient while the policy's is non-zero."""
     _, base, _, _ = sft_run

@@ -79,6 +79,12 @@ _BOUNDARY_MASKS = {
 }
 
 
+@pytest.mark.claims(
+    "per-token-mean",
+    "per-sequence-mean",
+    "per-token-mean-strict-dtypes",
+    "per-sequence-mean-strict-dtypes",
+)
 @pytest.mark.parametrize("name", list(_BOUNDARY_MASKS))
 def test_reductions_at_mask_boundaries(name):
     """Per-token and per-sequence means equal NumPy on five boundary masks (0 where nothing counts).
@@ -93,6 +99,12 @@ def test_reductions_at_mask_boundaries(name):
     np.testing.assert_allclose([tok, seq], [ref_tok, ref_seq], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.claims(
+    "per-token-mean",
+    "per-sequence-mean",
+    "per-token-mean-strict-dtypes",
+    "per-sequence-mean-strict-dtypes",
+)
 @settings(max_examples=25, derandomize=True, deadline=None, database=None)
 @given(
     seed=st.integers(0, 2**16),
@@ -123,6 +135,12 @@ def _toy_grad(w: np.ndarray, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return g / max(int(mask.sum()), 1)
 
 
+@pytest.mark.claims(
+    "accumulate-by-the-global-count",
+    "accumulate-returns-the-count",
+    "accumulate-strict-dtypes",
+    "sharded-grad-psum-global-count",
+)
 @pytest.mark.parametrize("counted", [0, 1, 2, 9])
 def test_accumulated_and_sharded_gradients_at_small_counts(counted):
     """Accumulated and 2-device sharded gradients equal a hand-derived one at 0, 1, 2 and 9 tokens.
@@ -150,6 +168,7 @@ def test_accumulated_and_sharded_gradients_at_small_counts(counted):
         np.testing.assert_allclose(np.asarray(sharded["w"]), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.claims("per-token-mean", "per-sequence-mean")
 @pytest.mark.parametrize("ragged", [True, False])
 def test_per_token_and_per_sequence_means(corpus, setup, evidence, ragged):
     """Both means equal float64 loops, and differ exactly when the batch is ragged.
@@ -193,6 +212,9 @@ def _tolerance(full) -> float:
     return 64 * float(np.finfo(np.float32).eps) * max(1.0, reductions.max_abs(full)) * 16
 
 
+@pytest.mark.claims(
+    "accumulate-by-the-global-count", "accumulate-returns-the-count", "accumulate-strict-dtypes"
+)
 @pytest.mark.parametrize("micro", [2, 4])
 def test_accumulation_matches_the_full_batch_only_with_the_global_count(setup, evidence, micro):
     """Accumulation equals the full-batch gradient with the global count; a mean of means does not.
@@ -232,6 +254,7 @@ def test_accumulation_matches_the_full_batch_only_with_the_global_count(setup, e
     )
 
 
+@pytest.mark.claims("sharded-grad-psum-global-count")
 def test_sharded_accumulation_over_two_devices(setup, evidence):
     """The batch split over 2 devices, count psum'ed, gives the full-batch gradient and count."""
     if len(jax.devices()) < 2:

@@ -19,6 +19,7 @@ from training_methods.data import HeldoutLeak, batches, split_ids
 from training_methods.train import Ledger, fit
 
 
+@pytest.mark.claims("ngrams-every-window-in-order")
 @pytest.mark.parametrize("length", [0, 1, 2, 3, 5, 7])
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_ngrams_are_every_window_in_order(length, n):
@@ -43,6 +44,7 @@ def test_split_ids_are_the_two_documented_ranges(config, config_kw):
     assert split["train"].dtype == split["heldout"].dtype == np.int32
 
 
+@pytest.mark.claims("audit-leaked-ids", "audit-ngram-overlap", "audit-n-positive")
 def test_audit_boundaries_n_and_truncation(splits, corpus):
     """The audit lists at most ten leaked ids per objective, and handles n = 1, long n and bad n.
 
@@ -106,6 +108,7 @@ def _split_corpora(corpus, splits):
     return sub(splits["train"]), sub(splits["heldout"])
 
 
+@pytest.mark.claims("audit-leaked-ids")
 def test_no_heldout_id_enters_any_objective(splits, corpus, ledger, evidence):
     """No held-out id is in the SFT or masked-LM ledger; a planted one is flagged.
 
@@ -190,6 +193,7 @@ def _prompt_matrix(c):
     return m
 
 
+@pytest.mark.claims("audit-exact-duplicates", "audit-ngram-overlap")
 @pytest.mark.parametrize("n", [3, 4])
 def test_duplicates_and_ngram_overlap_vs_brute_force(splits, corpus, ledger, evidence, n):
     """The audit's duplicates and n-gram overlap equal a brute-force NumPy search, n = 3 and 4."""
@@ -244,6 +248,7 @@ def _greedy_accuracy(model, c) -> float:
     return float(np.mean([np.array_equal(tokens[i], c.tokens[i]) for i in range(len(tokens))]))
 
 
+@pytest.mark.claims("heldout-metrics-namespace", "heldout-metrics-dedup")
 def test_heldout_metrics_live_in_their_own_namespace(splits, corpus, ledger, sft_run, evidence):
     """Held-out answer accuracy equals real greedy decoding, and every metric is under `heldout/`.
 

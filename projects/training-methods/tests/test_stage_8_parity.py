@@ -37,6 +37,7 @@ def _taps(values):
     return [(f"layer{i}", np.asarray(v, np.float64)) for i, v in enumerate(values)]
 
 
+@pytest.mark.claims("compare-first-layer-beyond-tolerance", "compare-refuses-different-taps")
 def test_compare_names_the_first_layer_beyond_its_tolerance():
     """compare names the first layer beyond its tolerance, not the last; one at it is within.
 
@@ -82,6 +83,7 @@ def test_compare_names_the_first_layer_beyond_its_tolerance():
             parity.compare(_taps(ref), renamed, np.float64, 64, 13)
 
 
+@pytest.mark.claims("torch-causal-mask-offset")
 @pytest.mark.parametrize("offset", [0, 1, 2])
 def test_torch_causal_mask_sees_exactly_offset_tokens_ahead(offset):
     """The PyTorch model's position i reads exactly the keys k <= i + offset, for offsets 0, 1, 2.
@@ -105,6 +107,7 @@ def test_torch_causal_mask_sees_exactly_offset_tokens_ahead(offset):
             assert moved[:8].tolist() == expected, (p, moved.tolist())
 
 
+@pytest.mark.claims("torch-padding-keys-ignored", "torch-taps-in-order")
 def test_torch_padding_keys_are_ignored_and_embed_tap_is_the_sum():
     """Padding keys change no real position's output; the embed tap is token + position sum."""
     import torch
@@ -133,6 +136,7 @@ def _formula(name, dtype, reference, d_model, seq_len):
     )
 
 
+@pytest.mark.claims("tolerance-formula")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(
     "name,d_model,seq_len",
@@ -154,6 +158,11 @@ def test_tolerance_is_the_documented_formula(dtype, name, d_model, seq_len, peak
     np.testing.assert_allclose(tol, _formula(name, dtype, reference, d_model, seq_len), rtol=1e-12)
 
 
+@pytest.mark.claims(
+    "torch-linear-weight-is-the-kernel-transposed",
+    "torch-taps-in-order",
+    "torch-causal-mask-offset",
+)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 def test_clean_model_agrees_at_every_layer(config, tokens, evidence, dtype):
     """The clean Flax model agrees with its PyTorch twin at every layer, in float64 and float32.
@@ -173,6 +182,7 @@ def test_clean_model_agrees_at_every_layer(config, tokens, evidence, dtype):
     )
 
 
+@pytest.mark.claims("compare-first-layer-beyond-tolerance", "torch-causal-mask-offset")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize(
     "name,override,expected", INJECTIONS, ids=[i[2] + ":" + i[0].split()[0] for i in INJECTIONS]

@@ -76,15 +76,18 @@ def committed_steps(directory: Path) -> list[int]:
 
 def check_step(directory: Path, step: int, config: Config, process_count: int, data: bool):
     """Every item present and the metadata consistent; raises `CheckpointError` for a
-    checkpoint of another config (that is a user error, not damage).
+    checkpoint of another config (that is a user error, not damage)
+    [claim:check-step-other-config-raises].
 
     Cases (`problems` collects one phrase each; the reason joins them with "; "):
-      `_CHECKPOINT_METADATA` (Orbax's step file) missing -> a problem.
+      `_CHECKPOINT_METADATA` (Orbax's step file) missing -> a problem
+        [claim:check-step-orbax-metadata].
       `state/_METADATA` missing, or not valid JSON (a truncated write) -> a problem
-        whose phrase names the item in backticks, `` `state` ``.
+        whose phrase names the item in backticks, `` `state` `` [claim:check-step-state-item].
       with `data`: `data/process_<i>-of-<n>.json` missing or not valid JSON, for any
-        `i < process_count` -> a problem naming `` `data` ``; without `data`, unchecked.
-      an intact step -> `ok`, reason "".
+        `i < process_count` -> a problem naming `` `data` `` [claim:check-step-data-item];
+        without `data`, unchecked [claim:check-step-data-unchecked-without-data].
+      an intact step -> `ok`, reason "" [claim:check-step-intact-ok].
     """
     root = directory / str(step)
     problems = []

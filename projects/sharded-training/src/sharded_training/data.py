@@ -47,10 +47,11 @@ def process_rows(batch_size: int, process_index: int, process_count: int) -> sli
     data axis of the mesh (devices ordered by process) gets them in place.
 
     Raises `ValueError` unless `0 <= process_index < process_count` and the batch
-    divides into `process_count` equal, non-empty blocks.
+    divides into `process_count` equal, non-empty blocks [claim:process-rows-refusals].
 
     Cases (returned as a `slice`, which the caller indexes a batch with):
-      `(16, 0, 1)` -> rows 0-15.  `(16, 1, 2)` -> rows 8-15.  `(16, 3, 4)` -> rows 12-15.
+      `(16, 0, 1)` -> rows 0-15.  `(16, 1, 2)` -> rows 8-15.  `(16, 3, 4)` -> rows 12-15
+      [claim:process-rows-contiguous-blocks].
     """
     if process_count < 1:
         raise ValueError(f"`process_count` must be at least 1, not `{process_count}`.")

@@ -189,16 +189,20 @@ def breakdown(
     trace: dict[str, Any], window: tuple[int, int], steps_per_call: int, skip: int = 2
 ) -> dict[str, Any]:
     """Median per-STEP seconds of each category over the steady iterations inside
-    `window` (the variant's annotated span); the first `skip` iterations are warm-up.
+    `window` (the variant's annotated span); the first `skip` iterations are warm-up
+    [claim:breakdown-skips-warm-up].
 
     Cases, for each steady iteration `[s, e)` (nanoseconds):
-      `iteration` -> `e - s`.
+      `iteration` -> `e - s` [claim:breakdown-iteration-duration].
       a category of `CATEGORIES` -> the full durations of its host events whose START
-        lies in `[s, e)`: one starting at `e`, or before `s`, belongs to no step.
+        lies in `[s, e)`: one starting at `e`, or before `s`, belongs to no step
+        [claim:breakdown-host-events-by-start].
       `device_busy`, `collective_wait`, `all_reduce` -> the device, `rendezvous` and
         `collective_ops` intervals clipped to `[s, e)` and unioned (`_intervals_union`):
-        overlaps count once, an interval ending at `s` or starting at `e` counts 0.
-      `per_step_s[c]` -> the median of `per[c]` / 1e9 / `steps_per_call`; 0.0 if empty.
+        overlaps count once, an interval ending at `s` or starting at `e` counts 0
+        [claim:breakdown-intervals-clipped-unioned].
+      `per_step_s[c]` -> the median of `per[c]` / 1e9 / `steps_per_call`; 0.0 if empty
+        [claim:breakdown-median-per-step].
     The lists in `per` are read again after the region (fractions, excess).
     """
     iterations = sorted(

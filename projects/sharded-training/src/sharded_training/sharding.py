@@ -78,11 +78,12 @@ def global_batch(local: dict[str, np.ndarray], mesh: Mesh, batch_size: int) -> d
     each process passes only the rows it loaded; none is copied to another process.
 
     Cases:
-      key `ids` -> left out: the sample IDs stay on the host.
+      key `ids` -> left out: the sample IDs stay on the host [claim:global-batch-ids-stay-on-host].
       any other key (`x`, `y`, `mask`, or a further per-row field) -> a global array
         of shape `(batch_size, *value.shape[1:])`, sharded by `batch_sharding(mesh)`:
         the device at data index i holds rows `[i * B / d, (i + 1) * B / d)`, and
-        devices that differ only in the model index hold the same rows.
+        devices that differ only in the model index hold the same rows
+        [claim:global-batch-rows-by-data-index].
     """
     # --- exercise stage 1: Split rows over the data axis; build global arrays from local rows. ---
     sharding = batch_sharding(mesh)

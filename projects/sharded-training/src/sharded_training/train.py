@@ -46,12 +46,14 @@ def loss_fn(params, batch: dict, key: jax.Array, dropout_rate: float):
     whichever shard holds it.
 
     Returns `(loss, count)`: the scalar loss and the number of valid rows (the sum
-    of the float32 `mask`), which `train_step` reports as `count`.
+    of the float32 `mask`), which `train_step` reports as `count` [claim:loss-returns-valid-count].
 
     Cases:
-      padding rows (`mask` 0) -> weight 0, whatever their features and labels.
+      padding rows (`mask` 0) -> weight 0, whatever their features and labels
+        [claim:loss-padding-weight-zero].
       shards with unequal valid counts -> the loss still equals the plain mean over
-        the valid rows on one device (rtol 1e-5); a mean of per-shard means does not.
+        the valid rows on one device (rtol 1e-5); a mean of per-shard means does not
+        [claim:loss-unequal-shards-plain-mean].
     """
     # --- exercise stage 1: Sum masked losses, divide by the global count of valid rows. ---
     losses = model.per_example_loss(params, batch["x"], batch["y"], key, dropout_rate)

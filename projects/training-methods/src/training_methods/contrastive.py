@@ -22,10 +22,11 @@ from flax import nnx
 
 
 def info_nce(a: jax.Array, b: jax.Array, temperature: float) -> jax.Array:
-    """Symmetric InfoNCE of embeddings `a`, `b` `(N, D)` (normalised here).
+    """Symmetric InfoNCE of embeddings `a`, `b` `(N, D)` (normalised here)
+    [claim:info-nce-symmetric].
 
     The tests raise on implicit rank promotion: divide `(N, D)` by norms taken
-    with `keepdims=True` `(N, 1)`, never by `(N,)`.
+    with `keepdims=True` `(N, 1)`, never by `(N,)` [claim:info-nce-no-rank-promotion].
     """
     if a.shape != b.shape or a.ndim != 2:
         raise ValueError(f"`a` and `b` must both be `(N, D)`, got `{a.shape}` and `{b.shape}`.")
@@ -42,7 +43,8 @@ def info_nce(a: jax.Array, b: jax.Array, temperature: float) -> jax.Array:
 
 
 def false_negatives(content: np.ndarray) -> list[tuple[int, int]]:
-    """Pairs `(i, j)`, `i < j`, whose positives have identical content.
+    """Pairs `(i, j)`, `i < j`, whose positives have identical content
+    [claim:false-negative-pairs].
 
     `content`: `(N, ...)` the data each pair's positive was computed from
     (e.g. token rows). Such a pair puts a true match among the negatives.

@@ -127,10 +127,12 @@ def train_dpo(
 def sequence_logps(
     model, tokens: jax.Array, prompt_len: jax.Array, normalize: bool = False
 ) -> jax.Array:
-    """`(B,)` log-probability of each response (and EOS) given its prompt.
+    """`(B,)` log-probability of each response (and EOS) given its prompt
+    [claim:sequence-logps-sum-over-response].
 
-    With `normalize`, each sum is divided by its response length, an int count
-    cast to the log-probabilities' dtype (the tests' strict dtype promotion).
+    With `normalize`, each sum is divided by its response length
+    [claim:sequence-logps-normalized], an int count cast to the log-probabilities'
+    dtype (the tests' strict dtype promotion) [claim:sequence-logps-strict-dtypes].
     """
     logits = model(tokens[:, :-1])
     targets = tokens[:, 1:]
@@ -151,7 +153,10 @@ class DPOOut(NamedTuple):
 
 
 def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta: float) -> DPOOut:
-    """DPO from sequence log-probabilities `(B,)`; the reference gets no gradient."""
+    """DPO from sequence log-probabilities `(B,)`: rewards `beta * (policy - reference)`,
+    loss the mean over pairs of `-log_sigmoid(chosen_reward - rejected_reward)`
+    [claim:dpo-rewards-and-loss]; the reference gets no gradient
+    [claim:dpo-reference-no-gradient]."""
     ref_chosen = jax.lax.stop_gradient(ref_chosen)
     ref_rejected = jax.lax.stop_gradient(ref_rejected)
     # --- exercise stage 5: Rewards beta * (policy - ref); mean of -log_sigmoid of their gap. ---

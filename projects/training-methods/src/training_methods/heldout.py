@@ -30,14 +30,24 @@ def prompts(corpus: Corpus) -> list[tuple[int, ...]]:
 
 
 def ngrams(seq: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
-    """Every contiguous window of `n` tokens of `seq`, in order (repeats kept)."""
+    """Every contiguous window of `n` tokens of `seq`, in order (repeats kept)
+    [claim:ngrams-every-window-in-order]."""
     # --- exercise stage 7: Return every contiguous n-token window of seq, in order. ---
     return [seq[i : i + n] for i in range(len(seq) - n + 1)]
     # --- end exercise ---
 
 
 def audit(ledger: Ledger, train: Corpus, heldout: Corpus, n: int = 3) -> dict:
-    """Separation and contamination report (figures, and the verdict they imply)."""
+    """Separation and contamination report (figures, and the verdict they imply).
+
+    `leaked_ids`: per objective, the first ten (sorted) held-out ids its ledger read;
+    `separated` is True when there are none [claim:audit-leaked-ids].
+    `duplicate_ids`, `exact_duplicates`: the held-out examples whose prompt is a
+    training prompt [claim:audit-exact-duplicates].
+    `ngram_overlap`: the fraction of held-out prompt n-grams (repeats counted) that
+    occur in training prompts, 0.0 when there is none [claim:audit-ngram-overlap].
+    Raises `ValueError` unless `n` is a positive integer [claim:audit-n-positive].
+    """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"The n-gram length `n` must be a positive integer, got `{n}`.")
     heldout_ids = set(heldout.ids.tolist())
@@ -64,7 +74,8 @@ def audit(ledger: Ledger, train: Corpus, heldout: Corpus, n: int = 3) -> dict:
 
 
 def heldout_metrics(model, heldout: Corpus, duplicate_ids: list[int]) -> dict[str, float]:
-    """Held-out metrics under `heldout/`: all examples and de-duplicated ones."""
+    """Held-out metrics under `heldout/` [claim:heldout-metrics-namespace]: all examples
+    and de-duplicated ones (less `duplicate_ids`) [claim:heldout-metrics-dedup]."""
     clean = np.setdiff1d(heldout.ids, np.asarray(duplicate_ids, dtype=np.int32))
     # --- exercise stage 7: Evaluate all and de-duplicated held-out ids under the namespace. ---
     every = evaluate(model, heldout, heldout.ids)

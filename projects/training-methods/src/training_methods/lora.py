@@ -37,6 +37,9 @@ class LoRALinear(nnx.Module):
         self.lora_b = nnx.LoRAParam(jnp.zeros((rank, d_out), dtype))
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """The base output plus the scaled update `(alpha / rank) * x @ A @ B`
+        [claim:lora-scaled-low-rank-update]; with `B` zero, as at step 0, exactly the
+        base output [claim:lora-step-0-is-the-base]."""
         # --- exercise stage 4: Add the scaled low-rank update x @ A @ B to the base output. ---
         return self.base(x) + (x @ self.lora_a[...] @ self.lora_b[...]) * jnp.asarray(
             self.scale, x.dtype
@@ -83,6 +86,8 @@ def merge_free_view(model: nnx.Module) -> nnx.Module:
 
 
 def merged_linear(layer: LoRALinear) -> nnx.Linear:
+    """A copy of the base `nnx.Linear` with kernel `W + (alpha / rank) A @ B` and the
+    bias kept; the layer's own base is left as it was [claim:lora-merge-folds-the-kernel]."""
     base = nnx.clone(layer.base)
     # --- exercise stage 4: Fold the scaled product A @ B into the base kernel. ---
     base.kernel[...] = base.kernel[...] + (layer.lora_a[...] @ layer.lora_b[...]) * jnp.asarray(

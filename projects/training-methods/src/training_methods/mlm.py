@@ -27,7 +27,8 @@ class Corrupted(NamedTuple):
 
 
 def check_mask(mask: jax.Array, like: jax.Array, name: str = "mask") -> None:
-    """Refuses a mask that is not bool or not of shape `like.shape` (no broadcasting)."""
+    """Refuses a mask that is not bool or not of shape `like.shape` (no broadcasting)
+    [claim:mask-bool-and-same-shape]."""
     if mask.dtype != jnp.bool_:
         raise ValueError(f"`{name}` must be bool, but its dtype is `{mask.dtype}`.")
     if mask.shape != like.shape:
@@ -43,13 +44,16 @@ def corrupt(key: jax.Array, tokens: jax.Array, mask_rate: float, num_symbols: in
 
     Real symbols are the ids `NUM_SPECIAL .. NUM_SPECIAL + num_symbols - 1`; ids below
     `NUM_SPECIAL` (PAD, BOS, SEP, EOS, MASK) are special. Each real token is selected
-    with probability `mask_rate`; a selected one becomes `MASK` with probability 0.8,
-    a random real symbol (uniform over those ids) with probability 0.1, and stays
-    itself otherwise. Returns the corrupted inputs, the original tokens as labels
-    and the selection as a bool `loss_mask`.
+    with probability `mask_rate` [claim:mlm-selects-real-symbols-at-rate]; a selected
+    one becomes `MASK` with probability 0.8, a random real symbol with probability 0.1,
+    and stays itself otherwise [claim:mlm-split-80-10-10]; the random symbol is uniform
+    over those ids [claim:mlm-random-symbol-uniform]. Returns the corrupted inputs
+    (int32), the original tokens as labels and the selection as a bool `loss_mask`
+    [claim:mlm-corrupt-returns-labels-and-mask].
 
     One key per draw (`k_select`, `k_kind`, `k_random`): the tests run with
-    `jax_debug_key_reuse`, so a key used for two draws is an error.
+    `jax_debug_key_reuse`, so a key used for two draws is an error
+    [claim:mlm-one-key-per-draw].
     """
     k_select, k_kind, k_random = jax.random.split(key, 3)
     # --- exercise stage 1: Real symbols at mask_rate; 80% MASK, 10% random; keys never reused. ---
@@ -68,11 +72,13 @@ def corrupt(key: jax.Array, tokens: jax.Array, mask_rate: float, num_symbols: in
 def mlm_loss(logits: jax.Array, labels: jax.Array, loss_mask: jax.Array) -> jax.Array:
     """Mean cross-entropy over the positions where `loss_mask` is True.
 
-    `logits` `(B, T, V)`, `labels` int32 `(B, T)`, `loss_mask` bool `(B, T)`.
-    Denominator: the number of selected positions in the batch (at least 1).
+    `logits` `(B, T, V)`, `labels` int32 `(B, T)`, `loss_mask` bool `(B, T)`
+    [claim:mask-bool-and-same-shape].
+    Denominator: the number of selected positions in the batch (at least 1)
+    [claim:mlm-loss-mean-over-selected].
     Under the tests' strict dtype promotion a float never mixes with an int or a
     bool: `ce * mask` and `sum / count` are errors; mask with `jnp.where` and
-    cast the count to the loss dtype.
+    cast the count to the loss dtype [claim:mlm-loss-strict-dtypes].
     """
     check_mask(loss_mask, labels, "loss_mask")
     # --- exercise stage 1: Mean CE over selected positions only (strict dtypes: cast count). ---

@@ -8,7 +8,7 @@ kernel `(in, out)` is a torch `Linear.weight` `(out, in)` transposed).
 `compare` runs both on the same tokens, collects every layer's output in
 order, and names the first layer whose max absolute difference exceeds its
 tolerance. The tolerance of a layer is derived from the dtype and the
-reduction length `K` of the op that produced it:
+reduction length `K` of the op that produced it [claim:tolerance-formula]:
 
     tol = C * eps(dtype) * sqrt(K) * scale
 
@@ -100,6 +100,11 @@ class TorchTransformer(torch.nn.Module):
         self.mask_offset = mask_offset
 
     def forward(self, tokens, taps=None):
+        """Logits of `tokens`; query `i` attends key `j` only when `j <= i + mask_offset`
+        [claim:torch-causal-mask-offset] and `j` is not padding (token 0)
+        [claim:torch-padding-keys-ignored]. `taps` collects every layer's output in
+        order, the first (`embed`) the token plus position embedding
+        [claim:torch-taps-in-order]."""
         taps = [] if taps is None else taps
         b, t = tokens.shape
         seg = (tokens != 0).long()
@@ -128,6 +133,8 @@ def load_from_nnx(torch_model: TorchTransformer, nnx_model: nnx.Module) -> Torch
         return torch.from_numpy(np.array(x[...], dtype=np.float64)).to(dtype)
 
     def linear(dst: torch.nn.Linear, src: nnx.Linear):
+        """A Flax Linear into a torch Linear: the weight is the kernel transposed, the
+        bias as it is [claim:torch-linear-weight-is-the-kernel-transposed]."""
         # --- exercise stage 8: Copy a Flax Linear: the torch weight is the kernel transposed. ---
         dst.weight.copy_(t(src.kernel).T)
         dst.bias.copy_(t(src.bias))
@@ -174,7 +181,10 @@ def compare(
     d_model: int,
     seq_len: int,
 ) -> dict:
-    """Layer-by-layer report and the first layer beyond its tolerance (or None)."""
+    """Layer-by-layer report and the first layer beyond its tolerance (or None): a
+    difference equal to the tolerance is within it [claim:compare-first-layer-beyond-tolerance].
+    Raises `ValueError` when the two models tap different layers
+    [claim:compare-refuses-different-taps]."""
     names = [n for n, _ in flax_taps]
     if names != [n for n, _ in torch_taps]:
         raise ValueError(

@@ -29,9 +29,11 @@ from training_methods.mlm import check_mask
 
 
 def per_token_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean over every counted token of the batch (`mask` bool, `losses`' shape).
+    """Mean over every counted token of the batch (`mask` bool, `losses`' shape)
+    [claim:per-token-mean].
 
-    Strict dtype promotion in the tests: cast the int count to `losses.dtype`.
+    Strict dtype promotion in the tests: cast the int count to `losses.dtype`
+    [claim:per-token-mean-strict-dtypes].
     """
     check_mask(mask, losses)
     # --- exercise stage 6: Sum of counted losses over the counted-token count (strict dtypes). ---
@@ -42,9 +44,11 @@ def per_token_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def per_sequence_mean(losses: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean over sequences (with a counted token) of each sequence's token mean.
+    """Mean over sequences (with a counted token) of each sequence's token mean
+    [claim:per-sequence-mean].
 
-    Strict dtype promotion in the tests: cast both int counts to `losses.dtype`.
+    Strict dtype promotion in the tests: cast both int counts to `losses.dtype`
+    [claim:per-sequence-mean-strict-dtypes].
     """
     check_mask(mask, losses)
     # --- exercise stage 6: Mean per sequence, then over non-empty sequences (strict dtypes). ---
@@ -67,10 +71,12 @@ def sum_and_count(token_loss_fn: Callable, params, batch):
 
 
 def accumulate_global(token_loss_fn: Callable, params, micro_batches: list) -> tuple:
-    """Accumulated gradient normalized by the global count; also returns the count.
+    """Accumulated gradient normalized by the global count
+    [claim:accumulate-by-the-global-count]; also returns the count
+    [claim:accumulate-returns-the-count].
 
     The count is an int array: cast it to each gradient's dtype before dividing
-    (the tests' strict dtype promotion).
+    (the tests' strict dtype promotion) [claim:accumulate-strict-dtypes].
     """
     step = jax.jit(lambda p, b: sum_and_count(token_loss_fn, p, b))
     # --- exercise stage 6: Add micro-batch grad sums and counts, then divide (strict dtypes). ---
@@ -112,6 +118,8 @@ def sharded_grad(token_loss_fn: Callable, params, batch, mesh: Mesh):
     (the tests' strict dtype promotion)."""
 
     def local(p, b):
+        """This device's gradient sum and count, each `psum`med over `data`; the summed
+        gradient divided by the summed count [claim:sharded-grad-psum-global-count]."""
         # Mark the replicated parameters as device-varying, so that `grad` gives
         # this device's own gradient; left invariant, JAX's transpose would
         # already sum the gradient over devices and the psum below would double it.

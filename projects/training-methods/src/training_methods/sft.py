@@ -22,7 +22,8 @@ from training_methods.mlm import check_mask
 
 
 def response_mask(targets: jax.Array, prompt_len: jax.Array) -> jax.Array:
-    """bool `(B, T-1)`: True where target `t` (token `t+1`) is a response token or EOS.
+    """bool `(B, T-1)`: True where target `t` (token `t+1`) is a response token or EOS
+    [claim:sft-response-mask].
 
     With prompt length `L` the sequence is `BOS p_1..p_L SEP r_1..r_L EOS`: the
     response starts at token index `L + 2` and EOS sits at `2L + 2`.
@@ -36,10 +37,12 @@ def response_mask(targets: jax.Array, prompt_len: jax.Array) -> jax.Array:
 
 
 def sft_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
-    """Per-token mean cross-entropy over the counted targets of the batch.
+    """Per-token mean cross-entropy over the counted targets of the batch
+    [claim:sft-loss-mean-over-counted].
 
     Under the tests' strict dtype promotion the int count must be cast to the
-    loss dtype, and a float is masked with `jnp.where`, not multiplied by a bool.
+    loss dtype, and a float is masked with `jnp.where`, not multiplied by a bool
+    [claim:sft-loss-strict-dtypes].
     """
     check_mask(mask, targets)
     # --- exercise stage 3: Sum CE over counted targets; divide by their number (strict dtypes). ---
@@ -61,10 +64,11 @@ def loss_fn(model, batch, key):
 
 def pack(tokens: np.ndarray, prompt_len: np.ndarray, length: int) -> dict[str, np.ndarray]:
     """Packs examples (rows of `tokens`, real part `2L + 3` tokens) greedily, in
-    order, into rows of `length`. Returns int32 arrays `(R, length)`: `tokens`,
-    `segment_ids` (k for the k-th example of the row, 0 for padding) and
-    `positions` (0 at the start of every example), plus `example` (the input
-    row of each token, -1 for padding).
+    order, into rows of `length` [claim:pack-greedy-in-order]. Returns int32 arrays
+    `(R, length)`: `tokens`, `segment_ids` (k for the k-th example of the row, 0 for
+    padding) [claim:pack-segment-ids] and `positions` (0 at the start of every
+    example) [claim:pack-positions-restart], plus `example` (the input row of each
+    token, -1 for padding) [claim:pack-example-rows].
     """
     tokens, prompt_len = np.asarray(tokens), np.asarray(prompt_len)
     if tokens.ndim != 2:

@@ -56,6 +56,11 @@ def random_params(seed: int, hidden: tuple[int, ...]) -> dict:
     }
 
 
+@pytest.mark.claims(
+    "apply-one-layer-no-relu",
+    "apply-relu-between-layers",
+    "apply-explicit-bias-broadcast",
+)
 @pytest.mark.parametrize("hidden", [(), (16,), (24, 12)], ids=["no hidden", "1 hidden", "2"])
 def test_apply_with_nonzero_biases_matches_numpy(hidden):
     """`apply` and the deployed `logits_from_raw` match NumPy float64 within 1e-5, for 0-2 layers.
@@ -268,6 +273,7 @@ def test_digest_covers_each_field_alone(evidence):
     ), observed
 
 
+@pytest.mark.claims("apply-relu-between-layers", "apply-explicit-bias-broadcast")
 @pytest.mark.parametrize("batch", [1, 37])
 def test_forward_pass_matches_numpy(evidence, batch):
     """The NNX MLP and pure apply match a NumPy float64 forward pass within 1e-5, for batch sizes 1
@@ -296,6 +302,12 @@ def test_forward_pass_matches_numpy(evidence, batch):
     assert ok_nnx and ok_pure
 
 
+@pytest.mark.claims(
+    "artifact-spec-and-label-map",
+    "spec-scale-formula",
+    "spec-per-pixel-population-std",
+    "spec-fitted-on-training-split",
+)
 def test_preprocessing_spec_and_label_map(evidence, trained):
     """The saved mean and scale equal those recomputed from sklearn's raw training pixels; the
     spec's fields and its input's dtype, width and layout agree with sklearn's images; labels
@@ -392,6 +404,7 @@ def test_accuracy_recomputed_in_numpy(evidence, trained):
     )
 
 
+@pytest.mark.claims("golden-logits-bitwise-from-restored-state", "artifact-spec-and-label-map")
 def test_golden_predictions_reproduce_bitwise_from_saved_state(evidence, trained):
     """Golden logits recomputed from the restored Orbax state equal the saved ones bit for bit, as
     do params and spec."""

@@ -47,6 +47,15 @@ def _manifest(made_by: str | None, convention: int | None = None, created=CREATE
     }
 
 
+@pytest.mark.claims(
+    "compatibility-window-by-jax-version",
+    "calling-convention-range",
+    "window-calling-convention-range",
+    "window-same-jax-always",
+    "window-older-jax-180-days",
+    "window-newer-jax-30-days",
+    "window-each-rule-own-direction",
+)
 @pytest.mark.parametrize(
     ("age_days", "made_by", "convention", "within"),
     [
@@ -79,6 +88,7 @@ def test_compatibility_boundaries(age_days, made_by, convention, within):
         assert "window" in verdict["message"] or "outside the range" in verdict["message"]
 
 
+@pytest.mark.claims("window-older-jax-180-days", "window-newer-jax-30-days")
 def test_compatibility_messages_name_the_figures():
     """Out-of-window messages name the jax versions and the age in days; a created_at without time
     zone is refused."""
@@ -138,6 +148,13 @@ def _random_params(seed: int, hidden: tuple[int, ...]) -> dict:
     return {"layers": layers}
 
 
+@pytest.mark.claims(
+    "four-precision-policies",
+    "int8-scale-per-output-column",
+    "int8-zero-column-scale-one",
+    "int8-round-to-nearest",
+    "int8-dtype",
+)
 @pytest.mark.parametrize("hidden", [(12,), (16, 8)], ids=["1 hidden", "2 hidden"])
 @pytest.mark.parametrize("calibration", ["normal", "zeros"])
 @pytest.mark.parametrize("policy", precision.POLICIES)
@@ -167,6 +184,7 @@ def test_quantize_against_its_definition(policy, calibration, hidden):
             assert float(g["a_scale"]) == pytest.approx(r["a_scale"], rel=1e-5)
 
 
+@pytest.mark.claims("four-precision-policies", "precision-byte-table")
 @pytest.mark.parametrize("hidden", [(12,), (16, 8)], ids=["1 hidden", "2 hidden"])
 @pytest.mark.parametrize("policy", precision.POLICIES)
 def test_policy_forward_and_bytes_on_random_weights(policy, hidden):
@@ -207,6 +225,7 @@ def _numpy_forward(params, x_normalized) -> np.ndarray:
     return x
 
 
+@pytest.mark.claims("export-symbolic-batch", "manifest-fields")
 def test_manifest_describes_the_bytes(evidence, artifact):
     """The manifest's sha256s match hashlib over the files, its avals a symbolic batch, its versions
     the running jax."""
@@ -250,6 +269,11 @@ def test_manifest_describes_the_bytes(evidence, artifact):
     )
 
 
+@pytest.mark.claims(
+    "fresh-process-reload-bitwise",
+    "export-includes-normalization",
+    "source-and-export-agree",
+)
 def test_fresh_process_reload_matches_in_process_bitwise(evidence, trained, artifact, tmp_path):
     """Exported bytes reloaded in a fresh process give the jitted model's logits bit for bit, and
     NumPy's within 1e-4."""
@@ -326,6 +350,7 @@ WRONG_INPUTS = {
 }
 
 
+@pytest.mark.claims("loader-refuses-wrong-inputs")
 @pytest.mark.parametrize("case", list(WRONG_INPUTS))
 def test_wrong_inputs_are_refused(evidence, artifact, case):
     """The loader refuses each of 9 wrong inputs with its message, where raw jax.export may run
@@ -358,6 +383,7 @@ def _copy(artifact, tmp_path):
     return target
 
 
+@pytest.mark.claims("hash-checked-before-deserializing")
 @pytest.mark.parametrize("cut", ["half", "last 10 bytes", "one byte flipped"])
 def test_truncated_or_altered_bytes_are_refused_before_deserializing(
     evidence, artifact, tmp_path, cut
@@ -392,6 +418,10 @@ def test_truncated_or_altered_bytes_are_refused_before_deserializing(
     )
 
 
+@pytest.mark.claims(
+    "loader-refuses-other-golden-or-preprocessing",
+    "loader-refuses-unpinned-version",
+)
 def test_other_refusals(artifact, tmp_path):
     """A wrong expected sha256, altered golden sample, other preprocessing, bad or missing manifest
     are refused."""
@@ -557,6 +587,15 @@ OLDER_JAX, NEWER_JAX = "0.4.30", "99.0.0"
 TEXT_TRAP_JAX = "0.9.9"
 
 
+@pytest.mark.claims(
+    "compatibility-window-by-jax-version",
+    "calling-convention-range",
+    "window-calling-convention-range",
+    "window-same-jax-always",
+    "window-older-jax-180-days",
+    "window-newer-jax-30-days",
+    "window-versions-compared-by-number",
+)
 @pytest.mark.parametrize(
     ("age_days", "convention", "made_by", "within"),
     [
@@ -671,6 +710,11 @@ def models(trained):
     return {"hidden (32,)": trained, "hidden (48, 24)": second}
 
 
+@pytest.mark.claims(
+    "four-precision-policies",
+    "precision-byte-table",
+    "precision-accuracy-error-and-flips",
+)
 @pytest.mark.parametrize("which", ["hidden (32,)", "hidden (48, 24)"])
 def test_precision_policies_against_numpy(evidence, models, which):
     """Every policy's logits, int32 accumulators, byte table and flipped examples match NumPy, on
@@ -854,6 +898,7 @@ def _bad_npy_files(folder) -> dict[str, tuple[Path, str]]:
     return files
 
 
+@pytest.mark.claims("predict-refuses-bad-npy-files")
 def test_predict_refuses_files_that_are_not_float32_npy(evidence, artifact, tmp_path):
     """A file that is not a real `.npy` of numbers ends in exit 2 and a message
     naming the file, never a traceback. Each case through the command in this
@@ -918,6 +963,7 @@ def _int8_reference(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 EFFECT_BOUNDS = {"bf16": (0.02, 0.02), "int8_w": (0.02, 0.03), "int8_w8a8": (0.03, 0.18)}
 
 
+@pytest.mark.claims("int8-scale-per-output-column", "int8-round-to-nearest")
 @pytest.mark.parametrize("which", ["hidden (32,)", "hidden (48, 24)"])
 def test_int8_is_per_channel_and_its_error_is_bounded(evidence, models, which):
     """int8 scales and weights equal a float64 per-channel reference; policy errors stay bounded.
@@ -1031,6 +1077,7 @@ def _w8a8_error_range(params, calibration: np.ndarray, x: np.ndarray) -> tuple[f
     return float(np.minimum(err, other).max()), float(np.maximum(err, other).max())
 
 
+@pytest.mark.claims("w8a8-calibrated-on-training-split")
 @pytest.mark.parametrize("which", ["hidden (32,)", "hidden (48, 24)"])
 def test_precision_report_calibrates_w8a8_on_the_training_split(evidence, workdirs, which):
     """The precision report's int8_w8a8 logit error equals the one of activation scales fitted on

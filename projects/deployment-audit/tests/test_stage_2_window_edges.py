@@ -62,6 +62,14 @@ def _within_by_the_rule(kind: str, age: datetime.timedelta) -> bool:
     return -age <= FORWARD
 
 
+@pytest.mark.claims(
+    "compatibility-window-by-jax-version",
+    "window-same-jax-always",
+    "window-older-jax-180-days",
+    "window-newer-jax-30-days",
+    "window-each-rule-own-direction",
+    "window-versions-compared-by-number",
+)
 @pytest.mark.parametrize("edge", ["180 days old", "30 days ahead"])
 @pytest.mark.parametrize("kind", list(_versions()))
 def test_both_edges_of_the_window_are_inclusive_and_crossed_by_one_second(evidence, kind, edge):

@@ -140,6 +140,14 @@ CASES = {
 }
 
 
+@pytest.mark.claims(
+    "batch-releases-its-rows",
+    "queue-admits-within-row-bound",
+    "queue-refuses-past-row-bound",
+    "batch-whole-requests-in-order",
+    "batch-no-jumping-ahead",
+    "batch-fills-exactly",
+)
 @pytest.mark.parametrize("case", list(CASES))
 def test_rows_taken_by_a_batch_are_released_from_the_queue_bound(evidence, case):
     """Once earlier batches ran, a wave queues exactly max_queue_rows rows and the next row gets
@@ -267,6 +275,11 @@ HELD = {
 }
 
 
+@pytest.mark.claims(
+    "batch-releases-its-rows",
+    "queue-admits-within-row-bound",
+    "queue-refuses-past-row-bound",
+)
 @pytest.mark.parametrize("case", list(HELD))
 def test_rows_behind_a_running_batch_still_count_and_its_rows_do_not(evidence, case):
     """While a batch runs, a request is accepted exactly while the rows still queued behind it plus
@@ -288,6 +301,14 @@ def test_rows_behind_a_running_batch_still_count_and_its_rows_do_not(evidence, c
     ), got
 
 
+@pytest.mark.claims(
+    "batch-releases-its-rows",
+    "queue-admits-within-row-bound",
+    "queue-refuses-past-row-bound",
+    "batch-whole-requests-in-order",
+    "batch-no-jumping-ahead",
+    "batch-fills-exactly",
+)
 @settings(max_examples=40, derandomize=True, deadline=None, database=None)
 @given(
     bound=st.integers(MAX_BATCH, 12),

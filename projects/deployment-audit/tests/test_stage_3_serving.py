@@ -65,6 +65,7 @@ def capacity_reference(a, c, h, mean_rows, max_batch):
     return loop, worker
 
 
+@pytest.mark.claims("queue-model-checked")
 @FAST
 @given(
     a=st.floats(1e-4, 1e-2),
@@ -201,6 +202,14 @@ def _batcher_scenario(max_queue_rows: int, sizes: list[int]) -> tuple[list, list
     return answers, batches
 
 
+@pytest.mark.claims(
+    "dynamic-batching",
+    "queue-admits-within-row-bound",
+    "queue-refuses-past-row-bound",
+    "batch-whole-requests-in-order",
+    "batch-no-jumping-ahead",
+    "batch-fills-exactly",
+)
 def test_the_queue_bound_counts_rows_and_batches_hold_whole_requests(evidence):
     """The queue bound counts rows and batches take whole requests, against hand-worked answers.
 
@@ -228,6 +237,12 @@ def test_the_queue_bound_counts_rows_and_batches_hold_whole_requests(evidence):
     ), observed
 
 
+@pytest.mark.claims(
+    "dynamic-batching",
+    "batch-whole-requests-in-order",
+    "batch-no-jumping-ahead",
+    "batch-fills-exactly",
+)
 def test_a_batch_never_passes_its_maximum():
     """Batches never pass 4 rows and take whole requests in arrival order, as worked out by hand.
 
@@ -316,6 +331,7 @@ def _full_batch_scenario(max_batch: int) -> dict:
     return asyncio.run(scenario())
 
 
+@pytest.mark.claims("dynamic-batching", "batch-fills-exactly", "queue-admits-within-row-bound")
 @pytest.mark.parametrize("max_batch", [2, 8])
 def test_a_full_batch_runs_without_waiting_for_the_timeout(evidence, max_batch):
     """Exactly max_batch_size queued rows run at once; one row fewer waits for the timeout.
@@ -355,6 +371,7 @@ def test_a_full_batch_runs_without_waiting_for_the_timeout(evidence, max_batch):
     ), seen
 
 
+@pytest.mark.claims("ready-after-load-warm-up-self-test", "server-loads-after-hash-check")
 def test_ready_only_after_load_and_self_test(evidence, good, artifact):
     """The server is alive, then ready with the manifest's sha256, a passed golden self-test and
     every bucket warmed."""
@@ -396,6 +413,7 @@ def test_a_server_that_cannot_start_says_why(tmp_path):
     assert server.proc.poll() is not None
 
 
+@pytest.mark.claims("server-answers-with-label-map", "dynamic-batching")
 def test_answers_match_the_in_process_model_per_row(evidence, good, artifact):
     """20 concurrent one-row answers equal in-process single-row logits within 1e-5, label map and
     batch rows agreeing.
@@ -491,6 +509,7 @@ BAD_REQUESTS = [
 ]
 
 
+@pytest.mark.claims("bad-requests-4xx-server-keeps-serving")
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(evidence, good):
     """Each of 21 bad requests gets its 4xx status and message, and a good request after them gets
     200."""
@@ -517,6 +536,7 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(evidence, good):
     )
 
 
+@pytest.mark.claims("full-queue-503-retry-after", "queue-refuses-past-row-bound")
 def test_overload_gets_503_never_a_crash(evidence, servers):
     """A burst into an 8-row queue gets 503s with Retry-After, batches of at most 8 rows, then
     normal service."""
@@ -566,6 +586,11 @@ def test_overload_gets_503_never_a_crash(evidence, servers):
     )
 
 
+@pytest.mark.claims(
+    "wrong-model-never-ready",
+    "server-loads-after-hash-check",
+    "ready-after-load-warm-up-self-test",
+)
 @pytest.mark.parametrize(
     ("case", "reason"),
     [
@@ -641,6 +666,7 @@ def queue_model_verdict(checks: list[dict], batches: list[dict]) -> dict:
     }
 
 
+@pytest.mark.claims("open-loop-poisson-load", "queue-model-checked", "report-three-sections")
 def test_load_measurement_and_queue_model(evidence, good, tmp_path):
     """Every Poisson-load request is answered; the queue model's p50 and CPU predictions are within
     3x of measured.
@@ -718,6 +744,7 @@ def md1_figures(key: jax.Array, rho: float) -> dict:
     return {"simulated_mean_s": mean, "theory_s": theory, "relative_error": abs(mean / theory - 1)}
 
 
+@pytest.mark.claims("queue-model-checked")
 @pytest.mark.parametrize("rho", [0.5, 0.8])
 def test_queue_simulator_matches_md1_theory(evidence, rho):
     """The simulated mean time in system is within 8% of the M/D/1 formula, at rho 0.5 and 0.8.
@@ -742,6 +769,7 @@ def test_queue_simulator_matches_md1_theory(evidence, rho):
     )
 
 
+@pytest.mark.claims("queue-model-checked")
 def test_simulator_batching_closed_forms():
     """The simulator's latencies equal closed forms for lone requests and a full batch, and capacity
     its definition."""
@@ -795,6 +823,7 @@ def schedule_within_limits(figures: dict) -> bool:
     )
 
 
+@pytest.mark.claims("open-loop-poisson-load")
 def test_schedule_is_poisson_and_deterministic(evidence):
     """The arrival schedule repeats for one key and starts at t = 0, with exponential gaps: mean
     1/rate within 7%, CV 0.9 to 1.1.
@@ -886,6 +915,7 @@ async def _stalled_run(stall_s: float) -> tuple[list[dict], dict[int, dict], np.
     return records, stamps, arrivals
 
 
+@pytest.mark.claims("open-loop-poisson-load")
 @pytest.mark.parametrize("stall_s", STALLS_S)
 def test_latency_counts_from_the_scheduled_send_time(evidence, stall_s):
     """Every recorded latency is at least (answer - scheduled send time), from the schedule and the

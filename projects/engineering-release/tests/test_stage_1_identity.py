@@ -31,6 +31,7 @@ def coreutils_digest(root: Path) -> str:
     return out.stdout.split()[0]
 
 
+@pytest.mark.claims("model-id-is-tree-digest")
 def test_same_seed_same_model_id_other_seed_other_id(trained, artifacts, tmp_path, evidence):
     """The model id equals a coreutils tree digest; seed 0 retrained gives the same id and bits,
     seed 1 another."""
@@ -71,6 +72,7 @@ def test_same_seed_same_model_id_other_seed_other_id(trained, artifacts, tmp_pat
         assert np.array_equal(value, trained[0].params[name]), name
 
 
+@pytest.mark.claims("one-flipped-bit-changes-id", "model-id-is-tree-digest")
 def test_one_flipped_bit_gives_another_id(artifacts, tmp_path, evidence):
     """A single flipped bit, at 8 seeded random places, changes the id to the coreutils digest;
     undoing it restores it."""
@@ -102,6 +104,11 @@ def test_one_flipped_bit_gives_another_id(artifacts, tmp_path, evidence):
     assert len(seen) == 8, "every distinct flip gives a distinct id"
 
 
+@pytest.mark.claims(
+    "id-ignores-names-order-timestamps",
+    "digest-ignores-names-nesting-times-order",
+    "files-self-describing",
+)
 def test_renaming_retiming_reordering_keep_the_id(artifacts, tmp_path, evidence):
     """Renamed, nested, re-timed, reverse-written files keep the id (per coreutils) and read back
     the same model."""
@@ -132,6 +139,13 @@ def test_renaming_retiming_reordering_keep_the_id(artifacts, tmp_path, evidence)
         assert np.array_equal(renamed.params[name], source.params[name]), name
 
 
+@pytest.mark.claims(
+    "store-write-once-atomic-rename",
+    "store-refuses-tampered-objects",
+    "put-same-content-writes-nothing",
+    "put-keeps-tampered-evidence",
+    "check-refuses-tampered-object",
+)
 def test_store_is_write_once_and_refuses_tampered_objects(artifacts, tmp_path, evidence):
     """A second put of the same content rewrites nothing; after one tampered byte get and put both
     refuse."""
@@ -174,6 +188,7 @@ def test_store_is_write_once_and_refuses_tampered_objects(artifacts, tmp_path, e
     )
 
 
+@pytest.mark.claims("store-write-once-atomic-rename")
 def test_put_crash_leaves_no_partial_object(artifacts, tmp_path, evidence):
     """A put that dies after copying into scratch leaves no object: it appears
     only through the final rename."""
@@ -218,6 +233,7 @@ def test_stored_model_computes_what_numpy_computes(artifacts, tmp_path, seed, ev
     )
 
 
+@pytest.mark.claims("put-files-read-only")
 def test_stored_files_are_read_only(artifacts, tmp_path):
     """Every file of a stored object has mode 0o444 (read-only), read back with os.stat."""
     objects = store.Store(tmp_path / "store")
@@ -226,6 +242,7 @@ def test_stored_files_are_read_only(artifacts, tmp_path):
     assert modes and set(modes.values()) == {0o444}, modes
 
 
+@pytest.mark.claims("put-files-read-only")
 def test_nested_stored_files_are_read_only_at_every_depth(artifacts, tmp_path):
     """A stored directory with files two levels down: every file, at every depth, has mode
     0o444 (read-only), read back with os.stat."""
@@ -242,6 +259,7 @@ def test_nested_stored_files_are_read_only_at_every_depth(artifacts, tmp_path):
     assert set(files.values()) == {0o444}, files
 
 
+@pytest.mark.claims("model-id-is-tree-digest")
 def test_a_file_of_several_chunks_hashes_as_coreutils_does(tmp_path):
     """A file longer than the 1 MiB a read takes, whose first two MiB repeat one block: the
     tree digest equals coreutils', so every chunk counts, once each and in order."""
@@ -253,6 +271,7 @@ def test_a_file_of_several_chunks_hashes_as_coreutils_does(tmp_path):
     assert store.tree_digest(root) == coreutils_digest(root)
 
 
+@pytest.mark.claims("store-refuses-tampered-objects", "check-refuses-tampered-object")
 def test_every_tampered_object_is_refused_whichever_way_its_digest_sorts(artifacts, tmp_path):
     """One byte changed at each of at least 8 places of a stored object: `get` refuses every
     one. The premise, from coreutils: the tampered digests fall on both sides of the id.
@@ -282,6 +301,7 @@ def test_every_tampered_object_is_refused_whichever_way_its_digest_sorts(artifac
     assert sides == {True, False}, "the premise needs tampered digests on both sides of the id"
 
 
+@pytest.mark.claims("check-tampered-message")
 def test_tampered_message_names_both_digests(artifacts, tmp_path):
     """The TamperedObject message names the id and the digest coreutils computes for the tampered
     files, word for word."""
@@ -321,6 +341,7 @@ def test_ids_and_prefixes_resolve_at_their_boundaries(artifacts, tmp_path):
     assert objects.resolve("abcdef011") == "abcdef01" + "1" * 56
 
 
+@pytest.mark.claims("digest-refuses-links-and-special-files")
 @pytest.mark.parametrize("kind", ["symlink-file", "symlink-dir", "fifo"])
 def test_links_and_special_files_are_refused(artifacts, tmp_path, kind):
     """tree_digest refuses a symlinked file, a symlinked directory and a FIFO, naming the offending
@@ -339,6 +360,7 @@ def test_links_and_special_files_are_refused(artifacts, tmp_path, kind):
         store.tree_digest(work)
 
 
+@pytest.mark.claims("put-refuses-changed-copy")
 def test_a_source_changed_during_the_copy_is_not_stored(artifacts, tmp_path, monkeypatch):
     """A source that changes while it is copied stores nothing and leaves no scratch copy.
 
@@ -368,6 +390,7 @@ def test_a_source_changed_during_the_copy_is_not_stored(artifacts, tmp_path, mon
     assert orders == {True, False}  # the changed copy's digest sorted both below and above
 
 
+@pytest.mark.claims("put-accepts-lost-rename-race", "put-reraises-rename-error")
 def test_a_concurrent_put_of_the_same_object_is_accepted(artifacts, tmp_path, monkeypatch):
     """A put that loses the rename race to an identical object succeeds; other rename errors raise.
 

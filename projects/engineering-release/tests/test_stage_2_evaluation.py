@@ -20,6 +20,7 @@ from engineering_release import checkpoint, data, evaluation, model, store
 from engineering_release.config import Policy
 
 
+@pytest.mark.claims("metrics-keys-in-order-match-sklearn", "report-binds-model-data-code-runtime")
 @pytest.mark.parametrize("seed", [0, 1])
 def test_report_metrics_agree_with_sklearn_and_numpy(evaluated_store, seed, evidence):
     """Stored predictions equal a NumPy float64 forward pass and the metrics equal scikit-learn's,
@@ -96,6 +97,7 @@ def _uneven_predictions(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return predictions.astype(np.int64), labels.astype(np.int64)
 
 
+@pytest.mark.claims("metrics-keys-in-order-match-sklearn")
 @pytest.mark.parametrize("seed", [3, 11])
 def test_metrics_from_predictions_match_sklearn_field_by_field(seed, evidence):
     """Every field of `metrics_from_predictions` equals scikit-learn / plain NumPy on inputs whose
@@ -152,6 +154,7 @@ def test_metrics_from_predictions_match_sklearn_field_by_field(seed, evidence):
     assert m["confusion"] == confusion_matrix(labels, predictions).tolist()
 
 
+@pytest.mark.claims("report-binds-model-data-code-runtime")
 def test_report_binds_data_code_and_runtime(evaluated_store, evidence):
     """The report names the held-out data digest, the source sha256 and the jax version, and holds
     no wall-clock time."""
@@ -221,6 +224,12 @@ def _edited(report: dict, how: str) -> dict:
     return out
 
 
+@pytest.mark.claims(
+    "verify-recomputes-digest-and-metrics",
+    "verify-report-first-differing-metric",
+    "verify-report-metric-names",
+    "metrics-recompute-to-the-same-bits",
+)
 @pytest.mark.parametrize(
     ("how", "message"),
     [
@@ -244,6 +253,11 @@ def test_verify_refuses_an_edited_report(evaluated_store, how, message, evidence
     evidence.record("edited report refused", how, {"message": str(info.value)}, None, True)
 
 
+@pytest.mark.claims(
+    "verify-recomputes-digest-and-metrics",
+    "verify-report-model-id",
+    "verify-report-data-digest",
+)
 def test_verify_refuses_another_model_or_data_set(evaluated_store, evidence):
     """verify_report refuses A's report claimed for B, and a split_seed 1 report checked under
     split_seed 0."""
@@ -265,6 +279,7 @@ def test_verify_refuses_another_model_or_data_set(evaluated_store, evidence):
     )
 
 
+@pytest.mark.claims("verify-can-rerun-the-model", "verify-report-rerun")
 def test_rerun_catches_predictions_of_another_model(evaluated_store, evidence):
     """A forged report, B's predictions and metrics claimed for A, is caught only by re-running A.
 
@@ -290,6 +305,7 @@ def test_rerun_catches_predictions_of_another_model(evaluated_store, evidence):
     )
 
 
+@pytest.mark.claims("store-refuses-tampered-objects")
 def test_tampered_report_object_is_refused(evaluated_store, tmp_path, evidence):
     """A stored report with one added space (same JSON value) is refused on load as a tampered
     object."""
@@ -325,6 +341,11 @@ def shifted_report(evaluated_store):
     return evaluation.evaluate(objects, models[0], Policy(split_seed=1))[1]
 
 
+@pytest.mark.claims(
+    "verify-recomputes-digest-and-metrics",
+    "verify-report-model-id",
+    "verify-report-data-digest",
+)
 def test_verify_names_the_model_and_the_data_set_either_way(evaluated_store, shifted_report):
     """The model and data-set mismatch messages name both ids, in both directions, with digests from
     hashlib alone."""
@@ -349,6 +370,11 @@ def test_verify_names_the_model_and_the_data_set_either_way(evaluated_store, shi
         )
 
 
+@pytest.mark.claims(
+    "verify-report-sample-ids-in-order",
+    "verify-report-prediction-count",
+    "verify-report-metric-names",
+)
 @pytest.mark.parametrize(
     ("how", "message"),
     [
@@ -384,6 +410,7 @@ def test_verify_refuses_ids_counts_and_metric_sets(evaluated_store, how, message
     )
 
 
+@pytest.mark.claims("verify-report-sample-ids-in-order", "metrics-recompute-to-the-same-bits")
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize(
     "how", ["first-two-swapped", "last-two-swapped", "reversed", "class-shuffled", "id-repeated"]
@@ -422,6 +449,7 @@ def test_verify_refuses_ids_out_of_held_out_order(evaluated_store, seed, how):
     assert str(info.value) == "The report's sample IDs are not the held-out set's."
 
 
+@pytest.mark.claims("verify-can-rerun-the-model", "verify-report-rerun")
 def test_rerun_counts_the_predictions_that_change(evaluated_store):
     """A re-run of A on B's forged report names the number of changed predictions, counted with
     NumPy."""

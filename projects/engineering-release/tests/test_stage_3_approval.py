@@ -63,6 +63,7 @@ BODIES = [
 ]
 
 
+@pytest.mark.claims("entry-links-and-seals", "hash-chained-log")
 def test_make_entry_links_and_seals_like_the_reference():
     """make_entry builds the 4-entry chain a hashlib reference builds; unknown kinds are refused."""
     reference = _reference_chain(BODIES)
@@ -74,6 +75,13 @@ def test_make_entry_links_and_seals_like_the_reference():
         ledger.make_entry(built, "delete", {})
 
 
+@pytest.mark.claims(
+    "chain-seq-check",
+    "chain-prev-check",
+    "chain-hash-check",
+    "chain-one-sentence-per-break",
+    "hash-chained-log",
+)
 def test_verify_chain_names_each_break_exactly():
     """verify_chain names exactly one break for each edited, re-sealed or re-numbered entry, hashes
     from hashlib."""
@@ -131,6 +139,13 @@ class _FakeRegistry:
         return _Version(self.aliases[alias])
 
 
+@pytest.mark.claims(
+    "registry-check-deleted-entries",
+    "registry-check-changed-entry",
+    "registry-check-stale-keys",
+    "registry-check-lag-is-stale-only",
+    "registry-anchor-catches-deleted-tail",
+)
 def test_registry_check_names_every_disagreement():
     """registry.check lists, in order, every stale alias, lost entry and moved anchor of a fake
     registry."""
@@ -291,6 +306,7 @@ ROLLBACK_LOGS = {
 }
 
 
+@pytest.mark.claims("rollback-is-a-new-entry")
 @pytest.mark.parametrize("case", list(ROLLBACK_LOGS))
 def test_default_rollback_returns_to_the_previous_models_latest_release(case, tmp_path, evidence):
     """The default rollback target is the LATEST release or rollback entry of the model that served
@@ -372,6 +388,13 @@ def _keyring(private, not_before: str, not_after: str) -> dict:
     return {kid: {**entry, "public_key": base64.b64encode(public).decode()}}
 
 
+@pytest.mark.claims(
+    "ed25519-approvals",
+    "approval-fields-and-signature",
+    "approval-key-window-inclusive",
+    "approval-policy-digest",
+    "approval-signature-verifies",
+)
 def test_signature_covers_the_fields_and_the_key_window_is_inclusive():
     """The signature verifies over the documented JSON fields, a key is valid at both window ends,
     edits are refused."""
@@ -417,6 +440,7 @@ def state(registry_template, tmp_path):
     return fresh_state(template, tmp_path), models
 
 
+@pytest.mark.claims("ed25519-approvals", "approval-signature-verifies")
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the `openssl` command line")
 def test_openssl_verifies_our_signatures(state, tmp_path, evidence):
     """OpenSSL accepts each of two keys' signatures on the approval payload and rejects it with the
@@ -474,6 +498,12 @@ def test_openssl_verifies_our_signatures(state, tmp_path, evidence):
         )
 
 
+@pytest.mark.claims(
+    "ed25519-approvals",
+    "approval-key-in-keyring",
+    "approval-policy-digest",
+    "approval-signature-verifies",
+)
 def test_refused_approvals(state, evidence):
     """Foreign or expired keys and edited model, evaluation or policy are refused; a refused approve
     appends nothing."""
@@ -555,6 +585,7 @@ def _build_log(state, models, pem) -> list[dict]:
     return entries_of()
 
 
+@pytest.mark.claims("hash-chained-log")
 def test_chain_detects_edits_reorders_and_deletions(state, evidence):
     """An edited, re-hashed, reordered, mid-deleted or truncated log on disk is reported, as a
     hashlib recount agrees."""
@@ -602,6 +633,7 @@ def test_chain_detects_edits_reorders_and_deletions(state, evidence):
     assert ledger.verify_chain(state.entries()) == []
 
 
+@pytest.mark.claims("rollback-is-a-new-entry")
 def test_rollback_is_a_new_entry_pointing_at_an_approved_release(state, evidence):
     """A rollback appends one entry pointing at A's release; entries pointing at the wrong kind of
     entry are refused."""
@@ -644,6 +676,7 @@ def test_rollback_is_a_new_entry_pointing_at_an_approved_release(state, evidence
     assert state.entries() == after, "refused entries are not appended"
 
 
+@pytest.mark.claims("registry-aliases-follow-the-log", "registry-anchor-catches-deleted-tail")
 def test_registry_aliases_follow_the_log(state, evidence):
     """MLflow aliases, read by a separate client, match the log; a moved alias is reported, a
     truncated log refused."""
@@ -687,6 +720,7 @@ def test_registry_aliases_follow_the_log(state, evidence):
     )
 
 
+@pytest.mark.claims("ed25519-approvals", "approval-fields-and-signature")
 def test_policy_is_part_of_what_is_signed(state, evidence):
     """The approval holds the policy and its sha256, which differs for another min_accuracy."""
     state, models = state
@@ -745,6 +779,7 @@ def _tamperings(obj_dir):
                 yield f"{path.name}: {name}", path, canonical_json(changed) + b"\n"
 
 
+@pytest.mark.claims("store-refuses-tampered-objects")
 def test_approve_refuses_tampered_objects_field_by_field(state, evidence):
     """The approve command refuses any one changed field of the model or report objects, and
     approves them intact."""

@@ -79,6 +79,13 @@ def register_and_approve(state, model_dir: Path, pem: Path, policy: Policy | Non
     return model_id
 
 
+@pytest.mark.claims(
+    "promotion-needs-signature-evaluation-thresholds",
+    "gate-signature-refusal",
+    "gate-policy-in-force",
+    "gate-bound-evaluation-verified",
+    "gate-thresholds",
+)
 def test_gates_refuse_and_change_nothing(released, tmp_path, evidence):
     """Each failing gate (unknown id, foreign key, other data, policy, threshold) gives every
     reason; nothing changes."""
@@ -160,6 +167,11 @@ def test_gates_refuse_and_change_nothing(released, tmp_path, evidence):
     assert release.release(state, models[1]).model_id == models[1]
 
 
+@pytest.mark.claims(
+    "candidate-ready-after-golden-self-test",
+    "bad-candidate-keeps-previous-serving",
+    "traffic-switches-only-to-ready",
+)
 def test_bad_candidates_leave_the_previous_release_serving(released, host, tmp_path, evidence):
     """A wrong-golden or never-ready candidate is refused while every request under load gets model
     A's NumPy answer."""
@@ -212,6 +224,7 @@ def test_bad_candidates_leave_the_previous_release_serving(released, host, tmp_p
     )
 
 
+@pytest.mark.claims("switch-to-ready-retires-old")
 def test_ten_releases_and_rollbacks_under_load_fail_nothing(released, host, evidence):
     """Ten releases and rollbacks under load fail no request; each answer matches its model's NumPy
     float64 prediction."""
@@ -284,6 +297,7 @@ def test_ten_releases_and_rollbacks_under_load_fail_nothing(released, host, evid
     )
 
 
+@pytest.mark.claims("sigkill-leaves-old-or-new")
 def test_sigkill_at_seeded_moments_leaves_old_or_new(released_template, evidence):
     """SIGKILL at 10 seeded points of a release leaves the old or the new log intact, and recovery
     agrees with it."""
@@ -344,6 +358,7 @@ def test_sigkill_at_seeded_moments_leaves_old_or_new(released_template, evidence
         assert outcome.model_id == models[1] and release.verify(state) == []
 
 
+@pytest.mark.claims("gate-approval-of-another-model", "gate-refusal-lists-each-approval")
 def test_an_approval_of_another_model_is_refused_naming_that_model(released, evidence):
     """B's approval offered for A is refused naming B's 12-character id prefix; offered for B, it
     passes."""
@@ -376,6 +391,7 @@ def test_an_approval_of_another_model_is_refused_naming_that_model(released, evi
     assert passed.checks == ["signature", "evaluation", "thresholds"]
 
 
+@pytest.mark.claims("gate-approval-age")
 def test_approval_age_is_refused_one_second_past_the_limit(released, evidence):
     """B's approval passes the gate at exactly `approval_valid_days` old and is refused one second,
     or just under a day, past it, with its whole days in the sentence."""
@@ -442,6 +458,7 @@ def golden_verdict(monkeypatch, golden: np.ndarray, served: np.ndarray, atol: fl
     return gates.golden_check(GoldenModel(golden), atol=atol)
 
 
+@pytest.mark.claims("golden-predictions-equal", "golden-logits-within-atol")
 def test_golden_check_decides_each_condition_on_its_own(monkeypatch, evidence):
     """The golden self-test fails on a shape change either way, on one flipped prediction whose
     logits stay within atol, and on a logit off by just over atol; it reports the true max error."""
@@ -500,6 +517,12 @@ def test_golden_check_decides_each_condition_on_its_own(monkeypatch, evidence):
         )
 
 
+@pytest.mark.claims(
+    "golden-tolerance-1e-5",
+    "golden-logits-within-atol",
+    "candidate-ready-after-golden-self-test",
+    "bad-candidate-keeps-previous-serving",
+)
 def test_release_holds_golden_logits_to_one_hundred_thousandth(released, tmp_path, evidence):
     """Candidates whose stored golden logits are off by 0.5e-5, 2e-5 and 1e-4 (predictions
     unchanged): the release refuses the two beyond 1e-5, changing nothing, and releases the one
@@ -578,6 +601,12 @@ class StagedBackend:
         self.stopped = True
 
 
+@pytest.mark.claims(
+    "traffic-switches-only-to-ready",
+    "switch-already-serving",
+    "switch-refuses-unready",
+    "switch-to-ready-retires-old",
+)
 def test_switch_moves_traffic_only_to_a_ready_candidate_and_retires_the_old_one(tmp_path):
     """Traffic stays on an unstaged or not-ready candidate; the first switch retires nothing, the
     next retires (drains) the previous active one; a repeat says already serving."""
@@ -633,6 +662,12 @@ def test_switch_moves_traffic_only_to_a_ready_candidate_and_retires_the_old_one(
     assert all(isinstance(t, float) and t > 1.6e9 for t in times) and times == sorted(times)
 
 
+@pytest.mark.claims(
+    "thresholds-minimum-passes",
+    "thresholds-accuracy-miss",
+    "thresholds-recall-miss",
+    "thresholds-both-accuracy-first",
+)
 def test_thresholds_pass_at_the_minimum_and_name_each_miss():
     """A metric equal to its minimum passes; one a step below, or NaN, is named with the exact
     sentence, accuracy first."""

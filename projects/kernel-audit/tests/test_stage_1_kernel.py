@@ -52,6 +52,7 @@ def _operands(seed: int, shapes, dtype: str, scale: float):
     return [np.asarray(jnp.asarray(a, kernels.DTYPES[dtype])) for a in arrays]
 
 
+@pytest.mark.claims("bounds-equal-their-formulas", "bounds-for-backend-and-precision")
 @settings(max_examples=30, derandomize=True, deadline=None, database=None)
 @given(
     m=st.integers(1, 3),
@@ -75,6 +76,7 @@ def test_matmul_bound_equals_its_formula_element_by_element(
             np.testing.assert_allclose(got, expected, rtol=1e-10, atol=0)
 
 
+@pytest.mark.claims("bounds-equal-their-formulas")
 @settings(max_examples=30, derandomize=True, deadline=None, database=None)
 @given(
     rows=st.integers(1, 3),
@@ -117,6 +119,7 @@ def test_gelu_lipschitz_constant_holds():
     assert 1.12 < slope.max() <= reference.GELU_LIPSCHITZ
 
 
+@pytest.mark.claims("bounds-for-backend-and-precision")
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
 def test_epilogue_activation_against_float64(activation):
     """activate matches a float64 Python none and relu exactly and tanh-gelu within its roundings
@@ -157,6 +160,7 @@ def _primitives(fn, *args) -> list[str]:
     return names
 
 
+@pytest.mark.claims("matmul-no-mask-when-k-divides", "block-lane-rule")
 def test_a_shape_that_divides_its_blocks_builds_no_edge_mask():
     """Shapes that divide their blocks trace no iota and no select_n, in matmul and layer norm.
 
@@ -175,6 +179,13 @@ def test_a_shape_that_divides_its_blocks_builds_no_edge_mask():
         assert names.count("select_n") == 0 and names.count("iota") == 0, names
 
 
+@pytest.mark.claims(
+    "two-independent-references",
+    "matmul-k-grid-accumulator",
+    "matmul-acc-zeroed-at-first-step",
+    "matmul-accumulates-in-float32",
+    "matmul-epilogue-at-last-step",
+)
 @pytest.mark.parametrize(
     ("dtype", "precision"),
     [("float32", "highest"), ("float32", "default"), ("bfloat16", "highest")],
@@ -211,6 +222,11 @@ def test_matmul_matches_both_references(evidence, dtype, precision, activation):
     assert ok_f64 and ok_jnp and ok_ref
 
 
+@pytest.mark.claims(
+    "matmul-k-grid-accumulator",
+    "matmul-acc-zeroed-at-first-step",
+    "matmul-epilogue-at-last-step",
+)
 @pytest.mark.parametrize(
     ("seed", "blocks"),
     [(1, (8, 128, 128)), (2, (64, 256, 384)), (3, (16, 256, 128))],
@@ -230,6 +246,12 @@ def test_matmul_other_seed_and_blocks(evidence, seed, blocks):
     )
 
 
+@pytest.mark.claims(
+    "two-independent-references",
+    "layer-norm-whole-rows",
+    "layer-norm-float32-population-statistics",
+    "layer-norm-affine-in-float32",
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_layer_norm_matches_both_references(evidence, dtype, seed):
@@ -274,6 +296,7 @@ def test_bounds_grow_with_the_reduction_length(evidence):
     )
 
 
+@pytest.mark.claims("bounds-catch-realistic-bugs")
 def test_bounds_catch_realistic_bugs(evidence):
     """The derived bounds reject a dropped bias, a bfloat16 accumulator and a missing mean.
 
@@ -388,6 +411,7 @@ def test_execution_mode_is_declared_and_interpret_is_what_ran(evidence):
     )
 
 
+@pytest.mark.claims("layer-norm-eps-inside-rsqrt")
 @pytest.mark.parametrize(("level", "spread"), [(3.0, 1e-3), (-40.0, 3e-3)])
 def test_layer_norm_near_constant_rows_where_eps_matters(evidence, level, spread):
     """The layer norm stays within its bound on near-constant rows, where eps decides the output.
@@ -506,6 +530,12 @@ BAD_MATMUL = [
 ]
 
 
+@pytest.mark.claims(
+    "target-rules-before-kernel",
+    "block-lane-rule",
+    "block-sublane-rule",
+    "refusal-names-its-rule",
+)
 @pytest.mark.parametrize(("operands", "kwargs", "message"), BAD_MATMUL)
 def test_bad_matmul_input_is_refused_before_any_kernel_runs(monkeypatch, operands, kwargs, message):
     """Each of 14 bad matmul inputs is refused with its message before any pallas_call is built."""
@@ -520,6 +550,7 @@ def test_bad_matmul_input_is_refused_before_any_kernel_runs(monkeypatch, operand
         kernels.matmul_bias_act(*operands, **kwargs)
 
 
+@pytest.mark.claims("vmem-budget")
 def test_vmem_rule_depends_on_the_dtype_and_counts_every_buffer(evidence):
     """check_matmul refuses (1024, 1024, 1024) blocks for float32 and accepts them for bfloat16,
     at the byte count worked out by hand.
@@ -549,6 +580,13 @@ def test_vmem_rule_depends_on_the_dtype_and_counts_every_buffer(evidence):
     )
 
 
+@pytest.mark.claims(
+    "target-rules-before-kernel",
+    "block-sublane-rule",
+    "vmem-budget",
+    "refusal-names-its-rule",
+    "layer-norm-whole-rows",
+)
 @pytest.mark.parametrize(
     ("shape", "params", "blocks", "message"),
     [

@@ -31,6 +31,7 @@ from kernel_audit import audit, data, kernels, reference
 BACKENDS = ("cpu", "tpu")
 
 
+@pytest.mark.claims("bounds-equal-their-formulas")
 def test_unit_roundoff_is_half_the_machine_epsilon(evidence):
     """The unit roundoff the bounds use is eps / 2 of each dtype (2^-24 and 2^-8), not eps."""
     expected = {"float32": 2.0**-24, "bfloat16": 2.0**-8}
@@ -44,6 +45,7 @@ def test_unit_roundoff_is_half_the_machine_epsilon(evidence):
     )
 
 
+@pytest.mark.claims("bounds-equal-their-formulas", "bounds-for-backend-and-precision")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shape", [(1, 1, 1), (3, 70, 2), (2, 300, 3), (2, 2048, 2)])
 def test_matmul_bound_equals_its_formula_over_reduction_lengths(evidence, shape, dtype):
@@ -68,6 +70,7 @@ def test_matmul_bound_equals_its_formula_over_reduction_lengths(evidence, shape,
     assert ok
 
 
+@pytest.mark.claims("bounds-equal-their-formulas")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 70), (2, 300), (1, 1000)])
 def test_layer_norm_bound_equals_its_formula_over_row_lengths(evidence, shape, dtype):
@@ -89,6 +92,7 @@ def test_layer_norm_bound_equals_its_formula_over_row_lengths(evidence, shape, d
     assert ok
 
 
+@pytest.mark.claims("bounds-equal-their-formulas")
 @pytest.mark.parametrize(
     ("shape", "activation"),
     [((1, 1, 1), "none"), ((33, 70, 17), "gelu"), ((16, 48, 40), "relu"), ((70, 5, 9), "gelu")],
@@ -115,6 +119,7 @@ def test_dense_grad_bound_equals_its_formula(evidence, shape, activation):
     assert ok
 
 
+@pytest.mark.claims("bounds-equal-their-formulas")
 @pytest.mark.parametrize("shape", [(1, 1), (13, 70), (4, 300), (40, 5)])
 def test_layer_norm_grad_bound_equals_its_formula(evidence, shape):
     """layer_norm_grad_error_bound (dx, dgamma, dbeta) equals its documented formula element by
@@ -138,6 +143,7 @@ def test_layer_norm_grad_bound_equals_its_formula(evidence, shape):
     assert ok
 
 
+@pytest.mark.claims("bounds-catch-realistic-bugs")
 def test_an_error_between_one_and_two_bounds_is_refused(evidence):
     """An error of 1.5 times the formula's bound is refused and one of 0.75 times it accepted, by
     the audit's verdict (`audit.compare`) for both forward bounds in both dtypes and by the

@@ -85,6 +85,12 @@ def _directional_check(evidence, condition, f64, operands, grads, bounds, key) -
     )
 
 
+@pytest.mark.claims(
+    "custom-vjp-gradients-checked",
+    "layer-norm-grad-dx",
+    "layer-norm-grad-dgamma-dbeta",
+    "layer-norm-grad-explicit-broadcast",
+)
 @pytest.mark.parametrize("shape", [(13, 70), (4, 300)])
 def test_layer_norm_gradients(evidence, shape):
     """Layer-norm custom_vjp gradients match a float64 closed form, jnp autodiff and central
@@ -128,6 +134,11 @@ def test_layer_norm_gradients(evidence, shape):
     assert ok
 
 
+@pytest.mark.claims(
+    "custom-vjp-gradients-checked",
+    "matmul-backward-reuses-the-kernel",
+    "ragged-k-zeroed-by-select",
+)
 @pytest.mark.parametrize(
     ("shape", "activation"),
     [((33, 300, 17), "gelu"), ((16, 48, 140), "relu")],
@@ -197,6 +208,7 @@ def _bf16_running_sum(g: np.ndarray) -> np.ndarray:
     return acc.astype(np.float64)
 
 
+@pytest.mark.claims("bfloat16-bias-gradient-bound")
 @pytest.mark.parametrize("shape", [(700, 24, 40), (2048, 40, 24), (4096, 16, 16)])
 def test_matmul_bias_gradient_bfloat16_long_batch(evidence, shape):
     """For bfloat16 operands, db is the cotangent's column sum to float32 summation plus one
@@ -263,6 +275,11 @@ ACTIVATION_FOR = dict(
 )
 
 
+@pytest.mark.claims(
+    "edge-shapes-within-bound",
+    "ragged-k-zeroed-by-select",
+    "matmul-accumulates-in-float32",
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", data.MATMUL_CASES, ids=lambda c: c.name)
 def test_matmul_shape_table(evidence, case, dtype):
@@ -286,6 +303,7 @@ def test_matmul_shape_table(evidence, case, dtype):
     )
 
 
+@pytest.mark.claims("edge-shapes-within-bound", "layer-norm-float32-population-statistics")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", data.ROW_CASES, ids=lambda c: c.name)
 def test_layer_norm_shape_table(evidence, case, dtype):
@@ -316,6 +334,7 @@ HYPOTHESIS = settings(
 )
 
 
+@pytest.mark.claims("edge-shapes-within-bound", "ragged-k-zeroed-by-select")
 @HYPOTHESIS
 @given(
     m=st.integers(1, 70),
@@ -342,6 +361,7 @@ def test_matmul_property_drawn_shapes(evidence, m, k, n, dtype, activation, bloc
     )
 
 
+@pytest.mark.claims("edge-shapes-within-bound")
 @HYPOTHESIS
 @given(
     rows=st.integers(1, 40),
@@ -372,6 +392,7 @@ def test_layer_norm_property_drawn_shapes(evidence, rows, cols, dtype, block_row
 # --- OUT-OF-BOUNDS EDGES ------------------------------------------------------------------------
 
 
+@pytest.mark.claims("unmasked-edge-fails-interpreted", "ragged-k-zeroed-by-select")
 def test_unmasked_edge_fails_and_masked_edge_passes(evidence):
     """Only the unmasked ragged reduction edge breaks the bound; the masked one and a dividing shape
     pass.

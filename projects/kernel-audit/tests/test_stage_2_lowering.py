@@ -101,6 +101,7 @@ def _accepted_rows(rows, cols, dtype, blocks) -> bool:
     return True
 
 
+@pytest.mark.claims("every-configuration-lowers-for-a-tpu")
 def test_every_audit_cell_lowers_for_a_tpu(evidence):
     """Every cell of the default audit table the kernels accept exports for a TPU with one Mosaic
     kernel, in both dtypes and at every fitted block size."""
@@ -122,6 +123,7 @@ def test_every_audit_cell_lowers_for_a_tpu(evidence):
     )
 
 
+@pytest.mark.claims("every-configuration-lowers-for-a-tpu", "matmul-backward-reuses-the-kernel")
 @pytest.mark.parametrize("precision", ["highest", "default"])
 def test_stage_shapes_and_their_gradients_lower_for_a_tpu(evidence, precision):
     """The stage tests' ragged matmul and its gradient (three Mosaic kernels: the recomputed
@@ -156,6 +158,7 @@ def test_stage_shapes_and_their_gradients_lower_for_a_tpu(evidence, precision):
     )
 
 
+@pytest.mark.claims("every-configuration-lowers-for-a-tpu")
 def test_every_tpu_bench_configuration_lowers(evidence):
     """Every kernel configuration the TPU bench compiles exports for a TPU with one Mosaic
     kernel."""
@@ -180,6 +183,7 @@ def test_every_tpu_bench_configuration_lowers(evidence):
     )
 
 
+@pytest.mark.claims("every-configuration-lowers-for-a-tpu")
 @pytest.mark.parametrize(
     ("blocks", "why"),
     [

@@ -224,6 +224,7 @@ def _assert_same(got, expected, where="") -> None:
         assert got == expected and type(got) is type(expected), (where, got, expected)
 
 
+@pytest.mark.claims("tpu-roofline-measured-and-nominal")
 def test_compiled_analysis_equals_hand_worked_figures():
     """analyse in compiled mode gives the hand-worked ratios, placements, blocking, where XLA wins.
 
@@ -322,6 +323,7 @@ def test_compiled_analysis_equals_hand_worked_figures():
     )
 
 
+@pytest.mark.claims("interpret-mode-claims-no-speed")
 def test_interpret_analysis_keeps_only_the_controls_and_xla_placements():
     """analyse in interpret mode keeps only the A/A ratios and XLA placements, marking every kernel
     claim unmeasured.
@@ -398,6 +400,12 @@ def test_interpret_analysis_keeps_only_the_controls_and_xla_placements():
     )
 
 
+@pytest.mark.claims(
+    "tiling-flops",
+    "tiling-bytes-per-program",
+    "tiling-bytes-times-itemsize",
+    "tiling-intensity",
+)
 @pytest.mark.parametrize(
     ("m", "k", "n", "blocks"),
     [
@@ -421,6 +429,7 @@ def test_tiling_cost_counts_and_intensity(m, k, n, blocks):
     assert cost == {"flops": float(flops), "bytes": float(bytes_), "intensity": flops / bytes_}
 
 
+@pytest.mark.claims("layer-norm-whole-rows")
 def test_layer_norm_cost_counts_one_read_and_one_write():
     """layer_norm_cost counts every row read and written once, gamma and beta once, and two
     float32 statistics per row: 8 operations per entry, at both itemsizes."""
@@ -435,6 +444,7 @@ def test_layer_norm_cost_counts_one_read_and_one_write():
         }
 
 
+@pytest.mark.claims("bench-labels-execution-mode", "interpret-mode-claims-no-speed")
 def test_bench_report_declares_interpret_mode_and_claims_no_speed(evidence, interpret_report):
     """The CPU bench report labels every kernel path interpret, claims no speed and places no kernel
     on the roofline."""
@@ -505,6 +515,7 @@ def _concrete_refusal(check, *arrays) -> str:
     return str(err.value)
 
 
+@pytest.mark.claims("bench-labels-execution-mode", "refusal-names-its-rule")
 def test_bench_checks_every_timed_path_and_follows_the_protocol(evidence, interpret_report):
     """Every timed bench path is within its error bound, compiled apart, A/A-controlled, and every
     refused block carries the kernel's own message.
@@ -588,6 +599,7 @@ def test_bench_checks_every_timed_path_and_follows_the_protocol(evidence, interp
     )
 
 
+@pytest.mark.claims("bench-seeded-shuffled-rounds")
 def test_round_orders_follow_the_recorded_seed(evidence, interpret_report):
     """Each round's path order in the report is the documented seeded shuffle of its setting, and
     the A/A control does not always follow the same neighbour.
@@ -635,6 +647,7 @@ def test_round_orders_follow_the_recorded_seed(evidence, interpret_report):
     )
 
 
+@pytest.mark.claims("tiling-flops", "tiling-bytes-per-program", "tiling-bytes-times-itemsize")
 @pytest.mark.parametrize(
     ("shape", "blocks"),
     [((64, 256, 128), (32, 128, 128)), ((300, 1000, 200), (128, 128, 256))],
@@ -678,6 +691,7 @@ def test_tiling_bytes_and_flops_match_an_enumeration(evidence, shape, blocks):
     )
 
 
+@pytest.mark.claims("tpu-roofline-measured-and-nominal")
 def test_compiled_analysis_on_constructed_timings(evidence):
     """On constructed medians, analyse gives XLA/kernel ratios, roofline fractions, where XLA wins.
 
@@ -738,6 +752,7 @@ def test_compiled_analysis_on_constructed_timings(evidence):
 CONFIG_KEYS = ("kernel", "shape", "dtype", "precision", "blocks", "activation")
 
 
+@pytest.mark.claims("vmem-budget")
 def test_tpu_size_sweeps_the_stated_settings_and_lists_every_kernel_it_compiles():
     """The `tpu` size times the stated shapes, dtypes and blocks, and `tpu_bench_configs` lists
     exactly the kernels it compiles: every accepted block, an unfused kernel per matmul.
@@ -1040,6 +1055,7 @@ TPU_ROWS = [
 ] + [("grid_ragged", 1000, 384, kernels.RowBlocks(128))]
 
 
+@pytest.mark.claims("matmul-precision-named", "bounds-for-backend-and-precision")
 @pytest.mark.tpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compiled_kernels_match_references_on_tpu(evidence, dtype):
@@ -1107,6 +1123,7 @@ def _libtpu_version():
     return None
 
 
+@pytest.mark.claims("tpu-roofline-measured-and-nominal", "bench-labels-execution-mode")
 @pytest.mark.tpu
 def test_tpu_bench_times_the_compiled_kernel_against_xla(evidence, tmp_path):
     """The TPU bench follows the measurement protocol on compiled kernels: every path in bound, 20

@@ -177,6 +177,11 @@ class _Device:
         return getattr(self._device, name)
 
 
+@pytest.mark.claims(
+    "bench-labels-execution-mode",
+    "interpret-mode-claims-no-speed",
+    "tpu-roofline-measured-and-nominal",
+)
 @pytest.mark.parametrize("backend", sorted(DEVICES))
 @pytest.mark.parametrize("mode", ["interpret", "compiled"])
 def test_report_speed_claims_follow_the_mode_not_the_backend(monkeypatch, mode, backend):

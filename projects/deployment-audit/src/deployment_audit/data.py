@@ -60,14 +60,16 @@ def split_ids(labels: np.ndarray, key: jax.Array, test_fraction: float) -> dict[
 
 
 def preprocessing_spec(train_images: np.ndarray) -> dict[str, Any]:
-    """Per-pixel standardization constants fitted on the training images only.
+    """Per-pixel standardization constants fitted on the training images only
+    [claim:spec-fitted-on-training-split].
 
     `x_normalized = (x - mean) * scale` with `scale = 1 / max(std, 1)`: pixels that
-    barely vary (the image border) are centred but not blown up.
+    barely vary (the image border) are centred but not blown up [claim:spec-scale-formula].
     Returns the JSON-ready spec saved with the artifact.
 
     `mean` and `std` are taken per pixel (axis 0) in float64, `std` the population
-    one (`ddof=0`, NumPy's default); both are stored as float32 lists.
+    one (`ddof=0`, NumPy's default); both are stored as float32 lists
+    [claim:spec-per-pixel-population-std].
     """
     # --- exercise stage 1: Per-pixel mean and std of the training images, in float64. ---
     mean = train_images.astype(np.float64).mean(axis=0)

@@ -472,15 +472,20 @@ def compatibility(manifest: dict[str, Any], now: datetime.datetime | None = None
     in the future (made by a newer jax than this one can be trusted to run).
 
     Cases, first match wins (`age_days` = now - created_at, in days; versions
-    compared with `version_key`, by number: "0.9.9" is older than "0.10.0"):
+    compared with `version_key`, by number: "0.9.9" is older than "0.10.0"
+    [claim:window-versions-compared-by-number]):
         calling convention outside [min, max] supported (both ends allowed) -> outside,
             "... calling convention <v>, outside the range <lo>..<hi> ..."
-        made by the running jax -> within, whatever the date
+            [claim:window-calling-convention-range]
+        made by the running jax -> within, whatever the date [claim:window-same-jax-always]
         made by an older jax, `age_days > 180` -> outside, "The artifact was exported
             by jax <v> <age:.0f> days ago, ..." (exactly 180 days is within)
+            [claim:window-older-jax-180-days]
         made by a newer jax, `age_days < -30` -> outside, "... newer than the running jax
             <v>, and is dated <days:.0f> days ahead: ..." (exactly 30 ahead is within)
+            [claim:window-newer-jax-30-days]
         anything else (an older jax's artifact dated ahead, a newer one's long ago) -> within
+            [claim:window-each-rule-own-direction]
     """
     now = now or datetime.datetime.now(datetime.UTC)
     try:

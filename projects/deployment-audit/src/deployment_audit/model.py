@@ -57,10 +57,12 @@ def apply(params: Params, x: jax.Array) -> jax.Array:
     """Logits for normalized inputs `x`, float32 `(batch, 64)`: the pure twin of `MLP`.
 
     Cases:
-        one layer (no hidden ones) -> `x @ kernel + bias`, no relu
+        one layer (no hidden ones) -> `x @ kernel + bias`, no relu [claim:apply-one-layer-no-relu]
         k layers -> relu after each of the first k-1 affines, none after the last
+            [claim:apply-relu-between-layers]
     Under the tests' `jax_numpy_rank_promotion = "raise"`, adding a `(d,)` bias to a
-    `(batch, d)` product raises: broadcast it explicitly, `bias[None, :]`.
+    `(batch, d)` product raises: broadcast it explicitly, `bias[None, :]`
+    [claim:apply-explicit-bias-broadcast].
     """
     # --- exercise stage 1: Affine then relu per hidden layer; the last layer is the logits. ---
     layers = params["layers"]

@@ -33,9 +33,11 @@ INT8_MAX = 127
 
 
 def _channel_scales(kernel: np.ndarray) -> np.ndarray:
-    """Per-output-channel symmetric scales, float32 `(d_out,)`; a zero column gets scale 1.
+    """Per-output-channel symmetric scales, float32 `(d_out,)`; a zero column gets scale 1
+    [claim:int8-zero-column-scale-one].
 
-    `scale[j] = max_i |kernel[i, j]| / 127` (axis 0: one scale per output column).
+    `scale[j] = max_i |kernel[i, j]| / 127` (axis 0: one scale per output column)
+    [claim:int8-scale-per-output-column].
     """
     # --- exercise stage 2: One scale per output column: its largest magnitude over 127. ---
     peak = np.abs(kernel).max(axis=0)
@@ -46,8 +48,10 @@ def _channel_scales(kernel: np.ndarray) -> np.ndarray:
 def _quantize_int8(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """`x / scale` as int8, `scale` broadcasting over `x`'s last axis.
 
-    Cases: rounding is to nearest with ties to even (`np.rint`, not truncation);
-    a value beyond +-127 steps is clipped to +-127 (never -128); the dtype is int8.
+    Cases: rounding is to nearest (not truncation) [claim:int8-round-to-nearest], with
+    ties to even (`np.rint`) [claim:int8-ties-to-even]; a value beyond +-127 steps is
+    clipped to +-127 (never -128) [claim:int8-clip-to-127]; the dtype is int8
+    [claim:int8-dtype].
     """
     # --- exercise stage 2: Divide by the scale, round to nearest, clip to +-127, int8. ---
     return np.clip(np.rint(x / scale), -INT8_MAX, INT8_MAX).astype(np.int8)

@@ -120,8 +120,9 @@ class Batcher:
         Cases (the bound counts ROWS, not requests):
             queued rows + `len(x)` <= `max_queue_rows` -> enqueued (arrival time
                 recorded), the batcher woken, the rows counted in `queued_rows`
+                [claim:queue-admits-within-row-bound]
             queued rows + `len(x)` > `max_queue_rows` -> raises `Overloaded` at once,
-                nothing enqueued (the server answers 503)
+                nothing enqueued (the server answers 503) [claim:queue-refuses-past-row-bound]
         """
         # --- exercise stage 3: Refuse when the queued rows would pass the bound; else enqueue. ---
         if self.queued_rows + len(x) > self.config.max_queue_rows:
@@ -155,10 +156,12 @@ class Batcher:
     def _take_batch(self) -> tuple[list[_Pending], int]:
         """Whole requests from the queue's head, up to `max_batch_size` rows.
 
-        Cases: requests are taken in arrival order and never split; the first one
-        that would pass `max_batch_size` ends the batch (no later, smaller request
-        jumps ahead of it); a batch may fill exactly `max_batch_size`. The rows taken
-        leave `queued_rows`. Returns `(requests, rows)`.
+        Cases: requests are taken in arrival order and never split
+        [claim:batch-whole-requests-in-order]; the first one that would pass
+        `max_batch_size` ends the batch (no later, smaller request jumps ahead of it)
+        [claim:batch-no-jumping-ahead]; a batch may fill exactly `max_batch_size`
+        [claim:batch-fills-exactly]. The rows taken leave `queued_rows`
+        [claim:batch-releases-its-rows]. Returns `(requests, rows)`.
         """
         # --- exercise stage 3: Pop whole requests while they fit in max_batch_size rows. ---
         batch: list[_Pending] = []

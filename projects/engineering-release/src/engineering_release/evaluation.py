@@ -41,14 +41,17 @@ def metrics_from_predictions(predictions: np.ndarray, labels: np.ndarray) -> dic
     """Accuracy, per-class recall and the confusion matrix of integer predictions.
 
     `predictions`, `labels`: int `(n,)`. Counts are integers; rates are
-    `correct / count` in float64, so a recomputation gives the same bits.
+    `correct / count` in float64, so a recomputation gives the same bits
+    [claim:metrics-recompute-to-the-same-bits].
     Raises `ValueError` naming the argument when either is not `n >= 1` class
-    ids `0..9`, or when a class has no label (its recall would be undefined).
+    ids `0..9`, or when a class has no label (its recall would be undefined)
+    [claim:metrics-refuse-bad-arrays].
 
     Returns exactly these keys, in this order (`verify_report` compares them in it):
     `count`, `correct` (ints), `accuracy`, `class_recall` (10 floats, class order),
     `min_class_recall`, `confusion` (10x10 ints, row = true label, column = prediction,
-    as `sklearn.metrics.confusion_matrix(labels, predictions)`).
+    as `sklearn.metrics.confusion_matrix(labels, predictions)`)
+    [claim:metrics-keys-in-order-match-sklearn].
     """
     _check_class_ids(predictions, labels)
     # --- exercise stage 2: Count the confusion matrix, then accuracy and per-class recall. ---
@@ -246,20 +249,25 @@ def verify_report(
     """Checks that `report` judged `model_id` on the policy's held-out set and that
     its metrics follow from its predictions; raises `EvaluationMismatch` naming
     the first difference. With `model_dir`, re-runs the model and compares the
-    predictions too.
+    predictions too [claim:verify-report-rerun].
 
     Cases, checked in this order (the first that fails is the message):
         another model id -> "The report judged model `<claimed>`, not `<model_id>`."
+            [claim:verify-report-model-id]
         another data digest -> "The report was computed on data set `<claimed>`, but the
             policy's held-out set (split_seed=<s>, test_fraction=<f>) has digest `<digest>`."
+            [claim:verify-report-data-digest]
         sample ids not the held-out set's, in order -> "The report's sample IDs are not the
-            held-out set's."
+            held-out set's." [claim:verify-report-sample-ids-in-order]
         wrong number of predictions -> "The report holds <k> predictions for <n> examples."
+            [claim:verify-report-prediction-count]
         another set of metric names -> "The report's metrics are <sorted names>, expected
-            <sorted names>."
+            <sorted names>." [claim:verify-report-metric-names]
         a metric that differs from the recomputed one (first in `metrics_from_predictions`
             key order) -> "The report's `<name>` is `<value>`, but its predictions give ..."
-    Ids are 12-digit prefixes. Comparisons are exact (`!=`), never within a tolerance.
+            [claim:verify-report-first-differing-metric]
+    Ids are 12-digit prefixes. Comparisons are exact (`!=`), never within a tolerance
+    [claim:verify-report-exact-comparisons].
     """
     examples = data.heldout_set(policy.split_seed, policy.test_fraction)
     _check_report_fields(report)

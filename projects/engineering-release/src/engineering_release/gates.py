@@ -48,12 +48,12 @@ class GatePassed:
 def thresholds(metrics: dict, policy: Policy) -> list[str]:
     """The policy thresholds `metrics` misses, as sentences; empty when all pass.
 
-    Cases (a metric equal to its minimum passes):
+    Cases (a metric equal to its minimum passes) [claim:thresholds-minimum-passes]:
         accuracy < min_accuracy -> "Held-out accuracy <a:.4f> is below the policy's
-            <min_accuracy>."
+            <min_accuracy>." [claim:thresholds-accuracy-miss]
         min_class_recall < policy.min_class_recall -> "The lowest class recall <r:.4f>
-            is below the policy's <min_class_recall>."
-        both -> both sentences, accuracy first
+            is below the policy's <min_class_recall>." [claim:thresholds-recall-miss]
+        both -> both sentences, accuracy first [claim:thresholds-both-accuracy-first]
     """
     # --- exercise stage 4: Explain every metric below the policy's minimum. ---
     misses = []
@@ -84,17 +84,23 @@ def promotion_gate(
     """Checks conditions 1-4 for `model_id` (with `approve_entry`, for that
     approval only: a rollback re-checks the approval of its target).
 
-    Approvals are tried newest first; the first that passes every check wins.
+    Approvals are tried newest first; the first that passes every check wins
+    [claim:gate-approvals-newest-first].
     Cases, for one approval (every failing one adds its sentence):
-        `verify_approval` refuses -> its message
+        `verify_approval` refuses -> its message [claim:gate-signature-refusal]
         approval of another model -> "Approval is for model `<id>`."
+            [claim:gate-approval-of-another-model]
         `policy_sha256` != the policy in force -> "Approval was signed under another
-            policy than the one in force."
+            policy than the one in force." [claim:gate-policy-in-force]
         older than `approval_valid_days` -> "Approval is <d> days old; the policy allows <n>."
+            [claim:gate-approval-age]
         only when none of the above: the bound report fails `load_report` or
             `verify_report` -> "Bound evaluation refused: <its message>"
-        only when it verified: every `thresholds` sentence
-    When none passes, `GateRefused` lists "Approval `<hash>`: <sentences>" per approval.
+            [claim:gate-bound-evaluation-verified] (and only then
+            [claim:gate-evaluation-only-after-approval-checks])
+        only when it verified: every `thresholds` sentence [claim:gate-thresholds]
+    When none passes, `GateRefused` lists "Approval `<hash>`: <sentences>" per approval
+    [claim:gate-refusal-lists-each-approval].
     """
     try:
         model_id = store.resolve(model_id)
@@ -144,7 +150,8 @@ def promotion_gate(
 
 def golden_check(loaded: checkpoint.LoadedModel, atol: float = GOLDEN_ATOL) -> dict:
     """Runs the golden inputs through `loaded`; passes only when every prediction
-    equals the stored one and every logit is within `atol` of it."""
+    equals the stored one [claim:golden-predictions-equal] and every logit is within
+    `atol` of it [claim:golden-logits-within-atol]."""
     import jax.numpy as jnp
 
     from engineering_release import train

@@ -53,7 +53,7 @@ def make_entry(entries: list[dict], kind: str, body: dict) -> dict:
     """The entry that follows `entries`: next `seq`, `prev` = last hash, own hash.
 
     `seq` is `len(entries)`; `prev` is `GENESIS` (64 zeros) for the first entry;
-    `hash` is `entry_hash` of the other four fields.
+    `hash` is `entry_hash` of the other four fields [claim:entry-links-and-seals].
     """
     if kind not in KINDS:
         raise LedgerError(f"Unknown entry kind `{kind}`; one of {list(KINDS)}.")
@@ -75,13 +75,14 @@ def verify_chain(entries: list[dict]) -> list[str]:
     For each entry `i`, in this order, one sentence per failed check (ids are
     12-digit prefixes):
         `seq` != i -> "Entry <i> has seq `<seq>`: reordered or removed."
+            [claim:chain-seq-check]
         `prev` != the previous entry's RECORDED `hash` (GENESIS for entry 0) ->
             "Entry <i> points at `<prev>`, but the entry before it hashes to `<hash>`:
-            an entry was edited, removed or reordered."
+            an entry was edited, removed or reordered." [claim:chain-prev-check]
         `hash` != `entry_hash(entry)` -> "Entry <i> (<kind>) was edited: it hashes to
-            `<actual>`, not to its recorded `<hash>`."
+            `<actual>`, not to its recorded `<hash>`." [claim:chain-hash-check]
     So an entry edited but not re-sealed gives one sentence (its own); edited and
-    re-sealed, one sentence about the NEXT entry's link.
+    re-sealed, one sentence about the NEXT entry's link [claim:chain-one-sentence-per-break].
     """
     problems = []
     # --- exercise stage 3: Check each entry's seq, its link, and its own hash. ---

@@ -137,12 +137,15 @@ def check(client, entries: list[dict]) -> list[str]:
     Cases, in this order (values shown as 12-character prefixes):
         anchored length > log length -> "The registry anchored <n> log entries, but the
             log holds <m>: committed entries were deleted." (no head check then)
+            [claim:registry-check-deleted-entries]
         else, entry `length - 1` does not hash to `ledger.head` -> "Log entry <k> does
             not hash to the registry's anchor `<head>`: a committed entry was changed."
+            [claim:registry-check-changed-entry]
         then for `champion`, `previous`, `ledger.length`, `ledger.head`, each that differs
             from `expected(entries)` -> "The registry's `<key>` is `<actual>`, the log
-            says `<wanted>`."
-    A registry that only lags (a shorter anchor that matches) reports stale keys only.
+            says `<wanted>`." [claim:registry-check-stale-keys]
+    A registry that only lags (a shorter anchor that matches) reports stale keys only
+    [claim:registry-check-lag-is-stale-only].
     """
     problems = []
     # --- exercise stage 3: Compare aliases and anchor with the log; report lost entries. ---

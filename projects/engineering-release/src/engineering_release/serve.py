@@ -322,10 +322,12 @@ class Host:
 
         Cases:
             `model_id` already active -> `(True, "already serving")`, nothing moves
+                [claim:switch-already-serving]
             not staged, or staged but not `ready` -> `(False, "... traffic stays")`,
-                the active backend keeps serving
+                the active backend keeps serving [claim:switch-refuses-unready]
             a ready candidate -> it becomes active (a switch is recorded) and the old
                 active backend is retired with `drain=True` (its in-flight requests finish)
+                [claim:switch-to-ready-retires-old]
         """
         # --- exercise stage 4: Switch only to a ready candidate; drain the old one. ---
         if self.active is not None and self.active.model_id == model_id:

@@ -203,7 +203,8 @@ def sign_approval(
     Its fields: `model_id`, `evaluation_id`, `policy` (`policy.to_dict()`),
     `policy_sha256` (`policy.sha256()`), `key_id`, `signer`, `signed_at`
     (`iso`: "YYYY-MM-DDTHH:MM:SSZ", now when not given), and `signature`: base64 of
-    the Ed25519 signature over `approval_payload` of the other fields.
+    the Ed25519 signature over `approval_payload` of the other fields
+    [claim:approval-fields-and-signature].
     """
     # --- exercise stage 3: Sign the canonical bytes of the approval's fields. ---
     approval = {
@@ -253,12 +254,13 @@ def verify_approval(approval: dict, keyring: dict) -> None:
 
     Cases, checked in this order:
         `key_id` not in `keyring` -> "... which is not in the trusted keyring."
+            [claim:approval-key-in-keyring]
         `signed_at` outside [not_before, not_after] (both ends INCLUDED) -> "...
-            (expired or not yet valid)."
+            (expired or not yet valid)." [claim:approval-key-window-inclusive]
         sha256 of the canonical `policy` != `policy_sha256` -> "The approval's
-            `policy_sha256` does not match its policy."
+            `policy_sha256` does not match its policy." [claim:approval-policy-digest]
         signature does not verify over `approval_payload` -> "The approval's signature
-            does not verify with key `<kid>`: ..."
+            does not verify with key `<kid>`: ..." [claim:approval-signature-verifies]
     """
     _check_approval_fields(approval)
     # --- exercise stage 3: Trusted key, valid when it signed, and a good signature. ---

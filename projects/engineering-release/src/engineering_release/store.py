@@ -55,7 +55,9 @@ def tree_digest(root: str | Path) -> str:
     Cases:
         a symlink (to a file or a directory) or a FIFO anywhere below `root`
             -> `StoreError`: "`<path>` is a link or a special file; only plain files."
+            [claim:digest-refuses-links-and-special-files]
         file names, nesting, timestamps, order on disk -> no effect on the digest
+            [claim:digest-ignores-names-nesting-times-order]
     """
     root = Path(root)
     if not root.is_dir():
@@ -87,16 +89,22 @@ class Store:
     def put(self, source: str | Path) -> str:
         """Stores a copy of the directory `source`; returns its id.
 
-        Storing the same content again returns the same id and writes nothing.
+        Storing the same content again returns the same id and writes nothing
+        [claim:put-same-content-writes-nothing].
         If the stored copy no longer matches its id, raises `TamperedObject`
-        instead of replacing it: the evidence is kept for whoever investigates.
+        instead of replacing it: the evidence is kept for whoever investigates
+        [claim:put-keeps-tampered-evidence].
 
         Cases:
-            published object -> every file mode 0o444 (read-only), fsynced before the rename
+            published object -> every file mode 0o444 (read-only) [claim:put-files-read-only],
+                fsynced before the rename [claim:put-fsync-before-rename]
             the copy's digest differs from the source's -> scratch copy removed,
                 `StoreError`: "`<source>` changed while it was copied; nothing stored."
+                [claim:put-refuses-changed-copy]
             the rename fails but another writer published the same id -> its id, scratch removed
+                [claim:put-accepts-lost-rename-race]
             the rename fails and no object was published -> the `OSError` is re-raised
+                [claim:put-reraises-rename-error]
         """
         source = Path(source)
         # --- exercise stage 1: Copy, check, publish by one rename; never rewrite an id. ---
@@ -139,11 +147,12 @@ class Store:
         return self.objects / object_id
 
     def _check(self, object_id: str) -> None:
-        """Raises `TamperedObject` unless the object's files still hash to `object_id`.
+        """Raises `TamperedObject` unless the object's files still hash to `object_id`
+        [claim:check-refuses-tampered-object].
 
         The message, word for word (12-digit prefixes of the id and of the new digest):
         "Object `<id>` is tampered: its files now hash to `<digest>`. It is refused;
-        restore it from a trusted copy."
+        restore it from a trusted copy." [claim:check-tampered-message]
         """
         # --- exercise stage 1: Recompute the object's digest; refuse it if it is not the id. ---
         actual = tree_digest(self.objects / object_id)

@@ -88,12 +88,14 @@ def matmul_tiling_cost(m: int, k: int, n: int, blocks: kernels.MatmulBlocks, ite
 
     Cases:
         FLOPs -> `2 M N K + 2 M N` (multiply-adds, plus one op each for bias and
-            activation), independent of the blocks
+            activation), independent of the blocks [claim:tiling-flops]
         an edge program (M or N not a multiple of its block) -> counts only its
             in-bounds rows and columns, so in total `x` is read `ceil(N/bn)` times,
             `w` and `b` `ceil(M/bm)` times, and the output written once
-        bytes -> those element counts times `itemsize`
-    Returns `{"flops", "bytes", "intensity"}` as floats, intensity = flops / bytes.
+            [claim:tiling-bytes-per-program]
+        bytes -> those element counts times `itemsize` [claim:tiling-bytes-times-itemsize]
+    Returns `{"flops", "bytes", "intensity"}` as floats, intensity = flops / bytes
+    [claim:tiling-intensity].
     (With a single K step, `block_k = K`, the pipeline may keep an `x` block for
     the next `j` instead of fetching it again; the count is then an upper bound.)
     """

@@ -33,9 +33,11 @@ def _layer_norm_kernel(x_ref, g_ref, b_ref, o_ref, mean_ref, rstd_ref, *, eps):
     The region leaves `y` (float32, like `x_ref`), `mean` and `rstd` (float32
     `(block_rows, 1)`, kept dims) for the writes after it. Cases:
         statistics -> float32; the mean and the (population) variance divide by C
+            [claim:layer-norm-float32-population-statistics]
         eps -> inside the square root, `rsqrt(var + eps)`: it decides rows whose
-            variance is near or below 1e-5
+            variance is near or below 1e-5 [claim:layer-norm-eps-inside-rsqrt]
         `gamma`, `beta` -> cast to float32 (strict dtype promotion refuses mixing)
+            [claim:layer-norm-affine-in-float32]
     """
     cols = x_ref.shape[1]
     # --- exercise stage 1: Row mean and variance in float32; normalize with rsqrt(var + eps). ---
@@ -118,9 +120,12 @@ def _layer_norm_bwd(blocks, interpret, residuals, g):
     In float32, from the saved `mean` and `rstd` (float32 `(R,)`), with
     `xhat = (x - mean) * rstd` and `gy = g * gamma` (row means over the C columns):
         dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))   per row
+            [claim:layer-norm-grad-dx]
         dgamma = sum over rows of g * xhat;   dbeta = sum over rows of g
+            [claim:layer-norm-grad-dgamma-dbeta]
     Under the tests' strict rank promotion, broadcast `(R,)` and `(C,)` explicitly
-    (`mean[:, None]`, `gamma[None, :]`). The casts back to the operands' dtypes follow.
+    (`mean[:, None]`, `gamma[None, :]`) [claim:layer-norm-grad-explicit-broadcast]. The
+    casts back to the operands' dtypes follow.
     """
     del blocks, interpret
     x, gamma, mean, rstd = residuals

@@ -55,7 +55,8 @@ def activate(z: jax.Array, activation: str) -> jax.Array:
 def _zero_past_k(xk, wk, k, k_total):
     """Reduction step `k` with the entries past `K` zeroed: `xk` `(block_m, block_k)`,
     `wk` `(block_k, block_n)`. Those entries lie outside the arrays (NaN in the
-    interpreter, stale memory on a TPU); a select makes them exact zeros."""
+    interpreter, stale memory on a TPU); a select makes them exact zeros
+    [claim:ragged-k-zeroed-by-select]."""
     block_k = xk.shape[1]
     # --- exercise stage 2: Zero the x columns and w rows whose index is >= k_total. ---
     col = k * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
@@ -77,12 +78,16 @@ def _matmul_kernel(
 
     Cases:
         first step (`k == 0`) -> zero the accumulator, under `pl.when`
+            [claim:matmul-acc-zeroed-at-first-step]
         every step -> `acc += dot(xk, wk)` with `preferred_element_type=jnp.float32`
-            (never accumulated in bfloat16) and `precision` named
+            (never accumulated in bfloat16) [claim:matmul-accumulates-in-float32] and
+            `precision` named [claim:matmul-precision-named]
         last step (`k == num_k - 1`) -> bias cast to float32 and added (strict dtype
             promotion refuses bfloat16 + float32), `activate`, one cast to `o_ref.dtype`
+            [claim:matmul-epilogue-at-last-step]
         K a multiple of `block_k` -> no mask at all: `ragged` is a static Python bool,
             so a whole-block shape traces no `iota` and no `select_n`
+            [claim:matmul-no-mask-when-k-divides]
     """
     k = pl.program_id(2)
     ragged = mask and k_total % x_ref.shape[1] != 0  # Static: only a ragged K needs the mask.

@@ -80,6 +80,12 @@ def _spec_table(slip: float, step_reward: float):
     return P, R, terminal
 
 
+@pytest.mark.claims(
+    "pure-functional-envs",
+    "grid-slip-uniform-over-four",
+    "grid-reward-goal-pit-step-cost",
+    "grid-terminates-at-goal-or-pit",
+)
 def test_gridworld_deterministic_moves_match_the_specification(evidence):
     """With slip 0, every grid move, reward and ending equals a hand-written table, 2 step costs."""
     for step_reward in (-0.01, -0.1):
@@ -112,6 +118,7 @@ def test_gridworld_deterministic_moves_match_the_specification(evidence):
         assert not np.asarray(out.truncated).any()  # t = 1 of 50
 
 
+@pytest.mark.claims("table-slip-shares", "table-rewards-by-next-cell", "table-terminal-rows-filled")
 @pytest.mark.parametrize("slip,step_reward", [(0.2, -0.01), (0.5, -0.1)])
 def test_gridworld_transition_table_matches_the_specification(evidence, slip, step_reward):
     """transition_table's P, R and terminal equal the specification's table, for 2 slips.
@@ -152,6 +159,7 @@ def _slip_frequencies(slip: float, key: jax.Array) -> tuple[np.ndarray, np.ndarr
     return freq, P
 
 
+@pytest.mark.claims("grid-slip-uniform-over-four")
 @pytest.mark.parametrize("slip", [0.2, 0.5])
 def test_gridworld_slip_frequencies_match_the_specification(evidence, slip):
     """Slippery next-state frequencies match the specified probabilities within 5.5 sigma per cell.
@@ -183,6 +191,7 @@ def test_gridworld_slip_frequencies_match_the_specification(evidence, slip):
     assert ok
 
 
+@pytest.mark.claims("truncated-at-max-steps", "cartpole-terminates-past-thresholds")
 @pytest.mark.parametrize(
     "env", [GridWorld(slip=0.0, max_steps=7), CartPole(max_steps=7)], ids=["gridworld", "cartpole"]
 )
@@ -231,6 +240,13 @@ def _gym_rollout(start: np.ndarray, actions: list[int]):
     return np.array(states), np.array(rewards), np.array(terms)
 
 
+@pytest.mark.claims(
+    "cartpole-force-by-action",
+    "cartpole-euler-like-gymnasium",
+    "cartpole-terminates-past-thresholds",
+    "cartpole-reward-every-step",
+    "cartpole-obs-is-state",
+)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cartpole_matches_gymnasium_step_for_step(evidence, seed):
     """CartPole states, rewards and termination equal gymnasium's CartPole-v1, 3 starts."""
@@ -299,6 +315,7 @@ def _random_trajectories(env, key, n: int, steps: int):
     return records
 
 
+@pytest.mark.claims("pure-functional-envs", "owned-random-streams")
 @pytest.mark.parametrize("env", [GridWorld(), CartPole()], ids=["gridworld", "cartpole"])
 def test_env_trajectory_does_not_depend_on_env_count(evidence, env):
     """Env i's random trajectory is bit-identical with 3 or 11 envs beside it, both envs."""
@@ -330,6 +347,7 @@ def test_env_trajectory_does_not_depend_on_env_count(evidence, env):
     assert ok
 
 
+@pytest.mark.claims("owned-random-streams")
 def test_key_reuse_is_detected():
     """The suite's jax_debug_key_reuse is live: drawing twice from one key raises."""
     key = jax.random.key(0)
@@ -368,6 +386,17 @@ def _boards(draw):
     }
 
 
+@pytest.mark.claims(
+    "pure-functional-envs",
+    "grid-slip-uniform-over-four",
+    "grid-reward-goal-pit-step-cost",
+    "grid-terminates-at-goal-or-pit",
+    "truncated-at-max-steps",
+    "grid-obs-one-hot",
+    "table-slip-shares",
+    "table-rewards-by-next-cell",
+    "table-terminal-rows-filled",
+)
 @settings(max_examples=40, derandomize=True, deadline=None, database=None)
 @given(_boards())
 def test_gridworld_on_any_board_matches_a_python_reading_of_the_specification(board):

@@ -70,6 +70,14 @@ def _python_returns(rewards, dones, masks, last_value, gamma):
     return out
 
 
+@pytest.mark.claims(
+    "returns-and-gae-by-reverse-scan",
+    "returns-reverse-recursion",
+    "gae-reverse-recursion",
+    "gae-value-target",
+    "gae-lambda-limits",
+    "bool-dones-accepted",
+)
 @pytest.mark.parametrize(
     "T,N,gamma,lam", [(5, 1, 0.9, 0.95), (32, 4, 0.99, 0.95), (64, 7, 0.5, 0.0), (17, 3, 0.97, 1.0)]
 )
@@ -95,6 +103,7 @@ def test_gae_and_returns_match_python_loop(evidence, T, N, gamma, lam):
     )
 
 
+@pytest.mark.claims("gae-lambda-limits")
 def test_gae_with_lambda_one_equals_returns_minus_values(evidence):
     """With lambda = 1, GAE equals discounted returns minus values on valid steps."""
     rng = np.random.default_rng(5)
@@ -215,6 +224,15 @@ def _bookkeeping_rollout(env, n: int, auto_reset: bool, root: jax.Array):
     return k_reset, k_roll, final, tr
 
 
+@pytest.mark.claims(
+    "scan-rollouts-with-masks",
+    "rollout-obs-before-step",
+    "rollout-inactive-steps-are-padding",
+    "rollout-finished-return",
+    "rollout-auto-reset",
+    "rollout-frozen-without-reset",
+    "rollout-owned-step-keys",
+)
 @pytest.mark.parametrize(
     "env,n",
     [(GridWorld(max_steps=12), ROLLOUT_ENVS["gridworld"]), (CartPole(), ROLLOUT_ENVS["cartpole"])],

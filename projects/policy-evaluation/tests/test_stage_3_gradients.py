@@ -49,6 +49,12 @@ def _j(env, theta):
     return exact.evaluate_policy(P, R, terminal, exact.softmax(theta), GAMMA)[env.start]
 
 
+@pytest.mark.claims(
+    "exact-policy-gradients",
+    "gradient-unnormalised-occupancy",
+    "gradient-of-softmax-policy",
+    "gradient-equals-central-differences",
+)
 @pytest.mark.parametrize("slip", [0.2, 0.0])
 def test_exact_gradient_matches_finite_differences(evidence, slip):
     """The exact policy gradient equals central differences of the exact J (1e-5), 2 slips."""
@@ -134,6 +140,7 @@ def _pg_figures(root: jax.Array) -> dict:
     return out
 
 
+@pytest.mark.claims("exact-policy-gradients")
 def test_sampled_policy_gradient_agrees_with_exact(evidence):
     """The sampled REINFORCE mean is within 6 se of the exact gradient; se falls as 1/sqrt n.
 
@@ -201,6 +208,12 @@ CASES = {
 }
 
 
+@pytest.mark.claims(
+    "ppo-clipped-objective",
+    "clip-positive-advantage",
+    "clip-negative-advantage",
+    "clip-gradient-zero-where-clipped",
+)
 @pytest.mark.parametrize("clip_eps", [0.2, 0.3])
 def test_ppo_clipped_objective_signed_cases(evidence, clip_eps):
     """The clipped objective and its gradients equal a hand table of signed cases, 2 clips.
@@ -295,6 +308,13 @@ def _ppo_batch(seed: int, n: int = 96):
     return params, batch
 
 
+@pytest.mark.claims(
+    "ppo-advantages-normalised",
+    "ppo-value-loss-clipped",
+    "ppo-entropy",
+    "ppo-loss-combination",
+    "ppo-aux-parts",
+)
 @pytest.mark.parametrize(
     "clip_eps,vf_coef,ent_coef", [(0.2, 0.5, 0.5), (0.1, 1.0, 0.05)], ids=["eps0.2", "eps0.1"]
 )
@@ -377,6 +397,14 @@ def _softmax_rows(theta):
     return scipy.special.softmax(theta, axis=1)
 
 
+@pytest.mark.claims(
+    "policy-matrices-average-over-pi",
+    "terminal-rows-absorbing",
+    "evaluation-equals-bellman-sweeps",
+    "gradient-unnormalised-occupancy",
+    "gradient-of-softmax-policy",
+    "gradient-equals-central-differences",
+)
 @settings(max_examples=25, derandomize=True, deadline=None, database=None)
 @given(_mdps())
 def test_exact_evaluation_and_gradient_on_drawn_mdps(mdp):
@@ -413,6 +441,7 @@ def test_softmax_matches_scipy(shape, scale):
     )
 
 
+@pytest.mark.claims("gradient-refuses-bad-start-or-theta")
 @pytest.mark.parametrize("start,ok", [(-1, False), (0, True), (15, True), (16, False)])
 def test_exact_gradient_start_bounds(start, ok):
     """exact_policy_gradient accepts start 0 and 15 and refuses -1 and 16, naming the range."""
@@ -426,6 +455,7 @@ def test_exact_gradient_start_bounds(start, ok):
             exact.exact_policy_gradient(P, R, terminal, theta, GAMMA, start)
 
 
+@pytest.mark.claims("gradient-refuses-bad-start-or-theta")
 @pytest.mark.parametrize(
     "theta", [np.zeros((16, 3)), np.zeros((15, 4)), np.full((16, 4), np.nan)], ids=str
 )

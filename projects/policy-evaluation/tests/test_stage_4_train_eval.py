@@ -60,6 +60,12 @@ from policy_evaluation.train import (
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.claims(
+    "seeds-with-interval",
+    "summary-metric-by-env",
+    "summary-mean-interval-worst-seed",
+    "summary-reads-eval-only",
+)
 @pytest.mark.parametrize("env", ["gridworld", "cartpole"])
 def test_per_seed_summary_reads_the_held_out_namespace(evidence, env):
     """summarize_seeds reads eval/, not train/: per-seed means, CI and worst seed equal NumPy.
@@ -90,6 +96,7 @@ def test_per_seed_summary_reads_the_held_out_namespace(evidence, env):
     assert summary["worst_seed"] == int(ref.argmin())
 
 
+@pytest.mark.claims("mean-ci-normal-interval")
 @pytest.mark.parametrize(
     "values,z", [([3.5], 1.96), ([1.0, 4.0], 1.96), ([2.0, -1.0, 0.5, 7.0, 3.0], 2.5)]
 )
@@ -105,6 +112,11 @@ def test_mean_ci_at_one_two_and_many_values(values, z):
         assert half == pytest.approx(z * sd / len(values) ** 0.5, rel=1e-12)
 
 
+@pytest.mark.claims(
+    "value-iteration-optimal",
+    "value-iteration-terminal-zero",
+    "value-iteration-greedy-one-hot",
+)
 def test_value_iteration_gives_the_optimal_values(evidence):
     """value_iteration's V equals its greedy policy's exact V and beats 301 other policies.
 
@@ -190,6 +202,7 @@ def _first_rollout(env, config: Config):
     return first_rollout
 
 
+@pytest.mark.claims("train-log-finished-episodes")
 def test_train_metrics_of_the_first_update_match_its_rollout(evidence):
     """Update 0's train/ episode count and mean return equal its rollout rebuilt outside.
 
@@ -241,6 +254,13 @@ def test_train_metrics_of_the_first_update_match_its_rollout(evidence):
 EVAL_END_EPISODES = 256
 
 
+@pytest.mark.claims(
+    "eval-held-out-episodes",
+    "eval-episode-return",
+    "eval-discounted-return",
+    "eval-episode-length",
+    "eval-greedy-switch",
+)
 def test_evaluation_episodes_stop_at_their_end(evidence):
     """Each held-out episode's discounted and plain return equal their closed forms.
 
@@ -349,6 +369,12 @@ def _random_policy_return(config: Config) -> float:
     return float(np.asarray(tr.reward).sum(axis=0).mean())
 
 
+@pytest.mark.claims(
+    "ppo-minibatch-descends",
+    "seeds-with-interval",
+    "summary-metric-by-env",
+    "summary-mean-interval-worst-seed",
+)
 def test_gridworld_trained_between_baselines_and_matches_exact(evidence, grid_result):
     """Trained grid policies lie between uniform and optimal; held-out means match exact V.
 
@@ -405,6 +431,7 @@ def test_gridworld_trained_between_baselines_and_matches_exact(evidence, grid_re
     assert summary["worst_seed"] == int(per_seed.argmin())
 
 
+@pytest.mark.claims("eval-greedy-switch")
 def test_gridworld_greedy_policy_matches_exact(evidence, grid_result):
     """The greedy policy's held-out mean return matches its exact V within 6.5 se per seed.
 
@@ -427,6 +454,7 @@ def test_gridworld_greedy_policy_matches_exact(evidence, grid_result):
     assert ok
 
 
+@pytest.mark.claims("separate-key-roots", "seed-keys-disjoint", "seeds-vmapped")
 def test_eval_keys_disjoint_and_training_deterministic(evidence, grid_result):
     """Eval keys are disjoint from train keys; one key trains the same bits, eval settings aside."""
     config = Config.tiny("gridworld")
@@ -477,6 +505,7 @@ def test_eval_keys_disjoint_and_training_deterministic(evidence, grid_result):
     assert ok
 
 
+@pytest.mark.claims("ppo-minibatch-descends")
 def test_cartpole_learns_above_random_on_held_out_keys(evidence):
     """Each CartPole seed's held-out return is at least twice a random policy's on those keys.
 
@@ -512,6 +541,7 @@ def test_cartpole_learns_above_random_on_held_out_keys(evidence):
     assert ok
 
 
+@pytest.mark.claims("train-eval-namespaces-apart")
 def test_cli_train_writes_separate_namespaces(tmp_path, evidence):
     """The train CLI writes a report whose metrics keep train/ and eval/ keys apart."""
     # The shipped tiny config: the same programs as `grid_result`, so the
@@ -592,6 +622,7 @@ def sharded_one_update():
     return one, jit_over_seeds(make_train(one), one)
 
 
+@pytest.mark.claims("seeds-sharded-over-cpu-devices")
 @cpu_seed_sharding
 def test_sharded_training_has_no_lapack_call_and_finishes(evidence, sharded_one_update):
     """The seed-sharded program holds no LAPACK call, and 300 sharded inits finish."""
@@ -633,6 +664,7 @@ def test_sharded_training_has_no_lapack_call_and_finishes(evidence, sharded_one_
     )
 
 
+@pytest.mark.claims("seeds-sharded-over-cpu-devices")
 @cpu_seed_sharding
 def test_sharded_seeds_match_one_device(evidence, sharded_one_update):
     """Seeds over 2 devices repeat bitwise and match all seeds on one device to 1e-4."""

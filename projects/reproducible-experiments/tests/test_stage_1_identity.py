@@ -61,6 +61,14 @@ def _scratch_repo(tmp_path: Path) -> tuple[Path, Path, str]:
     return project, package, _git_here(project, "rev-parse", "HEAD").decode().strip()
 
 
+@pytest.mark.claims(
+    "run-records-its-identities",
+    "code-clean-tree",
+    "code-tracked-edits-hashed",
+    "code-untracked-files-hashed",
+    "code-edits-reverted",
+    "code-git-commit",
+)
 def test_code_identity_sees_the_uncommitted_diff(evidence, tmp_path):
     """git_identity's dirty flag and diff hash follow edits and untracked files, like git here.
 
@@ -108,6 +116,7 @@ def test_code_identity_sees_the_uncommitted_diff(evidence, tmp_path):
     ), observed
 
 
+@pytest.mark.claims("code-compiled-files-never-count")
 def test_compiled_files_and_caches_never_count(tmp_path):
     """Untracked .pyc files leave the code identity clean; an untracked .py makes it dirty.
 
@@ -146,6 +155,11 @@ def _set_untracked(project: Path, package: Path, files: dict[str, bytes]) -> Non
         (package / name).write_bytes(content)
 
 
+@pytest.mark.claims(
+    "code-untracked-files-hashed",
+    "code-git-commit",
+    "source-hash-by-path-and-bytes",
+)
 def test_untracked_files_enter_the_diff_hash_by_path_and_bytes(evidence, tmp_path):
     """Each untracked file's path and bytes enter code.git_diff_sha256, field by field.
 
@@ -225,6 +239,7 @@ def test_untracked_files_enter_the_diff_hash_by_path_and_bytes(evidence, tmp_pat
 _GIT_CODES = (0, 1, -1, 128, -9)  # ok, error, killed by signal 1, git's fatal, SIGKILL
 
 
+@pytest.mark.claims("code-git-unavailable")
 @pytest.mark.parametrize("head_rc", _GIT_CODES)
 @pytest.mark.parametrize("top_rc", _GIT_CODES)
 def test_a_failed_git_never_names_a_commit(monkeypatch, head_rc, top_rc):
@@ -251,6 +266,7 @@ def test_a_failed_git_never_names_a_commit(monkeypatch, head_rc, top_rc):
     assert (got["code.git_commit"], got["code.git_dirty"], got["code.git_diff_sha256"]) == expected
 
 
+@pytest.mark.claims("code-git-unavailable")
 @pytest.mark.parametrize("error", [OSError("no git here"), subprocess.TimeoutExpired("git", 30)])
 def test_git_missing_or_hung_leaves_code_identity_unavailable(monkeypatch, error):
     """A missing or hung git leaves only the source hash; the git tags are `unavailable`."""
@@ -268,6 +284,7 @@ def test_git_missing_or_hung_leaves_code_identity_unavailable(monkeypatch, error
     }
 
 
+@pytest.mark.claims("code-git-unavailable")
 @pytest.mark.parametrize("where", ["no repository", "no commit yet", "inside .git"])
 def test_real_git_without_a_commit_or_work_tree(tmp_path, where):
     """Real git without a repository, a commit or a work tree names no commit.
@@ -300,6 +317,7 @@ def _source_reference(package_dir: Path) -> str:
     return hashlib.sha256(parts).hexdigest()
 
 
+@pytest.mark.claims("source-hash-by-path-and-bytes")
 def test_source_hash_covers_python_files_by_path_and_bytes(tmp_path):
     """source_sha256 equals a path-and-bytes reference over .py files; a rename changes it."""
     package = tmp_path / "pkg"
@@ -335,6 +353,7 @@ def _runtime_reference() -> dict[str, str]:
     }
 
 
+@pytest.mark.claims("runtime-identity-tags")
 def test_runtime_identity_names_every_version_and_device(monkeypatch):
     """runtime_identity equals versions and devices read here, and follows XLA_FLAGS."""
     assert identity.runtime_identity() == _runtime_reference()
@@ -357,6 +376,7 @@ def test_data_is_the_scaled_digits_and_hashes_the_raw_bytes():
     assert digits.raw_sha256 == raw
 
 
+@pytest.mark.claims("split-ids-hashed-on-their-own", "split-counted")
 @settings(max_examples=40, derandomize=True, deadline=None, database=None)
 @given(
     n=st.integers(3, 60),
@@ -387,6 +407,7 @@ def test_each_split_is_hashed_and_counted_on_its_own(n, seed, dtype):
         assert data.ids_sha256(parts[0][::-1]) != expected["data.split.train.sha256"]
 
 
+@pytest.mark.claims("config-hash-canonical-json")
 @pytest.mark.parametrize("config", [Config.tiny(), Config.default(), CHANGED])
 def test_config_hash_is_of_its_canonical_json(config):
     """Config.sha256 is the sha256 of its sorted, spaceless JSON, whatever the field order.
@@ -404,6 +425,7 @@ def test_config_hash_is_of_its_canonical_json(config):
 # THROUGH THE STORE AND A FRESH PROCESS -------------------------------------------
 
 
+@pytest.mark.claims("run-records-its-identities", "show-rebuilds-in-a-fresh-process")
 def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
     """A fresh `show` recovers config, seeds, identities and bitwise metrics of 2 runs."""
     client = store.client()
@@ -512,6 +534,7 @@ def test_fresh_process_reconstructs_every_identity(evidence, store, tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.claims("run-records-its-identities")
 def test_same_seeds_same_bits_and_seeds_stay_separate(evidence):
     """One config trains bitwise alike twice; train_seed moves params, eval_seed the split.
 

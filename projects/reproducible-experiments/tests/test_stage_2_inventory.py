@@ -48,6 +48,12 @@ def _wait_ready(queue, n: int, timeout_s: float = 300.0) -> dict[str, str]:
     return ready
 
 
+@pytest.mark.claims(
+    "end-state-finished-on-clean-exit",
+    "end-state-sigterm-killed",
+    "end-state-ctrl-c-killed",
+    "end-state-failed-with-type",
+)
 def test_each_way_a_body_ends_earns_its_status(evidence):
     """end_state gives the promised status and error type for 7 endings, exits and signals.
 
@@ -75,6 +81,12 @@ def test_each_way_a_body_ends_earns_its_status(evidence):
     ), got
 
 
+@pytest.mark.claims(
+    "dead-runs-found-by-lease",
+    "liveness-no-lease",
+    "liveness-pid-and-start",
+    "liveness-by-expiry",
+)
 def test_a_reused_pid_does_not_keep_a_dead_run_alive(evidence):
     """A lease whose pid lives with another start time is dead; remote leases go by expiry.
 
@@ -138,6 +150,7 @@ def _own_lease(**extra: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.claims("liveness-pid-and-start", "liveness-by-expiry", "liveness-given-clock")
 def test_liveness_on_both_sides_of_every_boundary():
     """liveness judges host, start time and expiry right one unit either side of each bound.
 
@@ -210,6 +223,7 @@ def _without_proc(monkeypatch) -> None:
     monkeypatch.setattr(os, "stat", stat)
 
 
+@pytest.mark.claims("liveness-without-proc")
 def test_liveness_without_proc_asks_the_process_table(monkeypatch):
     """Without /proc, kill(pid, 0) decides: gone is dead; alive or foreign checks the start.
 
@@ -237,6 +251,7 @@ def test_liveness_without_proc_asks_the_process_table(monkeypatch):
     assert sent == [(1000, 0), (1001, 0), (1002, 0)]
 
 
+@pytest.mark.claims("liveness-pid-and-start")
 def test_a_missing_proc_entry_means_the_holder_is_gone(monkeypatch):
     """With /proc present, a pid it does not list is judged dead, whatever kill() says.
 
@@ -267,6 +282,7 @@ def test_process_start_reads_field_22_even_with_a_parenthesis_in_the_name(tmp_pa
     assert tracking.process_start(child.pid) == ""  # Reaped: no /proc entry.
 
 
+@pytest.mark.claims("end-state-failed-with-type", "end-state-message-cut-at-5000")
 @pytest.mark.parametrize("length", [4999, 5000, 5001, 12_000])
 def test_error_message_is_cut_at_5000_characters(length):
     """error.message keeps the first 5,000 characters, and the repr when str is empty.
@@ -291,6 +307,7 @@ def test_error_message_is_cut_at_5000_characters(length):
     }
 
 
+@pytest.mark.claims("inventory-lists-every-run", "iter-runs-every-page")
 @pytest.mark.parametrize("page_size", [1, 2, 3, 5])
 def test_iter_runs_reads_every_page(sqlite_store, page_size):
     """iter_runs returns every run once, in start order, at page sizes 1, 2, 3 and 5.
@@ -313,6 +330,7 @@ def _running(client, exp_id: str, name: str, tags: dict[str, str]) -> str:
     return client.create_run(exp_id, run_name=name, tags=tags).info.run_id
 
 
+@pytest.mark.claims("dead-runs-found-by-lease", "reconcile-kills-only-dead-runs")
 def test_reconcile_kills_only_dead_running_runs(sqlite_store):
     """reconcile ends only dead RUNNING runs, KILLED at their last heartbeat, tagged why.
 
@@ -347,6 +365,7 @@ def test_reconcile_kills_only_dead_running_runs(sqlite_store):
     assert client.get_run(again).data.tags["reconciled.by"] == f"pid {os.getpid()}"
 
 
+@pytest.mark.claims("reconcile-kills-only-dead-runs")
 def test_a_stale_search_skips_each_ended_run_and_reconciles_the_rest(sqlite_store, monkeypatch):
     """Runs ended after a stale search keep their status; a dead one after them is reconciled.
 
@@ -371,6 +390,7 @@ def test_a_stale_search_skips_each_ended_run_and_reconciles_the_rest(sqlite_stor
 # THROUGH REAL PROCESSES AND BOTH STORES ----------------------------------------
 
 
+@pytest.mark.claims("failures-kept", "dead-runs-found-by-lease", "inventory-lists-every-run")
 def test_every_end_state_is_kept_and_counted(evidence, store):
     """Real endings get their true status; the inventory's counts equal a SQL count."""
     client = store.client()
@@ -463,6 +483,7 @@ def test_every_end_state_is_kept_and_counted(evidence, store):
     assert payload["counts"] == {"FAILED": 2, "FINISHED": 2, "KILLED": 2}
 
 
+@pytest.mark.claims("dead-runs-found-by-lease", "reconcile-kills-only-dead-runs")
 def test_a_live_run_is_never_reconciled(evidence, store):
     """Reconcile leaves live holders and valid remote leases RUNNING and kills expired ones.
 
@@ -523,6 +544,7 @@ def test_a_live_run_is_never_reconciled(evidence, store):
         client.set_terminated(run_id, "KILLED")
 
 
+@pytest.mark.claims("reconcile-kills-only-dead-runs")
 def test_a_stale_search_never_overwrites_a_normal_end(evidence, sqlite_store, monkeypatch):
     """A reconciler acting on a stale RUNNING result leaves a FINISHED run FINISHED.
 
@@ -553,6 +575,7 @@ def test_a_stale_search_never_overwrites_a_normal_end(evidence, sqlite_store, mo
     )
 
 
+@pytest.mark.claims("dead-runs-found-by-lease")
 def test_heartbeat_renews_the_lease(evidence, store):
     """A live run's heartbeat moves its heartbeat and expiry tags forward; it stays alive."""
     client = store.client()
@@ -576,6 +599,7 @@ def test_heartbeat_renews_the_lease(evidence, store):
     ), beats
 
 
+@pytest.mark.claims("mlflow-defaults-lose-end-states")
 def test_mlflow_defaults_lose_end_states(evidence, sqlite_store):
     """MLflow's fluent defaults record failures as FINISHED and leave signalled runs RUNNING.
 
@@ -618,6 +642,7 @@ def test_mlflow_defaults_lose_end_states(evidence, sqlite_store):
     ), statuses
 
 
+@pytest.mark.claims("many-writers-lose-nothing")
 def test_eight_concurrent_writers_lose_nothing(evidence, store):
     """8 processes x 200 metric values in one store: all kept by SQL count, with 0 errors.
 
@@ -653,6 +678,7 @@ def test_eight_concurrent_writers_lose_nothing(evidence, store):
     ), (errors, per_run)
 
 
+@pytest.mark.claims("lease-in-the-first-row")
 def test_a_run_killed_at_its_first_row_is_reconciled(evidence, store):
     """A run SIGKILLed right after its row is written is judged dead at once, then KILLED.
 
@@ -704,6 +730,7 @@ def _break_artifact_folder(store, name: str) -> Path:
     return folder
 
 
+@pytest.mark.claims("end-state-before-traceback")
 def test_a_broken_artifact_folder_still_ends_the_run(evidence, sqlite_store):
     """An unwritable artifact folder still leaves the run FAILED, and the message says so.
 
@@ -769,6 +796,7 @@ def test_a_broken_artifact_folder_still_ends_the_run(evidence, sqlite_store):
     ), observed
 
 
+@pytest.mark.claims("fresh-store-created-in-turn")
 def test_eight_processes_share_a_fresh_sqlite_store(evidence, tmp_path):
     """8 processes starting on a missing SQLite store create it in turn and all finish.
 

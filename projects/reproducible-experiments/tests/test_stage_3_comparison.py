@@ -118,6 +118,7 @@ def _hand_record(client, exp_id: str, spec, children: list[dict]) -> str:
     return parent
 
 
+@pytest.mark.claims("paired-analysis-from-the-store", "bootstrap-inverted-cdf")
 def test_analysis_of_a_hand_written_record(sqlite_store):
     """analyze reports each incomplete pair, foreign runs and the verdict as written by hand.
 
@@ -220,6 +221,7 @@ def test_analysis_of_a_hand_written_record(sqlite_store):
     assert (empty.mean, empty.ci, empty.verdict) == (None, None, "undecided: no complete pair")
 
 
+@pytest.mark.claims("registered-question-frozen")
 def test_only_a_parent_registers_a_hash(sqlite_store):
     """check_frozen reads hashes from parent runs only; another parent hash freezes the name.
 
@@ -267,6 +269,7 @@ def test_spec_hash_is_of_its_canonical_json():
     assert changed.sha256() != spec.sha256()
 
 
+@pytest.mark.claims("bootstrap-two-sided")
 @pytest.mark.parametrize("confidence", [0.9, 0.8])
 def test_bootstrap_interval_against_enumeration_and_scipy(evidence, confidence):
     """bootstrap_ci sits on the exact alpha/2 bootstrap quantiles and SciPy's (1e-3).
@@ -314,6 +317,7 @@ def test_bootstrap_interval_against_enumeration_and_scipy(evidence, confidence):
     ), observed
 
 
+@pytest.mark.claims("bootstrap-seeded")
 def test_bootstrap_seed_fixes_the_bits_and_only_the_seed_does():
     """bootstrap_ci is a pure function of its seed: same seed, same bits; other seeds differ.
 
@@ -341,6 +345,7 @@ def test_bootstrap_seed_fixes_the_bits_and_only_the_seed_does():
         assert 0.5 < (high - low) / normal_width < 2.0, (seed, high - low, normal_width)
 
 
+@pytest.mark.claims("decide-higher-is-better", "decide-lower-is-better")
 def test_decision_rule_both_directions_and_a_minimum_difference(evidence):
     """decide matches a hand-written verdict table, boundaries and mirrored cases included.
 
@@ -389,6 +394,12 @@ def test_decision_rule_both_directions_and_a_minimum_difference(evidence):
     ), rows
 
 
+@pytest.mark.claims(
+    "spec-frozen-before-runs",
+    "paired-analysis-from-the-store",
+    "comparison-report-markdown-and-png",
+    "bootstrap-inverted-cdf",
+)
 @pytest.mark.parametrize("require_complete", [True, False])
 def test_paired_comparison_from_the_store(evidence, store, tmp_path, require_complete):
     """Paired differences equal SQL's, a failed arm's pair is incomplete, the CI is exact."""
@@ -492,6 +503,7 @@ def test_paired_comparison_from_the_store(evidence, store, tmp_path, require_com
     assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.claims("spec-frozen-before-runs", "registered-question-frozen")
 def test_a_registered_question_is_frozen(store):
     """Rerunning a registered comparison name with an edited spec raises FrozenSpecError."""
     client = store.client()

@@ -57,6 +57,11 @@ def _history_bits(client, run_id: str) -> dict[str, list[tuple[int, int]]]:
     }
 
 
+@pytest.mark.claims(
+    "verdict-names-differing-identities",
+    "verdict-not-reproduced",
+    "verdict-reproduced",
+)
 def test_the_verdict_names_what_differs(evidence):
     """verdict_of names each differing identity and says reproduced only when all match.
 
@@ -102,6 +107,7 @@ def test_the_verdict_names_what_differs(evidence):
     ), got
 
 
+@pytest.mark.claims("compare-float64-bits", "compare-missing-series")
 def test_bitwise_comparison_catches_one_ulp(evidence):
     """compare_metrics flags a one-ulp change and a missing series, and nothing in a copy."""
     recorded = {"test_loss": [(5, 0.25)], "val_loss": [(1, 0.5), (2, 0.4)]}
@@ -118,6 +124,7 @@ def test_bitwise_comparison_catches_one_ulp(evidence):
     )
 
 
+@pytest.mark.claims("compare-float64-bits", "compare-counts-values")
 @pytest.mark.parametrize("direction", [1.0, -1.0])
 def test_the_first_differing_step_is_named(direction):
     """A one-ulp change at step 2 of 3 is named with both values; 3 values are compared.
@@ -132,6 +139,7 @@ def test_the_first_differing_step_is_named(direction):
     assert compared == 3
 
 
+@pytest.mark.claims("compare-float64-bits")
 @pytest.mark.parametrize(
     "before, after",
     [(0.0, -0.0), (-0.0, 0.0), (float("nan"), -float("nan"))],
@@ -148,6 +156,7 @@ def test_values_equal_as_floats_but_not_in_bits_are_a_difference(before, after):
     assert compared == 3
 
 
+@pytest.mark.claims("compare-missing-series", "compare-steps-differ", "compare-counts-values")
 def test_every_series_and_step_is_compared_both_ways():
     """compare_metrics names missing series and differing steps both ways, counting values.
 
@@ -180,6 +189,11 @@ def test_every_series_and_step_is_compared_both_ways():
     assert reproduce.compare_metrics(now, now) == ({}, 1 + 2 + 2 + 1 + 2)
 
 
+@pytest.mark.claims(
+    "verdict-names-differing-identities",
+    "verdict-not-reproduced",
+    "verdict-reproduced",
+)
 def test_whole_verdicts_word_for_word():
     """verdict_of's sentences equal the documented wording for each combination of parts."""
     same = {"code": {}, "data": {}, "runtime": {}}
@@ -217,6 +231,7 @@ _TAG = st.sampled_from(["a", "b", "c", "d", "e"])
 _VALUE = st.sampled_from(["", "0", "1", "x", "y"])
 
 
+@pytest.mark.claims("identity-differences-key-by-key")
 @settings(max_examples=80, derandomize=True, deadline=None, database=None)
 @given(recorded=st.dictionaries(_TAG, _VALUE), current=st.dictionaries(_TAG, _VALUE))
 def test_identity_differences_against_a_key_by_key_reference(recorded, current):
@@ -234,6 +249,7 @@ def test_identity_differences_against_a_key_by_key_reference(recorded, current):
     assert identity.differences(current, recorded) == {k: v[::-1] for k, v in expected.items()}
 
 
+@pytest.mark.claims("params-digest-by-path")
 def test_params_digest_against_a_reference():
     """checkpoint.digest equals a sha256 over leaves sorted by path; any change moves it.
 
@@ -255,6 +271,7 @@ def test_params_digest_against_a_reference():
     assert len({checkpoint.digest(p) for p in [params, *changed]}) == 5
 
 
+@pytest.mark.claims("reproduce-bitwise-from-the-record", "differing-identity-named")
 def test_reproduce_in_a_fresh_process_is_bitwise(evidence, store):
     """A fresh process reproduces a run bitwise from its record; a runtime change is named."""
     client = store.client()
@@ -313,6 +330,7 @@ def test_reproduce_in_a_fresh_process_is_bitwise(evidence, store):
         ), payload
 
 
+@pytest.mark.claims("differing-identity-named")
 @pytest.mark.parametrize(
     ("tag", "kind"),
     [("code.git_commit", "code"), ("data.sha256", "data"), ("runtime.jax", "runtime")],

@@ -33,6 +33,15 @@ from workload_operations.observe import Observer
 from workload_operations.supervisor import Supervisor, _group_processes, resources, resources_of
 
 
+@pytest.mark.claims(
+    "heartbeats-and-metrics-from-counters",
+    "step-done-examples-summed",
+    "step-done-prometheus-counters",
+    "step-done-time-and-loss",
+    "heartbeat-record-fields",
+    "heartbeat-loss-as-float",
+    "heartbeat-counter-and-gauges",
+)
 @pytest.mark.parametrize("batch", [16, 5])
 def test_heartbeat_reports_what_the_loop_counted(batch, evidence):
     """Heartbeat and Prometheus counts equal a Python tally of the steps, for batch sizes 16, 5."""
@@ -92,6 +101,12 @@ _beats = st.lists(
 )
 
 
+@pytest.mark.claims(
+    "heartbeat-rate",
+    "heartbeat-record-fields",
+    "step-done-time-and-loss",
+    "heartbeat-counter-and-gauges",
+)
 @settings(max_examples=60, derandomize=True, deadline=None, database=None)
 @given(start=st.floats(0.0, 5000.0, allow_nan=False) | st.just(0.0), beats=_beats)
 def test_heartbeat_rate_is_examples_over_elapsed_time(start, beats):
@@ -166,6 +181,7 @@ _CHILD = (
 )
 
 
+@pytest.mark.claims("supervisor-adds-resource-signals", "resources-of-the-group")
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("threads", [1, 4])
 def test_resource_signals_match_proc(threads, evidence):
@@ -212,6 +228,7 @@ def test_resource_signals_match_proc(threads, evidence):
     ), (sample, proc_rss_mb, proc_threads, proc_cpu_s, proc_stime)
 
 
+@pytest.mark.claims("resources-of-the-group")
 def test_resource_totals_skip_a_process_that_is_gone():
     """Group totals skip a member that has exited and equal the live member's /proc figures.
 
@@ -287,6 +304,7 @@ def _kill_and_reap(proc: subprocess.Popen, pids: list[int], timeout_s: float = 1
             time.sleep(0.01)
 
 
+@pytest.mark.claims("supervisor-adds-resource-signals", "resources-of-the-group")
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_resources_count_every_descendant(depth, tmp_path, evidence):
@@ -353,6 +371,7 @@ def _supervised(config: Config, workdir: Path, cache: Path, results: dict, key: 
     results[key] = Supervisor(config, workdir, detect=False, compilation_cache=cache).run()
 
 
+@pytest.mark.claims("heartbeats-and-metrics-from-counters", "supervisor-scrapes-metrics")
 def test_scraped_counters_agree_with_the_jobs_own_count(tmp_path, jax_cache, evidence):
     """A supervised job's final scrape equals its own count and num_steps, at two batch sizes.
 
@@ -426,6 +445,7 @@ def test_scraped_counters_agree_with_the_jobs_own_count(tmp_path, jax_cache, evi
         assert samples[-1]["rss_mb"] > 50, samples[-1]
 
 
+@pytest.mark.claims("observation-cost-measured")
 def test_observation_cost_bench_runs_on_a_tiny_size(tmp_path, evidence):
     """The bench's ratios are reciprocal and each measurement has 3 repetitions (no speed asserted).
 

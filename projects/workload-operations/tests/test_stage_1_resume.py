@@ -52,6 +52,11 @@ def _drive(beats: list[list[tuple[int, int]]]) -> tuple[list[dict], list[dict], 
     return got, want, observer
 
 
+@pytest.mark.claims(
+    "step-done-step-as-given",
+    "step-done-prometheus-counters",
+    "step-done-examples-summed",
+)
 @pytest.mark.parametrize("case", list(_CASES))
 def test_heartbeat_step_is_the_step_given_on_a_resumed_or_skipping_run(case, evidence):
     """Each heartbeat's step is the last step the loop gave, by a Python replay of the calls.
@@ -83,6 +88,11 @@ _resumed = st.tuples(
 )
 
 
+@pytest.mark.claims(
+    "step-done-step-as-given",
+    "step-done-prometheus-counters",
+    "step-done-examples-summed",
+)
 @settings(max_examples=60, derandomize=True, deadline=None, database=None)
 @given(run=_resumed)
 def test_drawn_resumed_runs_heartbeat_the_steps_given(run):

@@ -43,6 +43,7 @@ def _one_reply_server(sent: int) -> tuple[int, threading.Thread]:
     return port, thread
 
 
+@pytest.mark.claims("scrape-failure-is-an-os-error")
 @pytest.mark.parametrize("sent", [0, 1, len(BODY) - 1])
 def test_a_reply_cut_short_is_an_os_error(sent):
     port, thread = _one_reply_server(sent)
@@ -51,12 +52,14 @@ def test_a_reply_cut_short_is_an_os_error(sent):
     thread.join(timeout=10.0)
 
 
+@pytest.mark.claims("supervisor-scrapes-metrics")
 def test_a_whole_reply_is_read():
     port, thread = _one_reply_server(len(BODY))
     assert scrape(port, timeout_s=10.0) == {"workload_steps_total": 7.0}
     thread.join(timeout=10.0)
 
 
+@pytest.mark.claims("scrape-failure-is-an-os-error")
 def test_a_scrape_that_times_out_is_recorded_as_an_error():
     """A job that accepts the scrape and never answers: `take_scrape` returns an error
     record (the socket's timeout, not a ConnectionError), with the step it was taken at."""

@@ -94,6 +94,18 @@ CASES = [
 ]
 
 
+@pytest.mark.claims(
+    "classify-first-rule-wins",
+    "classify-limits-strict",
+    "classify-healthy",
+    "classify-exit",
+    "classify-memory",
+    "classify-startup-without-heartbeat",
+    "classify-hang",
+    "classify-startup-without-step",
+    "classify-stall",
+    "classify-slow",
+)
 @pytest.mark.parametrize("h", [0.5, 0.25])
 def test_classifier_matches_an_enumerated_table(h, evidence):
     """The classifier gives the hand-enumerated class of 28 symptom sets, at two intervals.
@@ -143,6 +155,7 @@ STARTUP = {
 }
 
 
+@pytest.mark.claims("classify-startup-without-heartbeat", "classify-startup-without-step")
 @pytest.mark.parametrize("h", [0.5, 0.25])
 @pytest.mark.parametrize("scenario", list(STARTUP))
 def test_start_up_allowance_on_a_synthetic_timeline(scenario, h, evidence):
@@ -178,6 +191,7 @@ def test_start_up_allowance_on_a_synthetic_timeline(scenario, h, evidence):
     ), (scenario, verdict, t)
 
 
+@pytest.mark.claims("window-rate")
 @settings(max_examples=80, derandomize=True, deadline=None, database=None)
 @given(
     start_step=st.integers(0, 20),
@@ -199,6 +213,7 @@ def test_window_rate_equals_a_list_filter(start_step, steps, t0, window, batch):
         assert got == pytest.approx(expected, rel=1e-12, abs=0.0), (pairs, window, got)
 
 
+@pytest.mark.claims("window-rate")
 @pytest.mark.parametrize(
     "pairs, window, expected",
     [
@@ -253,6 +268,7 @@ def _timing_config(t: dict) -> Config:
     )
 
 
+@pytest.mark.claims("detection-bounds-table")
 @settings(max_examples=60, derandomize=True, deadline=None, database=None)
 @given(t=_timing)
 def test_detection_bounds_follow_the_table(t):
@@ -272,6 +288,7 @@ def test_detection_bounds_follow_the_table(t):
         assert got == pytest.approx(expected, rel=1e-12), (status, got, expected)
 
 
+@pytest.mark.claims("detection-figures")
 @settings(max_examples=60, derandomize=True, deadline=None, database=None)
 @given(
     t=_timing,
@@ -312,6 +329,7 @@ def test_detection_figures_in_intervals(t, status, beat_t, fault_after_beat, det
         assert got["within_bound"] is (since_fault < bound), (got, since_fault, bound)
 
 
+@pytest.mark.claims("detection-figures")
 @pytest.mark.parametrize(
     "detected_t, injected, beat_t, since_fault, since_beat, within",
     [
@@ -340,6 +358,7 @@ def test_detection_boundaries(detected_t, injected, beat_t, since_fault, since_b
     ) == (since_fault, since_beat, 2.0, within)
 
 
+@pytest.mark.claims("faults-classified-within-bound", "detection-bounds-table")
 @pytest.mark.parametrize("h", [0.5, 0.25])
 @pytest.mark.parametrize("onset", [20.0, 20.375, 20.625])  # On a heartbeat and between two.
 @pytest.mark.parametrize("cls", ["exception", "killed", "memory", "hang", "stall", "slow"])
@@ -408,6 +427,7 @@ _CLASS_OF_FAULT = {
 }
 
 
+@pytest.mark.claims("faults-classified-within-bound")
 def test_every_fault_is_classified_in_five_repetitions(drills, evidence):
     """Each of 30 real drills is classified as its injected fault, 5 per fault at 5 injection steps.
 
@@ -428,6 +448,7 @@ def test_every_fault_is_classified_in_five_repetitions(drills, evidence):
         ), f"{kind}: classified {f['classifications']}\n{_drill_logs(wrong)}"
 
 
+@pytest.mark.claims("detection-bounds-table")
 def test_drill_detection_follows_the_fault_onset(drills, evidence):
     """Every drill's detection figure is taken after its injected fault, against the table's bound.
 
@@ -463,6 +484,7 @@ def test_drill_detection_follows_the_fault_onset(drills, evidence):
         )
 
 
+@pytest.mark.claims("failed-group-killed-and-reaped")
 def test_no_process_of_a_failed_job_is_left(drills, evidence):
     """No process of the 30 drilled groups, sidecars included, is left, as psutil finds them.
 
@@ -493,6 +515,7 @@ def test_no_process_of_a_failed_job_is_left(drills, evidence):
     ), left
 
 
+@pytest.mark.claims("incident-keeps-evidence")
 def test_incident_keeps_the_evidence_of_each_symptom(drills, evidence):
     """Each of the 30 incidents keeps its symptom's evidence: status, signal, traceback or stack.
 

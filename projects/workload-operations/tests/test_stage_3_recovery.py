@@ -41,6 +41,7 @@ def _ledger(workdir: Path, requested, verdicts, committed) -> None:
         (root / "_CHECKPOINT_METADATA").write_text("{}")
 
 
+@pytest.mark.claims("latest-accepted-step")
 def test_latest_accepted_follows_the_verdicts(tmp_path, evidence):
     """The latest accepted step equals the enumerated answer, before and after 9 is accepted."""
     # 6 was accepted but its directory is gone; 12's latest verdict rejects it; 15
@@ -63,6 +64,7 @@ def test_latest_accepted_follows_the_verdicts(tmp_path, evidence):
     ), (first, second)
 
 
+@pytest.mark.claims("accept-only-requested", "judge-verdict-with-reasons")
 def test_a_step_without_a_request_is_not_accepted(tmp_path):
     """A committed step with no request record is rejected; the reason names the missing request."""
     config = Config.tiny_recovery()
@@ -79,6 +81,7 @@ def _write_ledger(workdir: Path, kind: str, records: list[dict]) -> None:
     ledger.rewrite(kind, records)
 
 
+@pytest.mark.claims("latest-accepted-step")
 @pytest.mark.parametrize(
     "request_t, verdict_t, expected",
     [
@@ -111,6 +114,7 @@ def test_latest_accepted_needs_a_verdict_no_older_than_the_request(
     assert checkpoint.latest_accepted(tmp_path) == expected
 
 
+@pytest.mark.claims("ledger-last-record-per-step")
 def test_ledger_by_step_keeps_the_last_record_of_each_step(tmp_path):
     """by_step keeps each step's last record, int keys in first-seen order; no file gives {}."""
     records = [
@@ -126,6 +130,7 @@ def test_ledger_by_step_keeps_the_last_record_of_each_step(tmp_path):
     assert checkpoint.Ledger(tmp_path).by_step("completed") == {}
 
 
+@pytest.mark.claims("committed-needs-metadata")
 def test_is_committed_needs_the_step_directory_and_its_metadata_file(tmp_path):
     """is_committed holds only for a step folder with its metadata file, in six layouts."""
     root = checkpoint.checkpoint_dir(tmp_path)
@@ -141,6 +146,7 @@ def test_is_committed_needs_the_step_directory_and_its_metadata_file(tmp_path):
     assert got == {3: True, 6: False, 9: False, 12: False, 15: False, 18: False}
 
 
+@pytest.mark.claims("accept-only-committed", "judge-verdict-with-reasons")
 def test_a_requested_step_never_committed_is_rejected_without_a_restore(tmp_path, monkeypatch):
     """A requested step Orbax never committed is rejected as not completed, without a restore."""
     _ledger(tmp_path, requested=[3, 6], verdicts=[], committed=[3])
@@ -179,6 +185,7 @@ def _sha(array: np.ndarray) -> str:
     return hashlib.sha256(header + np.asarray(array).tobytes(order="C")).hexdigest()
 
 
+@pytest.mark.claims("checksums-dtype-shape-bytes")
 @settings(max_examples=40, derandomize=True, deadline=None, database=None)
 @given(tree=_trees())
 def test_checksums_hash_dtype_shape_and_bytes_of_every_leaf(tree):
@@ -192,6 +199,7 @@ def test_checksums_hash_dtype_shape_and_bytes_of_every_leaf(tree):
     assert got == expected
 
 
+@pytest.mark.claims("checksums-dtype-shape-bytes")
 def test_checksums_change_with_each_field():
     """A digest changes with the dtype, the shape or one byte alone, and not for an equal array.
 
@@ -211,6 +219,7 @@ def test_checksums_change_with_each_field():
     assert checkpoint.checksums({"w": jax.numpy.asarray(a)})["['w']"] == base
 
 
+@pytest.mark.claims("data-state-digest")
 @pytest.mark.parametrize(
     "state",
     [b"", b"grain-state\x00\xff", {"b": 1, "a": [1, 2]}, {}],
@@ -256,6 +265,11 @@ def finished_copy(saved_run, tmp_path):
     return config, copy
 
 
+@pytest.mark.claims(
+    "accept-matching-checksums",
+    "accept-matching-heldout",
+    "judge-verdict-with-reasons",
+)
 @pytest.mark.parametrize(
     "forgery",
     [
@@ -321,6 +335,7 @@ def test_a_request_whose_checksums_differ_in_any_way_is_rejected(finished_copy, 
         assert intact["accepted"] and intact["figures"]["checksum_mismatches"] == [], intact
 
 
+@pytest.mark.claims("accept-only-restorable", "recovery-points-judged")
 def test_corrupted_completed_steps_are_rejected(finished_copy, jax_cache, evidence):
     """Two committed steps with flipped bytes are rejected by the verifier; steps 3 to 9 stay.
 
@@ -347,6 +362,7 @@ def test_corrupted_completed_steps_are_rejected(finished_copy, jax_cache, eviden
     assert intact == [True] * 3 and summary["latest_accepted"] == 9, summary
 
 
+@pytest.mark.claims("accept-matching-heldout", "recovery-points-judged")
 @pytest.mark.parametrize("scale", [0.5, 0.999])
 def test_a_degraded_artifact_with_regenerated_checksums_is_rejected(
     finished_copy, scale, jax_cache, evidence
@@ -434,6 +450,7 @@ def _records(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
+@pytest.mark.claims("continuation-bitwise")
 def test_continuation_equals_an_uninterrupted_run_bitwise(recovery, reference, evidence):
     """Continued runs equal an uninterrupted run bitwise, after a kill and a kill during a save.
 
@@ -474,6 +491,7 @@ def test_continuation_equals_an_uninterrupted_run_bitwise(recovery, reference, e
         ), (name, start, steps, loss_equal, ids_equal)
 
 
+@pytest.mark.claims("recovery-points-judged", "accept-only-committed")
 def test_only_completed_steps_are_accepted(recovery, evidence):
     """Only steps Orbax lists as committed are accepted; a save cut by a kill is rejected.
 

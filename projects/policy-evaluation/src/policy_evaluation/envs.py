@@ -130,12 +130,15 @@ class GridWorld:
 
         Cases:
           slip -> with probability `slip` the action is replaced by one drawn uniformly
-            from all four (the chosen one included); `slip = 0` never draws another.
+            from all four (the chosen one included); `slip = 0` never draws another
+            [claim:grid-slip-uniform-over-four].
           reward -> +1 if the NEW cell is the goal, -1 if it is the pit, 0 otherwise,
-            plus `step_reward` on every step, the ending one included; float32.
-          terminated -> the new cell is the goal or the pit.
-          `t` -> `state.t + 1`; truncated -> `t + 1 >= max_steps` and not terminated.
-          obs -> the one-hot float32 of the new cell (`self.obs`).
+            plus `step_reward` on every step, the ending one included; float32
+            [claim:grid-reward-goal-pit-step-cost].
+          terminated -> the new cell is the goal or the pit [claim:grid-terminates-at-goal-or-pit].
+          `t` -> `state.t + 1`; truncated -> `t + 1 >= max_steps` and not terminated
+            [claim:truncated-at-max-steps].
+          obs -> the one-hot float32 of the new cell (`self.obs`) [claim:grid-obs-one-hot].
         """
         # --- exercise stage 1: Slip to a uniform action w.p. slip; +1 goal, -1 pit, step cost. ---
         slip_key, action_key = jax.random.split(key)
@@ -160,11 +163,13 @@ class GridWorld:
 
         Cases:
           `P[s, a]` -> `1 - slip` on the cell action a reaches, plus `slip / 4` on the
-            cell each of the four moves reaches (walls keep s; shares add up).
+            cell each of the four moves reaches (walls keep s; shares add up)
+            [claim:table-slip-shares].
           `R[s, a, s']` -> `+1` if s' is the goal, `-1` if it is the pit, else 0, plus
-            `step_reward`: the same for every s and a.
+            `step_reward`: the same for every s and a [claim:table-rewards-by-next-cell].
           terminal cells s -> their rows of P and R are filled like any other cell's;
-            only `terminal` marks them (the exact evaluator zeroes them, stage 3).
+            only `terminal` marks them (the exact evaluator zeroes them, stage 3)
+            [claim:table-terminal-rows-filled].
         """
         # --- exercise stage 1: Enumerate P[s, a, s'] (slip over all 4 moves) and R[s, a, s']. ---
         n, size = self.num_states, self.size
@@ -226,15 +231,17 @@ class CartPole:
         """One step of gymnasium CartPole-v1's dynamics (the key is unused).
 
         Cases:
-          action 1 -> force `+force_mag`; action 0 -> `-force_mag`.
+          action 1 -> force `+force_mag`; action 0 -> `-force_mag` [claim:cartpole-force-by-action].
           integration -> explicit Euler, gymnasium's "euler": `x` and `theta` advance
             with the OLD velocities, the velocities with the new accelerations; the
-            states match gymnasium's to rtol 1e-4, in float32.
+            states match gymnasium's to rtol 1e-4, in float32 [claim:cartpole-euler-like-gymnasium].
           terminated -> on the NEW state, `|x| > x_threshold` or `|theta| >
-            theta_threshold` (strictly greater).
-          reward -> 1.0 (float32) on every step, the terminating one included.
-          `t` -> `state.t + 1`; truncated -> `t + 1 >= max_steps` and not terminated.
-          obs -> the new physics state itself.
+            theta_threshold` (strictly greater) [claim:cartpole-terminates-past-thresholds].
+          reward -> 1.0 (float32) on every step, the terminating one included
+            [claim:cartpole-reward-every-step].
+          `t` -> `state.t + 1`; truncated -> `t + 1 >= max_steps` and not terminated
+            [claim:truncated-at-max-steps].
+          obs -> the new physics state itself [claim:cartpole-obs-is-state].
         """
         # --- exercise stage 1: CartPole-v1's Euler step; end at |x| > 2.4 or |theta| > 12 deg. ---
         del key  # the dynamics are deterministic

@@ -46,11 +46,12 @@ def policy_matrices(P, R, terminal, pi):
 
     Cases:
       a live state s -> `P_pi[s, t] = sum_a pi[s, a] P[s, a, t]` and
-        `r_pi[s] = sum_a pi[s, a] sum_t P[s, a, t] R[s, a, t]` (expected reward).
+        `r_pi[s] = sum_a pi[s, a] sum_t P[s, a, t] R[s, a, t]` (expected reward)
+        [claim:policy-matrices-average-over-pi].
       a terminal state s -> row `P_pi[s]` and `r_pi[s]` are 0 (absorbing, so V = 0
-        there), whatever the table holds for s.
+        there), whatever the table holds for s [claim:terminal-rows-absorbing].
       any set of terminal states (none included), `gamma` 0 to 0.9 -> `evaluate_policy`
-        equals Bellman sweeps to 1e-9.
+        equals Bellman sweeps to 1e-9 [claim:evaluation-equals-bellman-sweeps].
     """
     # --- exercise stage 3: Average P and R over pi(a|s); terminal rows stay zero. ---
     live = (~terminal).astype(np.float64)[:, None]
@@ -61,8 +62,9 @@ def policy_matrices(P, R, terminal, pi):
 
 
 def evaluate_policy(P, R, terminal, pi, gamma: float) -> np.ndarray:
-    """V^pi for every state (0 at terminal states). Raises `ValueError` naming a
-    damaged argument (see `check_mdp`, `check_policy`, `check_gamma`)."""
+    """V^pi for every state (0 at terminal states) [claim:evaluation-equals-bellman-sweeps].
+    Raises `ValueError` naming a damaged argument (see `check_mdp`, `check_policy`,
+    `check_gamma`) [claim:evaluation-refuses-damaged-arguments]."""
     check_mdp(P, R, terminal)
     check_policy(pi, np.shape(P)[:2])
     check_gamma(gamma)
@@ -78,14 +80,16 @@ def q_values(P, R, terminal, V, gamma: float) -> np.ndarray:
 
 
 def value_iteration(P, R, terminal, gamma: float, tol: float = 1e-12, max_iter: int = 100_000):
-    """Optimal values and a greedy optimal policy (one-hot table).
+    """Optimal values and a greedy optimal policy (one-hot table)
+    [claim:value-iteration-optimal].
 
     Cases:
-      terminal states -> V = 0.
-      stop -> once `max |V_new - V| < tol`.
+      terminal states -> V = 0 [claim:value-iteration-terminal-zero].
+      stop -> once `max |V_new - V| < tol` [claim:value-iteration-stops-below-tol].
       the policy -> `np.eye(A)[argmax_a Q(s, a)]` for EVERY state, terminal rows
         included: each row one-hot, summing to 1 (`evaluate_policy` refuses other
-        rows); its exact values must equal the returned V to 1e-9.
+        rows); its exact values must equal the returned V to 1e-9
+        [claim:value-iteration-greedy-one-hot].
     """
     check_mdp(P, R, terminal)
     check_gamma(gamma)
@@ -113,10 +117,14 @@ def exact_policy_gradient(P, R, terminal, theta, gamma: float, start: int) -> np
     Cases:
       occupancy `d` -> the unnormalised discounted visit count from `start`,
         `d = sum_t gamma^t Pr(s_t = s)`, i.e. `(I - gamma P_pi)^T d = e_start`; not
-        multiplied by `1 - gamma` (the tests compare with differences of J itself).
-      `pi` -> `softmax(theta)` row by row; `Q` and `V` of that `pi` (0 at terminals).
+        multiplied by `1 - gamma` (the tests compare with differences of J itself)
+        [claim:gradient-unnormalised-occupancy].
+      `pi` -> `softmax(theta)` row by row; `Q` and `V` of that `pi` (0 at terminals)
+        [claim:gradient-of-softmax-policy].
       result -> `d[s] pi[s, a] (Q[s, a] - V[s])`, equal to central differences of J
-        to 1e-5, on drawn MDPs too.
+        to 1e-5, on drawn MDPs too [claim:gradient-equals-central-differences].
+      `start` outside 0 to S - 1, or `theta` not finite `[S, A]` logits -> `ValueError`
+        naming it [claim:gradient-refuses-bad-start-or-theta].
     """
     check_mdp(P, R, terminal)
     check_gamma(gamma)

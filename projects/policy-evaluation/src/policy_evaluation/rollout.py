@@ -63,20 +63,27 @@ def rollout(
     the stacked `Transition` with leading axes `[num_steps, num_envs]`.
 
     Cases, per step and environment i (`active` = the carry's flag before the step):
-      `obs` -> the observation the action was chosen from (before the step).
+      `obs` -> the observation the action was chosen from (before the step)
+        [claim:rollout-obs-before-step].
       `mask` -> 1.0 if active, else 0.0; `reward` -> the env's reward if active,
-        else 0; `done`, `terminated` -> the env's flags, and only if active.
+        else 0; `done`, `terminated` -> the env's flags, and only if active
+        [claim:rollout-inactive-steps-are-padding].
       `finished_return` -> on a done step, the episode's undiscounted return (this
-        reward included); 0 elsewhere. `episode_return` restarts at 0 after a reset.
+        reward included); 0 elsewhere. `episode_return` restarts at 0 after a reset
+        [claim:rollout-finished-return].
       `auto_reset=True` -> a done env takes its fresh state and obs from entry i of
-        `split(reset_key)`; `active` stays True.
-      `auto_reset=False` -> a done env is frozen (state and obs kept) and inactive.
+        `split(reset_key)`; `active` stays True [claim:rollout-auto-reset].
+      `auto_reset=False` -> a done env is frozen (state and obs kept) and inactive
+        [claim:rollout-frozen-without-reset].
     Under the tests' rank promotion "raise", a `[N]` flag does not broadcast against
     `[N, obs]` arrays: select per environment (`jax.vmap(jnp.where)`).
     """
     num_envs = carry.obs.shape[0]
 
     def one_step(scan_carry, _):
+        """One step of every environment, by the cases above: the key splits into
+        (next, action, env, reset) keys and environment i takes entry i of
+        `split(k, num_envs)` of each [claim:rollout-owned-step-keys]."""
         carry, key = scan_carry
         key, act_key, env_key, reset_key = jax.random.split(key, 4)
         # --- exercise stage 2: Step all envs; reset the done ones, or freeze them (mask 0). ---
@@ -155,11 +162,13 @@ def _check_series(last_value: jax.Array, series: dict[str, jax.Array], rates: di
 def discounted_returns(
     rewards: jax.Array, dones: jax.Array, masks: jax.Array, last_value: jax.Array, gamma: float
 ) -> jax.Array:
-    """G_t = r_t + gamma (1 - done_t) G_{t+1}, G_T = last_value; 0 on padding.
-    Inputs `[T, N]`, `last_value` `[N]`. Raises `ValueError` naming a bad argument.
+    """G_t = r_t + gamma (1 - done_t) G_{t+1}, G_T = last_value; 0 on padding
+    [claim:returns-reverse-recursion].
+    Inputs `[T, N]`, `last_value` `[N]`. Raises `ValueError` naming a bad argument
+    [claim:returns-refuse-bad-arguments].
 
     `dones` is bool: under the tests' strict dtype promotion `1.0 - dones` raises,
-    so cast it (`dones.astype(jnp.float32)`) before the arithmetic.
+    so cast it (`dones.astype(jnp.float32)`) before the arithmetic [claim:bool-dones-accepted].
     """
     _check_series(
         last_value, {"rewards": rewards, "dones": dones, "masks": masks}, {"gamma": gamma}
@@ -189,13 +198,17 @@ def gae(
 
     delta_t = r_t + gamma (1 - done_t) V_{t+1} - V_t;
     A_t = mask_t (delta_t + gamma lam (1 - done_t) A_{t+1}); a done step
-    (terminated or truncated) does not bootstrap, padded steps give 0. Raises
-    `ValueError` naming a bad argument.
+    (terminated or truncated) does not bootstrap, padded steps give 0
+    [claim:gae-reverse-recursion]. Raises `ValueError` naming a bad argument
+    [claim:gae-refuses-bad-arguments].
 
     Cases:
-      the value target -> `A_t + V_t mask_t`: 0 on padding, like the advantage.
-      `lam = 1` -> `A_t = G_t - V_t` on valid steps; `lam = 0` -> `A_t = delta_t`.
-      `dones` bool -> cast before arithmetic (strict dtype promotion in the tests).
+      the value target -> `A_t + V_t mask_t`: 0 on padding, like the advantage
+        [claim:gae-value-target].
+      `lam = 1` -> `A_t = G_t - V_t` on valid steps; `lam = 0` -> `A_t = delta_t`
+        [claim:gae-lambda-limits].
+      `dones` bool -> cast before arithmetic (strict dtype promotion in the tests)
+        [claim:bool-dones-accepted].
     """
     _check_series(
         last_value,

@@ -4,7 +4,8 @@ seeds; held-out evaluation on keys that training never sees.
 Keys: the root key `key(config.seed)` is split once into a training root and an
 evaluation root; seed i trains on `split(train_root, num_seeds)[i]` and is
 evaluated on `split(eval_root, num_seeds)[i]`. Logs keep `train/...` (returns
-of the episodes met while training) apart from `eval/...` (held-out episodes).
+of the episodes met while training) apart from `eval/...` (held-out episodes)
+[claim:train-log-finished-episodes].
 """
 
 from typing import Any
@@ -26,9 +27,11 @@ def clipped_surrogate(ratio: jax.Array, advantage: jax.Array, clip_eps: float) -
     """PPO's per-sample objective min(r A, clip(r, 1 - eps, 1 + eps) A) (to maximize).
 
     Cases (eps = 0.2; the gradient with respect to r in brackets):
-      r 0.5, A +2 -> 1.0 [2];  r 1.5, A +2 -> 2.4 (clipped) [0].
-      r 0.5, A -2 -> -1.6 (clipped) [0];  r 1.5, A -2 -> -3.0 (unclipped) [-2].
-      Where the clipped term is the minimum, the gradient is exactly 0.
+      r 0.5, A +2 -> 1.0 [2];  r 1.5, A +2 -> 2.4 (clipped) [0] [claim:clip-positive-advantage].
+      r 0.5, A -2 -> -1.6 (clipped) [0];  r 1.5, A -2 -> -3.0 (unclipped) [-2]
+        [claim:clip-negative-advantage].
+      Where the clipped term is the minimum, the gradient is exactly 0
+        [claim:clip-gradient-zero-where-clipped].
     """
     # --- exercise stage 3: The pessimistic min of r A and clip(r, 1 - eps, 1 + eps) A. ---
     return jnp.minimum(
@@ -65,13 +68,15 @@ def ppo_loss(params: dict, batch: dict, config: Config) -> tuple[jax.Array, dict
 
     Cases:
       advantages -> normalised over this minibatch, `(A - mean) / (std + 1e-8)`,
-        `std` with ddof 0.
+        `std` with ddof 0 [claim:ppo-advantages-normalised].
       the value loss -> `0.5 mean(max((v - target)^2, (v_clip - target)^2))` with
-        `v_clip = old value + clip(v - old value, -clip_eps, clip_eps)`.
-      the entropy -> the mean over rows of `-sum_a p log p`.
-      loss -> `-policy_objective + vf_coef value_loss - ent_coef entropy`.
+        `v_clip = old value + clip(v - old value, -clip_eps, clip_eps)`
+        [claim:ppo-value-loss-clipped].
+      the entropy -> the mean over rows of `-sum_a p log p` [claim:ppo-entropy].
+      loss -> `-policy_objective + vf_coef value_loss - ent_coef entropy`
+        [claim:ppo-loss-combination].
       aux -> `{"policy_objective", "value_loss", "entropy"}`; all match a float64
-        NumPy formula to 1e-5.
+        NumPy formula to 1e-5 [claim:ppo-aux-parts].
     """
     # --- exercise stage 3: Surrogate on normalized A, clipped value loss, minus entropy. ---
     logits, value = apply(params, batch["obs"])
@@ -163,6 +168,8 @@ def make_train(config: Config):
                 )
 
                 def minibatch(state, batch):
+                    """One step down `ppo_loss`'s gradient: `tx.update` (standard
+                    dtype promotion) and `optax.apply_updates` [claim:ppo-minibatch-descends]."""
                     params, opt_state = state
                     # --- exercise stage 4: Descend ppo_loss's gradient with the optax chain. ---
                     grads, aux = jax.grad(ppo_loss, has_aux=True)(params, batch, config)
@@ -201,8 +208,9 @@ def seed_keys(config: Config) -> tuple[jax.Array, jax.Array]:
     """(training keys, evaluation keys), one per seed, from disjoint roots.
 
     Cases: `split(key(config.seed))` -> (training root, evaluation root), in that
-    order; each root split into `num_seeds` keys, seed i taking entry i. No training
-    key equals an evaluation key, and evaluation settings change no training key.
+    order; each root split into `num_seeds` keys, seed i taking entry i
+    [claim:seed-keys-derivation]. No training key equals an evaluation key, and
+    evaluation settings change no training key [claim:seed-keys-disjoint].
     """
     # --- exercise stage 4: Split the root into training and evaluation roots, then per seed. ---
     train_root, eval_root = jax.random.split(jax.random.key(config.seed))
@@ -217,16 +225,19 @@ def make_evaluate(config: Config):
     auto-reset, horizon `eval_horizon`; undiscounted and discounted returns.
 
     Cases, per episode (arrays `[eval_episodes]`):
-      `eval/episode_return` -> the sum of its rewards (padding adds 0).
-      `eval/discounted_return` -> `sum_t gamma^t r_t`, t from 0.
-      `eval/episode_length` -> its active steps (the sum of its mask).
-      `eval_greedy` -> `greedy_policy`, else `sample_policy`.
+      `eval/episode_return` -> the sum of its rewards (padding adds 0)
+        [claim:eval-episode-return].
+      `eval/discounted_return` -> `sum_t gamma^t r_t`, t from 0 [claim:eval-discounted-return].
+      `eval/episode_length` -> its active steps (the sum of its mask) [claim:eval-episode-length].
+      `eval_greedy` -> `greedy_policy`, else `sample_policy` [claim:eval-greedy-switch].
     The `[T]` discounts times `[T, E]` rewards need an explicit `[:, None]`: the
     tests raise on implicit rank promotion.
     """
     env = make_env(config.env, max_steps=config.eval_horizon)
 
     def evaluate(params: dict, key: jax.Array) -> dict[str, jax.Array]:
+        """The cases above, on episodes from `key` split into (reset, rollout) keys,
+        without auto-reset [claim:eval-held-out-episodes]."""
         # --- exercise stage 4: Held-out episodes, no auto-reset; plain and discounted returns. ---
         reset_key, roll_key = jax.random.split(key)
         carry: Carry = reset_all(env, reset_key, config.eval_episodes)
@@ -253,7 +264,8 @@ def policy_table(params: dict, env: GridWorld, greedy: bool) -> np.ndarray:
 
 
 def mean_ci(values: np.ndarray, z: float = 1.96) -> tuple[float, float]:
-    """Mean and half-width of its normal 95% interval (standard error times z)."""
+    """Mean and half-width of its normal 95% interval (standard error times z)
+    [claim:mean-ci-normal-interval]."""
     values = np.asarray(values, np.float64)
     se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
     return float(values.mean()), float(z * se)
@@ -262,11 +274,14 @@ def mean_ci(values: np.ndarray, z: float = 1.96) -> tuple[float, float]:
 def summarize_seeds(config: Config, result: dict[str, Any]) -> dict[str, Any]:
     """The per-seed held-out figure (`eval/discounted_return` for the grid
     world, `eval/episode_return` for CartPole, averaged over each seed's
-    evaluation episodes), their mean, 95% half-width and the worst seed.
+    evaluation episodes), their mean, 95% half-width and the worst seed
+    [claim:summary-metric-by-env].
 
     Returns `{"metric": the eval/ key used, "per_seed": list of floats, "mean",
-    "ci95_half_width": from `mean_ci`, "worst_seed": int index of the lowest}`.
-    Only `result["eval"]` is read: `train/` figures never enter the summary.
+    "ci95_half_width": from `mean_ci`, "worst_seed": int index of the lowest}`
+    [claim:summary-mean-interval-worst-seed].
+    Only `result["eval"]` is read: `train/` figures never enter the summary
+    [claim:summary-reads-eval-only].
     """
     # --- exercise stage 4: Per seed: the mean held-out eval/ return; mean +- 95% CI. ---
     per_seed_key = "eval/discounted_return" if config.env == "gridworld" else "eval/episode_return"

@@ -22,7 +22,8 @@ class CheckpointError(RuntimeError):
 
 
 def digest(params: Any) -> str:
-    """sha256 over every leaf's path, dtype, shape and bytes, in path order."""
+    """sha256 over every leaf's path, dtype, shape and bytes, in path order
+    [claim:params-digest-by-path]."""
     h = hashlib.sha256()
     leaves = jax.tree_util.tree_leaves_with_path(params)
     for path, leaf in sorted(leaves, key=lambda item: jax.tree_util.keystr(item[0])):

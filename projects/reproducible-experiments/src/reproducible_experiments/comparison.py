@@ -213,7 +213,8 @@ def registered_hashes(client: MlflowClient, exp_id: str, name: str) -> set[str]:
 
 
 def check_frozen(client: MlflowClient, exp_id: str, spec: Spec) -> None:
-    """Raises `FrozenSpecError` when `spec.name` is registered with other content."""
+    """Raises `FrozenSpecError` when `spec.name` is registered with other content
+    [claim:registered-question-frozen]."""
     others = registered_hashes(client, exp_id, spec.name) - {spec.sha256()}
     if others:
         raise FrozenSpecError(
@@ -302,11 +303,13 @@ def bootstrap_ci(
     `(1 - confidence) / 2` and `(1 + confidence) / 2` quantiles (inverted CDF).
 
     Cases:
-      randomness -> `np.random.default_rng(seed)` only: the same seed, the same bounds.
+      randomness -> `np.random.default_rng(seed)` only: the same seed, the same bounds
+        [claim:bootstrap-seeded].
       quantiles -> `method="inverted_cdf"`, no interpolation: the bounds are resampled
         means, so with 2 differences (-0.125, 0.25) and confidence 0.9 they are
-        exactly -0.125 and 0.25.
-      two-sided -> alpha / 2 in each tail; the alpha quantiles are too narrow.
+        exactly -0.125 and 0.25 [claim:bootstrap-inverted-cdf].
+      two-sided -> alpha / 2 in each tail; the alpha quantiles are too narrow
+        [claim:bootstrap-two-sided].
     """
     # --- exercise stage 3: Resample means with replacement; inverted-CDF alpha/2 quantiles. ---
     rng = np.random.default_rng(seed)
@@ -324,8 +327,8 @@ def decide(ci: tuple[float, float], higher_is_better: bool, min_difference: floa
 
     Cases (strictly beyond: touching the margin does not clear it):
       higher is better -> "holds" iff `ci[0] > min_difference`: (0.02, 0.05) with
-        0.01 holds; (0.01, 0.05) with 0.01 does not.
-      lower is better -> "holds" iff `ci[1] < -min_difference`.
+        0.01 holds; (0.01, 0.05) with 0.01 does not [claim:decide-higher-is-better].
+      lower is better -> "holds" iff `ci[1] < -min_difference` [claim:decide-lower-is-better].
     """
     # --- exercise stage 3: The whole interval must clear min_difference the better way. ---
     if higher_is_better:

@@ -110,7 +110,8 @@ class Config(BaseModel):
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
     def sha256(self) -> str:
-        """Hash of the canonical JSON form: equal configs, equal hashes."""
+        """Hash of the canonical JSON form: equal configs, equal hashes
+        [claim:config-hash-canonical-json]."""
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -97,8 +97,9 @@ def data_identity(digits: Digits, split: dict[str, np.ndarray]) -> dict[str, str
 
     Cases, for each name in `SPLITS`:
       `data.split.<name>.sha256` -> `ids_sha256(split[name])`: that split's own IDs,
-        in the order given, whatever their integer dtype.
-      `data.split.<name>.count` -> its length as a decimal string (tags are strings).
+        in the order given, whatever their integer dtype [claim:split-ids-hashed-on-their-own].
+      `data.split.<name>.count` -> its length as a decimal string (tags are strings)
+        [claim:split-counted].
     """
     identity = {"data.source": "sklearn.datasets.load_digits", "data.sha256": digits.raw_sha256}
     # --- exercise stage 1: Per split, hash its own sample-ID list and record its count. ---

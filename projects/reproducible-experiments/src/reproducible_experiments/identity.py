@@ -40,7 +40,8 @@ def _git(*args: str, cwd: Path = PROJECT_DIR) -> subprocess.CompletedProcess[byt
 
 
 def source_sha256(package_dir: Path = PACKAGE_DIR) -> str:
-    """sha256 over the package's `.py` files: relative path and bytes, in path order."""
+    """sha256 over the package's `.py` files: relative path and bytes, in path order
+    [claim:source-hash-by-path-and-bytes]."""
     digest = hashlib.sha256()
     for path in sorted(package_dir.rglob("*.py")):
         digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
@@ -63,14 +64,20 @@ def git_identity(project_dir: Path, package_dir: Path) -> dict[str, str]:
     """The `code.*` tags of the project in `project_dir` (package in `package_dir`).
 
     Cases (the scope: `CODE_SCOPE` under `project_dir`):
-      clean tree -> `code.git_dirty` "false", `code.git_diff_sha256` = sha256 of b"".
+      clean tree -> `code.git_dirty` "false", `code.git_diff_sha256` = sha256 of b""
+        [claim:code-clean-tree].
       tracked edits only -> "true", and the hash is sha256 of exactly the bytes of
-        `git diff HEAD --binary -- <scope>` (nothing added when no file is untracked).
+        `git diff HEAD --binary -- <scope>` (nothing added when no file is untracked)
+        [claim:code-tracked-edits-hashed].
       untracked files -> "true"; each one's path and bytes enter the hash, so the
-        same name with other bytes gives another hash; `.pyc` files and anything
-        under `__pycache__` are not code and never count.
-      the edits reverted -> the tags of the clean tree again.
-      `code.git_commit` -> `git rev-parse HEAD`'s output, stripped.
+        same name with other bytes gives another hash [claim:code-untracked-files-hashed];
+        `.pyc` files and anything under `__pycache__` are not code and never count
+        [claim:code-compiled-files-never-count].
+      the edits reverted -> the tags of the clean tree again [claim:code-edits-reverted].
+      `code.git_commit` -> `git rev-parse HEAD`'s output, stripped [claim:code-git-commit].
+      git missing or hung, or either `rev-parse` failing (no repository, no commit, no
+        work tree) -> the three `code.git_*` tags "unavailable", `code.source_sha256`
+        still given [claim:code-git-unavailable].
     """
     identity = {
         "code.source_sha256": source_sha256(package_dir),
@@ -108,7 +115,8 @@ def git_identity(project_dir: Path, package_dir: Path) -> dict[str, str]:
 
 
 def runtime_identity() -> dict[str, str]:
-    """The `runtime.*` tags of this process (imports JAX to ask for its devices)."""
+    """The `runtime.*` tags of this process (imports JAX to ask for its devices)
+    [claim:runtime-identity-tags]."""
     import jax
 
     devices = jax.devices()
@@ -128,7 +136,8 @@ def runtime_identity() -> dict[str, str]:
 
 
 def differences(recorded: dict[str, str], current: dict[str, str]) -> dict[str, tuple[str, str]]:
-    """Keys whose values differ (a key missing on one side counts): `{key: (recorded, now)}`."""
+    """Keys whose values differ (a key missing on one side counts): `{key: (recorded, now)}`
+    [claim:identity-differences-key-by-key]."""
     keys = sorted(set(recorded) | set(current))
     return {
         key: (recorded.get(key, "<missing>"), current.get(key, "<missing>"))

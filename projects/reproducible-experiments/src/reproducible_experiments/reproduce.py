@@ -68,14 +68,14 @@ def compare_metrics(
     Cases, per series name on either side (pairs sorted by step first, so their
     order does not matter; the messages are exact):
       only in `now` -> "missing from the record"; only recorded -> "missing from
-        the re-run"; neither counts values.
-      step lists differ -> "steps differ (<n> recorded, <m> now)".
+        the re-run"; neither counts values [claim:compare-missing-series].
+      step lists differ -> "steps differ (<n> recorded, <m> now)" [claim:compare-steps-differ].
       a float64 bit pattern differs -> "step <s>: recorded <old!r>, now <new!r>" at
         the first differing step (one ulp is a difference, and so are 0.0 and -0.0,
         or two NaNs with other payloads: values that compare equal, or unequal, as
-        floats do not decide).
+        floats do not decide) [claim:compare-float64-bits].
       compared -> `min(len(recorded), len(now))` for every series on both sides,
-        those whose steps differ included.
+        those whose steps differ included [claim:compare-counts-values].
     """
     # --- exercise stage 4: Every series on both sides, same steps, same float64 bits. ---
     mismatches, compared = {}, 0
@@ -111,10 +111,11 @@ def verdict_of(
     Cases (the sentences are exact; `None` means not recorded, never a difference):
       identities differ -> "not a reproduction: <kinds> identity differs; the re-run's
         metrics are bitwise equal" (or "... are different" when `mismatches`), the
-        differing kinds in the order code, data, runtime, joined by " and ".
+        differing kinds in the order code, data, runtime, joined by " and "
+        [claim:verdict-names-differing-identities].
       identities match; a mismatch, or params or checkpoint `False` -> "NOT
-        reproduced: identities match but the metrics differ".
-      otherwise -> "reproduced".
+        reproduced: identities match but the metrics differ" [claim:verdict-not-reproduced].
+      otherwise -> "reproduced" [claim:verdict-reproduced].
     """
     # --- exercise stage 4: Name each differing identity; reproduced only if all equal. ---
     differing = [kind for kind in ("code", "data", "runtime") if diffs[kind]]

@@ -304,18 +304,19 @@ def liveness(tags: dict[str, str], now_ms: int | None = None) -> str:
 
     On this host the holder's pid and its start time decide; elsewhere, the
     lease's expiry. A run without holder tags (started by other tools) has
-    `no lease`: nobody can tell whether it is alive.
+    `no lease`: nobody can tell whether it is alive [claim:liveness-no-lease].
 
     Cases (the strings are exact):
       same host, `lease.pid` given -> `process_start(pid)` equal to `lease.pid_start`:
         "alive", even if the lease expired long ago; another or unknown start, or
-        a pid `/proc` does not list: "dead: process gone".
+        a pid `/proc` does not list: "dead: process gone" [claim:liveness-pid-and-start].
       same host, no `/proc` at all -> `os.kill(pid, 0)`: ProcessLookupError is
         "dead: process gone"; PermissionError or success falls back to the recorded
-        start time, i.e. "alive".
+        start time, i.e. "alive" [claim:liveness-without-proc].
       another host (or no `lease.pid`) -> `lease.expires_ms` alone: `now_ms` after it
-        "dead: lease expired", at or before it "alive"; no expiry tag "no lease".
-      `now_ms` given -> that clock decides, never the wall clock.
+        "dead: lease expired", at or before it "alive"; no expiry tag "no lease"
+        [claim:liveness-by-expiry].
+      `now_ms` given -> that clock decides, never the wall clock [claim:liveness-given-clock].
     """
     if "lease.pid" not in tags and "lease.expires_ms" not in tags:
         return "no lease"
@@ -346,7 +347,8 @@ def liveness(tags: dict[str, str], now_ms: int | None = None) -> str:
 def reconcile(client: MlflowClient, exp_id: str, by: str = "") -> list[str]:
     """Marks every RUNNING run of `exp_id` whose holder is dead as KILLED, with
     `reconciled.*` tags saying why and by whom; returns their ids. A run with no
-    lease (started by other tools) is left alone: we cannot tell."""
+    lease (started by other tools) is left alone: we cannot tell
+    [claim:reconcile-kills-only-dead-runs]."""
     killed = []
     for run in iter_runs(client, exp_id, filter_string="attributes.status = 'RUNNING'"):
         if run.info.status != "RUNNING":
@@ -376,7 +378,8 @@ def reconcile(client: MlflowClient, exp_id: str, by: str = "") -> list[str]:
 def iter_runs(
     client: MlflowClient, exp_id: str, filter_string: str = "", page_size: int = 1000
 ) -> Iterator[Any]:
-    """Every run of `exp_id`, deleted ones included, page by page (never just page one)."""
+    """Every run of `exp_id`, deleted ones included, page by page (never just page one)
+    [claim:iter-runs-every-page]."""
     token = None
     while True:
         page = client.search_runs(
@@ -566,14 +569,17 @@ class TrackedRun:
 def end_state(exc_type: type[BaseException] | None, exc: BaseException | None) -> tuple[str, list]:
     """The status and `error.*` tags a run earns by how its body ended: normally or
     `sys.exit(0)` FINISHED; SIGTERM (`Terminated`) and Ctrl-C KILLED; any other
-    exception, `sys.exit(n != 0)` included, FAILED with its type and message.
+    exception, `sys.exit(n != 0)` included, FAILED with its type and message
+    [claim:end-state-finished-on-clean-exit].
 
     Cases (tags are `RunTag`s):
-      `Terminated` -> KILLED, `error.type` "SIGTERM".
-      `KeyboardInterrupt` -> KILLED, `error.type` "KeyboardInterrupt".
-      any other, `SystemExit(1)` included -> FAILED, `error.type` the class name and
-        `error.message` the first 5,000 characters of `str(exc)`, or of `repr(exc)`
-        when `str` is empty; those two tags exactly.
+      `Terminated` -> KILLED, `error.type` "SIGTERM" [claim:end-state-sigterm-killed].
+      `KeyboardInterrupt` -> KILLED, `error.type` "KeyboardInterrupt"
+        [claim:end-state-ctrl-c-killed].
+      any other, `SystemExit(1)` included -> FAILED, `error.type` the class name
+        [claim:end-state-failed-with-type] and `error.message` the first 5,000
+        characters of `str(exc)`, or of `repr(exc)` when `str` is empty; those two
+        tags exactly [claim:end-state-message-cut-at-5000].
     """
     if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (0, None)):
         return "FINISHED", []

@@ -63,7 +63,8 @@ def manager(workdir: Path) -> ocp.CheckpointManager:
 
 
 def checksums(tree: Any) -> dict[str, str]:
-    """SHA-256 of every array's dtype, shape and bytes, keyed by its pytree path."""
+    """SHA-256 of every array's dtype, shape and bytes, keyed by its pytree path
+    [claim:checksums-dtype-shape-bytes]."""
     sums = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         array = np.asarray(leaf)
@@ -74,7 +75,8 @@ def checksums(tree: Any) -> dict[str, str]:
 
 
 def data_state_digest(state: Any) -> str:
-    """SHA-256 of a Grain iterator state (bytes or a JSON-able dict)."""
+    """SHA-256 of a Grain iterator state (bytes or a JSON-able dict)
+    [claim:data-state-digest]."""
     if isinstance(state, bytes):
         return hashlib.sha256(state).hexdigest()
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
@@ -129,7 +131,7 @@ class Ledger:
         return records
 
     def by_step(self, kind: str) -> dict[int, dict]:
-        """The last record of each step."""
+        """The last record of each step [claim:ledger-last-record-per-step]."""
         return {int(r["step"]): r for r in self.read(kind)}
 
     def rewrite(self, kind: str, records: list[dict]) -> None:
@@ -159,14 +161,16 @@ def committed_steps(workdir: Path) -> list[int]:
 
 
 def is_committed(workdir: Path, step: int) -> bool:
-    """Orbax renamed the step's temporary directory and wrote its commit metadata."""
+    """Orbax renamed the step's temporary directory and wrote its commit metadata
+    [claim:committed-needs-metadata]."""
     root = checkpoint_dir(workdir) / str(step)
     return root.is_dir() and (root / "_CHECKPOINT_METADATA").is_file()
 
 
 def latest_accepted(workdir: Path) -> int | None:
     """The newest step whose latest verdict, given after its latest request, is
-    `accepted` and whose directory is still committed; None if there is none."""
+    `accepted` and whose directory is still committed [claim:latest-accepted-step];
+    None if there is none [claim:latest-accepted-none]."""
     ledger = Ledger(workdir)
     # --- exercise stage 3: Newest step accepted after its request, still committed. ---
     requested = ledger.by_step("requested")

@@ -22,7 +22,7 @@ heartbeat intervals h; "grace" is the part the config chooses):
 The 2 intervals cover the report's own period (a symptom is seen at the next
 heartbeat at the latest) and the supervisor's poll. The memory grace covers
 allocating and touching the memory; the slow window is `rate_window_steps`
-slow steps.
+slow steps. [claim:detection-bounds-table]
 """
 
 import math
@@ -60,7 +60,8 @@ class Symptoms:
 
 def window_rate(pairs: list[tuple[int, float]], window: int, batch_size: int) -> float | None:
     """Examples/s between the newest reported step and the newest one at least
-    `window` steps older; None until such a pair exists. `pairs`: (step, step_t)."""
+    `window` steps older; None until such a pair exists. `pairs`: (step, step_t)
+    [claim:window-rate]."""
     if not pairs:
         return None
     step, t = pairs[-1]
@@ -74,42 +75,54 @@ def classify(s: Symptoms, config: Config) -> str | None:
     """The diagnosis, or None while the job looks healthy (or finished cleanly).
 
     Rules, the first that applies wins; every limit is strict (a figure equal to
-    its limit is not over it):
+    its limit is not over it) [claim:classify-first-rule-wins] [claim:classify-limits-strict]:
 
     1. Exited: status 0 is None; a signal (`returncode < 0`) is `killed`; else a
        stderr line starting `Traceback (most recent call last)` is `exception`,
-       none is `exited`.
-    2. `rss_mb` over `memory_limit_mb` is `memory`.
+       none is `exited` [claim:classify-exit].
+    2. `rss_mb` over `memory_limit_mb` is `memory` [claim:classify-memory].
     3. Start-up allowance: before the first heartbeat (`last_heartbeat_t` None),
-       `hang` only once `now - started` exceeds `startup_timeout_s`, else None.
-    4. `now - last_heartbeat_t` over `hang_timeout_s` is `hang`.
+       `hang` only once `now - started` exceeds `startup_timeout_s`, else None
+       [claim:classify-startup-without-heartbeat].
+    4. `now - last_heartbeat_t` over `hang_timeout_s` is `hang` [claim:classify-hang].
     5. Start-up allowance: heartbeats but no step yet (`last_step_t` None) is
        `stall` only once `now - started` exceeds `startup_timeout_s`, else None.
        Importing and compiling can take far longer than `stall_timeout_s`, so a
-       first step that arrives late but inside the allowance is no stall.
+       first step that arrives late but inside the allowance is no stall
+       [claim:classify-startup-without-step].
     6. `last_heartbeat_t - last_step_t` over `stall_timeout_s` is `stall` (a
        heartbeat after the stall window proves the process alive: a job silent
-       since its last step is not yet a stall, it becomes a hang).
-    7. `rate` under `min_examples_per_s` is `slow` (None before a full window).
+       since its last step is not yet a stall, it becomes a hang) [claim:classify-stall].
+    7. `rate` under `min_examples_per_s` is `slow` (None before a full window)
+       [claim:classify-slow].
 
     Cases (times in heartbeat intervals h from `started`; hang 6, stall 8,
     start-up allowance 300, memory 512 MB, rate 80; healthy: `now` 100, last
     heartbeat 99.5, last step 99.4, rate 300):
-        healthy                                              -> None
-        returncode 0                                         -> None
-        returncode -9 or -15                                 -> "killed"
+        healthy                                              -> None [claim:classify-healthy]
+        returncode 0                                         -> None [claim:classify-exit]
+        returncode -9 or -15                                 -> "killed" [claim:classify-exit]
         returncode 1, stderr "Traceback (most recent call last):" -> "exception"
-        returncode 3, stderr "error: bad"                    -> "exited"
+          [claim:classify-exit]
+        returncode 3, stderr "error: bad"                    -> "exited" [claim:classify-exit]
         rss 520 MB / 512 MB exactly / 520 MB and returncode -9 -> "memory" / None / "killed"
+          [claim:classify-memory]
         last heartbeat 5.5 / 6 / 6.5 intervals ago           -> None / None / "hang"
+          [claim:classify-hang]
         heartbeat 0.5 ago, step 7.5 / 8 / 8.5 before it      -> None / None / "stall"
-        heartbeat 10 ago, step 15 ago                        -> "hang"
-        heartbeat 5 ago, step 9 ago                          -> None
+          [claim:classify-stall]
+        heartbeat 10 ago, step 15 ago                        -> "hang" [claim:classify-stall]
+        heartbeat 5 ago, step 9 ago                          -> None [claim:classify-stall]
         rate 79 / 80 / 81 / None                             -> "slow" / None / None / None
+          [claim:classify-slow]
         no heartbeat, no step, now 100 / 300 / 301           -> None / None / "hang"
+          [claim:classify-startup-without-heartbeat]
         heartbeats, no step yet, now 100 / 300 / 301         -> None / None / "stall"
+          [claim:classify-startup-without-step]
         heartbeats from 1, first step at 37, allowance 40    -> None (late, inside it)
+          [claim:classify-startup-without-step]
         heartbeats from 1, no step by 40, allowance 40       -> "stall" just after 40
+          [claim:classify-startup-without-step]
     """
     # --- exercise stage 2: Exit, memory, hang, stall, slow; first beat/step: startup_timeout_s. ---
     if s.returncode is not None:
@@ -138,7 +151,8 @@ def classify(s: Symptoms, config: Config) -> str | None:
 
 
 def bound_intervals(status: str, config: Config) -> float:
-    """The detection bound of a class, in heartbeat intervals (see the table above)."""
+    """The detection bound of a class, in heartbeat intervals (see the table above)
+    [claim:detection-bounds-table]."""
     h = config.heartbeat_interval_s
     grace = {
         "memory": MEMORY_GRACE_INTERVALS,
@@ -151,7 +165,7 @@ def bound_intervals(status: str, config: Config) -> float:
 
 def detection(config: Config, status: str, detected_t, injected, s: Symptoms) -> dict:
     """Detection figures in heartbeat intervals: from the injected fault's onset
-    (drills, where it is known) and from the last heartbeat."""
+    (drills, where it is known) and from the last heartbeat [claim:detection-figures]."""
     h = config.heartbeat_interval_s
     since_fault = None
     if injected is not None and detected_t is not None:

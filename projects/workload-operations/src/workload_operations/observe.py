@@ -77,10 +77,12 @@ class Observer:
     def step_done(self, step: int, examples: int, loss: Any) -> None:
         """Called by the training loop after step `step` consumed `examples` examples.
 
-        Under `self.lock`: `step` becomes the step, `examples` grows by the examples,
+        Under `self.lock`: `step` becomes the step [claim:step-done-step-as-given],
+        `examples` grows by the examples [claim:step-done-examples-summed],
         `step_t` is `time.monotonic()`, `loss` the loss as given (not converted: the
-        reporter reads it). Then the `steps_total` counter grows by 1 and
-        `examples_total` by the examples.
+        reporter reads it) [claim:step-done-time-and-loss]. Then the `steps_total`
+        counter grows by 1 and `examples_total` by the examples
+        [claim:step-done-prometheus-counters].
         """
         # --- exercise stage 1: Update step, examples, time, loss; count. ---
         with self.lock:
@@ -98,11 +100,13 @@ class Observer:
         Takes (step, examples, step_t, loss) under `self.lock` in one snapshot, then
         returns `{"event": "heartbeat", "seq", "t", "step", "examples", "step_t",
         "examples_per_s", "loss"}`: `seq` counts heartbeats from 1; `t` is
-        `time.monotonic()` now; `examples_per_s` is the examples since the previous
-        heartbeat over the seconds since it (since the observer was made, for the first),
-        with the seconds floored at 1e-9; `loss` is `float(loss)`, or None before the
-        first step. Counts one heartbeat (`heartbeats_total`) and sets the loss gauge
-        (when there is a loss) and the rate gauge.
+        `time.monotonic()` now [claim:heartbeat-record-fields]; `examples_per_s` is the
+        examples since the previous heartbeat over the seconds since it (since the
+        observer was made, for the first), with the seconds floored at 1e-9
+        [claim:heartbeat-rate]; `loss` is `float(loss)` [claim:heartbeat-loss-as-float],
+        or None before the first step [claim:heartbeat-loss-none-before-first-step].
+        Counts one heartbeat (`heartbeats_total`) and sets the loss gauge (when there
+        is a loss) and the rate gauge [claim:heartbeat-counter-and-gauges].
         """
         # --- exercise stage 1: Snapshot progress, compute the rate, count. ---
         with self.lock:

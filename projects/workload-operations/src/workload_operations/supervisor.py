@@ -90,7 +90,8 @@ def _reap(pid: int, timeout_s: float) -> str:
 
 
 def resources(pid: int) -> dict:
-    """psutil's view of the job and its descendants: RSS, CPU seconds, threads."""
+    """psutil's view of the job and its descendants: RSS, CPU seconds, threads
+    [claim:resources-of-the-group]."""
     return resources_of(_group_processes(pid))
 
 
@@ -133,7 +134,7 @@ def scrape(port: int, timeout_s: float) -> dict[str, float]:
 
     Raises OSError (ConnectionError for a reply cut short) when the job cannot
     answer: a job that dies mid-reply is a failed scrape, not a crash of the
-    supervisor."""
+    supervisor [claim:scrape-failure-is-an-os-error]."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as reply:
             text = reply.read().decode()
@@ -482,7 +483,8 @@ def tail_lines(path: Path, count: int) -> list[str]:
 
 
 def terminate(proc, pgid: int, err_path: Path, *, dump: bool, wait_s: float) -> dict:
-    """Stack dump of a live job (optional), SIGKILL to its group, every member reaped."""
+    """Stack dump of a live job (optional), SIGKILL to its group, every member reaped
+    [claim:failed-group-killed-and-reaped]."""
     dumped = False
     if dump and proc.poll() is None:
         before = err_path.stat().st_size if err_path.exists() else 0

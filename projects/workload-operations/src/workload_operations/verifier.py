@@ -3,12 +3,13 @@
 
 For every requested step without a verdict, `judge` restores the step from
 disk in this process (not the job's memory), and accepts it only if:
-- the step was completed: Orbax committed its directory;
-- it restores: every item reads back;
+- the step was completed: Orbax committed its directory [claim:accept-only-committed];
+- it restores: every item reads back [claim:accept-only-restorable];
 - its array checksums and its Grain iterator state digest equal the request
-  record's;
+  record's [claim:accept-matching-checksums];
 - the held-out evaluation of the restored parameters is bitwise the one
-  recorded when the save was requested (loss bits and predictions digest).
+  recorded when the save was requested (loss bits and predictions digest)
+  [claim:accept-matching-heldout].
 
 Checksums alone can be regenerated after damage; the held-out evaluation
 cannot, without the data and the original parameters. Verdicts are appended
@@ -30,7 +31,10 @@ HELDOUT_FIELDS = {"loss_bits": str, "predictions_sha256": str}
 
 
 def judge(workdir: Path, step: int, config: Config, dataset: dict) -> dict:
-    """The verdict on one step: `accepted`, the `reasons` against it, and the figures."""
+    """The verdict on one step: `accepted`, the `reasons` against it, and the figures;
+    a step with no request record is rejected [claim:accept-only-requested], and
+    so is any step that fails a condition of the module docstring, each failure a
+    reason [claim:judge-verdict-with-reasons]."""
     workdir = Path(workdir)
     requested = checkpoint.Ledger(workdir).by_step("requested").get(step)
     figures: dict = {"committed": checkpoint.is_committed(workdir, step)}

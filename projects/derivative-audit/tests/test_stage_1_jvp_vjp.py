@@ -100,6 +100,7 @@ def _wrong_transpose(a: np.ndarray, b: np.ndarray, dtype):
     return f
 
 
+@pytest.mark.claims("dot-product-figures", "dot-product-transpose")
 @FAST
 @given(
     n=st.integers(1, 5),
@@ -152,6 +153,8 @@ def _sweep_reference(steps, errors, h):
     return best, slope(right), slope(left)
 
 
+@pytest.mark.claims("theory-step", "sweep-fit-windows", "sweep-zero-errors-left-out")
+@pytest.mark.claims("sweep-window-edges")
 @FAST
 @given(
     dtype=st.sampled_from(["float64", "float32"]),
@@ -202,6 +205,7 @@ def test_sweep_analysis_selects_the_documented_steps(
             assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.claims("sweep-short-side-no-slope")
 def test_sweep_of_one_step_has_a_best_and_no_slopes():
     """A one-step sweep reports that step as best and no slopes; an empty sweep is refused."""
     x = jnp.ones(3, jnp.float64)
@@ -259,6 +263,7 @@ def test_jacobians_match_numpy_formulas(problems, evidence, dtype):
     assert all(ok)
 
 
+@pytest.mark.claims("jvp-vjp-identities", "jvp-linearity-error", "jvp-linearity-tangent-in-x-dtype")
 @pytest.mark.parametrize("name", NAMES)
 def test_jvp_is_linear_in_the_tangent(problems, evidence, name):
     """J(a u + b v) equals a J u + b J v within 50 eps, for every suite function in float64 and
@@ -277,6 +282,7 @@ def test_jvp_is_linear_in_the_tangent(problems, evidence, name):
     assert all(ok)
 
 
+@pytest.mark.claims("jvp-linearity-error")
 def test_linearity_check_catches_a_nonlinear_tangent_rule(evidence):
     """A JVP rule that squares the tangent is not linear, and the check says so."""
 
@@ -301,6 +307,7 @@ def test_linearity_check_catches_a_nonlinear_tangent_rule(evidence):
     )
 
 
+@pytest.mark.claims("jvp-vjp-identities", "dot-product-transpose")
 @pytest.mark.parametrize("name", NAMES)
 def test_dot_product_test_transposes(problems, evidence, name):
     """<w, J u> (forward mode) equals <J^T w, u> (reverse mode) within 50 eps, all functions."""
@@ -318,6 +325,7 @@ def test_dot_product_test_transposes(problems, evidence, name):
     assert all(ok)
 
 
+@pytest.mark.claims("dot-product-transpose")
 def test_dot_product_test_catches_an_untransposed_vjp(evidence):
     """A VJP rule that applies A instead of A^T fails the transpose test; the true one passes it."""
     a = jax.random.normal(jax.random.key(6), (4, 4), jnp.float64)
@@ -353,6 +361,7 @@ def test_dot_product_test_catches_an_untransposed_vjp(evidence):
     assert ok
 
 
+@pytest.mark.claims("jvp-vjp-identities", "jacfwd-equals-jacrev")
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_and_reverse_jacobians_agree(problems, evidence, name):
     """jacfwd and jacrev Jacobians agree within 50 eps of the largest entry, for every suite
@@ -386,6 +395,7 @@ def _wrong_reverse_rule(a: np.ndarray, t: np.ndarray, dtype):
     return f
 
 
+@pytest.mark.claims("jacfwd-equals-jacrev")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize(("m", "n"), [(4, 4), (2, 6), (6, 2), (1, 3), (3, 1)])
 def test_jacobian_agreement_sees_a_wrong_reverse_rule(evidence, m, n, dtype):
@@ -424,6 +434,7 @@ def test_jacobian_agreement_sees_a_wrong_reverse_rule(evidence, m, n, dtype):
     assert all(ok)
 
 
+@pytest.mark.claims("central-difference-rounded-step")
 @pytest.mark.parametrize("h", [0.1, 1.0 / 3.0, 0.25])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_central_difference_divides_by_the_step_taken(evidence, dtype, h):
@@ -445,6 +456,7 @@ def test_central_difference_divides_by_the_step_taken(evidence, dtype, h):
     )
 
 
+@pytest.mark.claims("fd-agrees-at-theory-step")
 @pytest.mark.parametrize("name", NAMES)
 def test_central_difference_at_the_theory_step(problems, evidence, name):
     """The central difference at the theory step is within 100 eps^(2/3) of the JVP, 2 dtypes.
@@ -471,6 +483,7 @@ def test_central_difference_at_the_theory_step(problems, evidence, name):
     assert all(ok)
 
 
+@pytest.mark.claims("fd-sweep-regimes", "central-difference-in-x-dtype")
 @pytest.mark.parametrize("name", ["matmul_chain", "scan_recurrence"])
 def test_error_vs_step_sweep_shows_truncation_and_roundoff(problems, evidence, name):
     """The error-vs-step sweep has slope +2 right of its minimum, -1 left, minimum near h*.
@@ -509,6 +522,7 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(problems, evidence, n
     assert all(ok)
 
 
+@pytest.mark.claims("check-grads-second-opinion")
 @pytest.mark.parametrize("name", ["matmul_chain"])
 def test_check_grads_agrees(problems, evidence, name):
     """jax.test_util.check_grads passes the matmul chain at first order in both modes, 2 dtypes.
@@ -523,6 +537,7 @@ def test_check_grads_agrees(problems, evidence, name):
     assert all(ok)
 
 
+@pytest.mark.claims("check-grads-second-opinion")
 def test_both_opinions_catch_a_wrong_derivative(evidence):
     """A rule that doubles the derivative fails check_grads and the finite-difference check."""
 
@@ -733,6 +748,7 @@ def _sin_with_cancelling_jvp_rule(primals, tangents):
     return jnp.sin(x), (jnp.sin(x + d) - jnp.sin(x - d)) / (2 * jnp.sin(d)) * t
 
 
+@pytest.mark.claims("central-difference-in-x-dtype")
 @pytest.mark.parametrize("pass_reference", [True, False])
 def test_finite_differences_are_judged_against_a_float64_jvp(evidence, pass_reference):
     """audit.py: "Finite differences are always judged against a float64 JVP of the

@@ -36,6 +36,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
+@pytest.mark.claims("custom-rules-finite", "softplus-rule-sigmoid", "softplus-rule-finite-at-1000")
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_softplus_rule_is_finite_where_autodiff_is_nan(evidence, dtype):
     """softplus and its first two derivatives match float64 formulas, even at 1000 where autodiff is
@@ -86,6 +87,7 @@ def _decimal_softplus_and_sigmoid(x: float) -> tuple[float, float]:
 SOFTPLUS_RANGE = [(jnp.float64, -700.0), (jnp.float32, -85.0)]
 
 
+@pytest.mark.claims("softplus-rule-sigmoid")
 @pytest.mark.parametrize(("dtype", "lo"), SOFTPLUS_RANGE)
 def test_softplus_has_a_few_ulps_relative_error_in_every_regime(evidence, dtype, lo):
     """softplus and its rule's derivative are within 4 eps, RELATIVELY, of a decimal reference.
@@ -147,6 +149,8 @@ def test_softplus_has_a_few_ulps_relative_error_in_every_regime(evidence, dtype,
     assert all(ok)
 
 
+@pytest.mark.claims("custom-rules-finite", "safe-norm-tangent", "safe-norm-hessian")
+@pytest.mark.claims("safe-norm-zero-tangent")
 @pytest.mark.parametrize("seed", [0, 1])
 def test_safe_norm_has_a_subgradient_at_zero_and_the_right_hessian(evidence, seed):
     """safe_norm's gradient is x/|x| (also by central difference), exactly 0 at 0, and its Hessian
@@ -199,6 +203,7 @@ def test_safe_norm_has_a_subgradient_at_zero_and_the_right_hessian(evidence, see
     assert all(ok)
 
 
+@pytest.mark.claims("clip-gradient-cotangent")
 @pytest.mark.parametrize(("lo", "hi"), [(-1.0, 1.0), (-0.25, 2.0)])
 def test_clip_gradient_clips_only_the_cotangent(evidence, lo, hi):
     """clip_gradient is the identity forward and its gradient is NumPy's clip of the cotangent, for
@@ -231,6 +236,7 @@ def test_clip_gradient_clips_only_the_cotangent(evidence, lo, hi):
     assert all(ok)
 
 
+@pytest.mark.claims("straight-through-identity-backward")
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_straight_through_round_passes_the_gradient(evidence, dtype):
     """The straight-through round's gradient is f'(round(x)), where plain round's is 0, in float64
@@ -262,6 +268,7 @@ def test_straight_through_round_passes_the_gradient(evidence, dtype):
     assert all(ok)
 
 
+@pytest.mark.claims("custom-vjp-forward-mode-refused")
 def test_custom_vjp_refuses_forward_mode_and_says_why(evidence):
     """jvp, jacfwd and jacrev(jacfwd) of a custom_vjp are refused naming it; grad and jacfwd(grad)
     work."""
@@ -292,6 +299,8 @@ def _ift_jacobian(params: model.Params, x: np.ndarray, z: np.ndarray) -> np.ndar
     return np.linalg.solve(np.eye(w.shape[0]) - d @ w, d @ u)
 
 
+@pytest.mark.claims("implicit-fixed-point-gradient", "implicit-adjoint-solve")
+@pytest.mark.claims("implicit-one-step-pullback")
 @pytest.mark.parametrize(("seed", "dtype"), [(0, jnp.float64), (2, jnp.float32)])
 def test_implicit_gradient_matches_analytic_and_unrolled(evidence, seed, dtype):
     """The implicit-function Jacobian and gradients match NumPy's IFT solve and the unrolled solver,
@@ -334,6 +343,7 @@ def test_implicit_gradient_matches_analytic_and_unrolled(evidence, seed, dtype):
     assert all(ok)
 
 
+@pytest.mark.claims("implicit-fixed-point-gradient", "implicit-adjoint-solve")
 def test_implicit_gradient_batched(evidence):
     """The gradient through one batched solve equals the sum of per-row gradients within 1e-11.
 
@@ -365,6 +375,7 @@ def _glm_loss(a: jax.Array, lam: float):
     return f
 
 
+@pytest.mark.claims("hessians-forward-over-reverse", "hvp-forward-over-reverse")
 @pytest.mark.parametrize(("n", "dtype"), [(6, jnp.float64), (9, jnp.float32)])
 def test_hessians_forward_over_reverse_match_analytic(evidence, n, dtype):
     """Forward-over-reverse Hessians and hvp match analytic logsumexp and GLM ones within 100 eps.

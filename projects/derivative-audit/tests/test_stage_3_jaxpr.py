@@ -100,6 +100,7 @@ def wide_and_random(x):
     return y + jax.random.uniform(jax.random.key(0), x.shape, jnp.float32)
 
 
+@pytest.mark.claims("audit-consistent-under-transforms")
 def test_consistency_figures_match_an_independent_walk(evidence):
     """consistency's added and dropped primitives per variant equal a separate make_jaxpr walk's.
 
@@ -135,6 +136,7 @@ def branch_on_data(x):
     return jax.lax.cond(x[0] > 0, jnp.sin, jnp.cos, x)
 
 
+@pytest.mark.claims("audit-consistent-under-transforms")
 def test_consistency_flags_a_primitive_vmap_drops(evidence):
     """consistency flags vmap of a cond on data as inconsistent: cond dropped, select_n added.
 
@@ -165,6 +167,7 @@ def unbatchable_callback(x):
     return jax.pure_callback(_host_double, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
 
+@pytest.mark.claims("audit-consistent-under-transforms")
 @pytest.mark.parametrize(
     ("fn", "plain_verdict", "error"),
     [
@@ -217,6 +220,7 @@ def _tanh_by_rule_jvp(primals, tangents):
     return y, (1.0 - y * y) * t
 
 
+@pytest.mark.claims("audit-consistent-under-transforms")
 def test_consistency_lets_grad_drop_what_the_rule_replaces(evidence):
     """consistency reports a custom_jvp body's tanh as dropped under grad, and still consistent.
 
@@ -245,6 +249,7 @@ two_residuals.defvjp(
 )
 
 
+@pytest.mark.claims("custom-rules-audited")
 def test_backward_rule_is_traced_on_every_computed_residual(evidence):
     """Both rules of a custom_vjp with two computed residuals are traced, counts as read off.
 
@@ -267,6 +272,7 @@ def calls_relu(x):
     return jax.nn.relu(x) * 2.0
 
 
+@pytest.mark.claims("custom-rules-audited", "walk-library-source")
 def test_rule_equations_inside_a_library_take_the_callers_line(evidence):
     """The equations of relu's JVP rule carry the line of the user's call, found with inspect.
 
@@ -279,6 +285,8 @@ def test_rule_equations_inside_a_library_take_the_callers_line(evidence):
     assert evidence.record("rule sources", "jax.nn.relu", {"sources": sources}, None, ok)
 
 
+@pytest.mark.claims("jaxpr-walk-and-reject", "walk-nesting-paths", "sub-jaxprs-closed")
+@pytest.mark.claims("sub-jaxprs-indexed", "sub-jaxprs-nothing-else")
 def test_walker_counts_every_nested_equation(evidence):
     """The walker's primitive counts and nesting paths equal an enumeration of a nested program,
     also under jit."""
@@ -329,6 +337,7 @@ def _printed_counts(fn, x) -> dict[str, int]:
     return dict(collections.Counter(re.findall(r" = ([a-z_][a-z0-9_-]*)", text)))
 
 
+@pytest.mark.claims("jaxpr-walk-and-reject")
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_suite_counts_match_the_printed_jaxpr_and_are_documented(evidence, dtype):
     """Each suite function's primitive counts equal those of JAX's printed jaxpr, all documented, in
@@ -355,6 +364,7 @@ def test_suite_counts_match_the_printed_jaxpr_and_are_documented(evidence, dtype
     assert all(ok)
 
 
+@pytest.mark.claims("walk-output-avals")
 def test_shapes_and_dtypes_follow_vmap(evidence):
     """The recorded tanh output avals are float32[5] plain and float32[5,3] under vmap of 3."""
     p = data.make_problem("matmul_chain", Config.tiny(), "float32")
@@ -429,6 +439,8 @@ REJECTIONS = [
 ]
 
 
+@pytest.mark.claims("jaxpr-walk-and-reject", "check-unknown-primitive", "check-host-callback")
+@pytest.mark.claims("check-mode-unsupported", "check-dtype-policy", "check-random-in-deterministic")
 @pytest.mark.parametrize(
     ("fn", "rule", "policy", "complement"), REJECTIONS, ids=[r[1] for r in REJECTIONS]
 )
@@ -469,6 +481,7 @@ def test_unsupported_programs_are_rejected_with_reason_and_location(
     assert all(ok)
 
 
+@pytest.mark.claims("walk-differentiated-inherited", "check-mode-unsupported")
 def test_implicit_solver_hides_its_while_loop_from_reverse_mode(evidence):
     """The implicit solver's hidden while loop passes reverse mode; forward mode is refused once.
 
@@ -502,6 +515,7 @@ def test_implicit_solver_hides_its_while_loop_from_reverse_mode(evidence):
     assert ok
 
 
+@pytest.mark.claims("audit-consistent-under-transforms")
 @pytest.mark.parametrize(
     "name", ["matmul_chain", "softmax", "scan_recurrence", "fixed_point_solver"]
 )
@@ -518,6 +532,7 @@ def test_suite_audit_is_consistent_under_jit_vmap_grad(evidence, name):
     )
 
 
+@pytest.mark.claims("audit-consistent-under-transforms")
 @pytest.mark.parametrize(
     "fn", [with_callback, with_while, with_float64, with_random], ids=lambda f: f.__name__
 )
@@ -771,6 +786,7 @@ RULE_CASES = {
 }
 
 
+@pytest.mark.claims("custom-rules-audited", "check-unknown-primitive", "check-host-callback")
 @pytest.mark.parametrize("case", list(RULE_CASES))
 def test_custom_rules_are_audited_on_both_sides_of_the_table(evidence, case):
     """Custom JVP, forward and backward rules are traced at any depth and judged at their offending
@@ -808,6 +824,7 @@ def test_custom_rules_are_audited_on_both_sides_of_the_table(evidence, case):
     )
 
 
+@pytest.mark.claims("custom-rules-audited")
 def test_inspect_rejects_a_custom_rule_the_primal_program_hides(tmp_path):
     """inspect rejects top_k and callback rules hidden in custom rules (exit 1) and accepts a sort
     rule (exit 0)."""
@@ -1022,6 +1039,7 @@ def _grad_refusal(fn) -> str | None:
     return None
 
 
+@pytest.mark.claims("walk-differentiated-inherited", "walk-nesting-paths", "check-mode-unsupported")
 @pytest.mark.parametrize("case", list(NESTED_LOOP_CASES))
 def test_while_loop_exemption_is_inherited_at_every_depth(evidence, case):
     """A while below a custom call or in a rule passes reverse mode at any depth; without one it is
@@ -1099,6 +1117,7 @@ RANDOM_SOURCES = [
 ]
 
 
+@pytest.mark.claims("check-random-in-deterministic")
 @pytest.mark.parametrize(
     ("fn", "key", "drawn"), [r[1:] for r in RANDOM_SOURCES], ids=[r[0] for r in RANDOM_SOURCES]
 )
@@ -1126,6 +1145,7 @@ def _through_complex128(x):
     return (x.astype(jnp.complex128) * 2).real.astype(jnp.float32)
 
 
+@pytest.mark.claims("check-dtype-policy")
 def test_complex128_is_refused_under_a_float32_policy_like_float64(evidence):
     """A complex128 value (64-bit float parts) is wide under a float32 policy: the cast into it
     and the product are each refused by name; with no float policy neither is."""
@@ -1157,6 +1177,7 @@ def _sort_by(keys_dtype, payload_dtype):
     return fn
 
 
+@pytest.mark.claims("check-dtype-policy")
 @pytest.mark.parametrize(
     ("keys_dtype", "payload_dtype", "sort_refused"),
     [

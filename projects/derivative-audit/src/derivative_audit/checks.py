@@ -89,12 +89,14 @@ def _rel(diff: float, scale: float) -> float:
 
 
 def jvp_linearity(f: Fn, x: jax.Array, u: jax.Array, v: jax.Array, a: float, b: float) -> dict:
-    """Relative error of J(a u + b v) against a J u + b J v.
+    """Relative error of J(a u + b v) against a J u + b J v. [claim:jvp-linearity-error]
 
     The region leaves `diff` = |J(a u + b v) - (a J u + b J v)| and `scale` =
-    |a| |J u| + |b| |J v| (2-norms, in float64); `rel_error` is their ratio. The
+    |a| |J u| + |b| |J v| (2-norms, in float64); `rel_error` is their ratio.
+    [claim:jvp-linearity-figures] The
     combined tangent `a u + b v` is formed in x's dtype (cast `a`, `b` first:
     strict dtype promotion refuses a float64 scalar array times a float32 one).
+    [claim:jvp-linearity-tangent-in-x-dtype]
     """
     require_point(x)
     require_direction(x, u, "u")
@@ -115,10 +117,11 @@ def jvp_linearity(f: Fn, x: jax.Array, u: jax.Array, v: jax.Array, a: float, b: 
 
 def dot_product_test(f: Fn, x: jax.Array, u: jax.Array, w: jax.Array) -> dict:
     """Relative mismatch of <w, J u> (forward mode) and <J^T w, u> (reverse mode).
+    [claim:dot-product-transpose]
 
     Returns `forward` = <w, J u> and `reverse` = <J^T w, u> (float64 dot products),
     and `rel_error` = |forward - reverse| / (|w| |J u| + |J^T w| |u|), 2-norms: the
-    region leaves `left`, `right` and that `scale`.
+    region leaves `left`, `right` and that `scale`. [claim:dot-product-figures]
     """
     require_point(x)
     require_direction(x, u, "u")
@@ -136,7 +139,7 @@ def dot_product_test(f: Fn, x: jax.Array, u: jax.Array, w: jax.Array) -> dict:
 
 def jacobian_agreement(f: Fn, x: jax.Array) -> dict:
     """Largest difference of the forward- and reverse-mode Jacobians, relative
-    to the largest Jacobian entry."""
+    to the largest Jacobian entry. [claim:jacfwd-equals-jacrev]"""
     require_point(x)
     # --- exercise stage 1: Build the Jacobian with jax.jacfwd and with jax.jacrev. ---
     fwd = np.asarray(jax.jacfwd(f)(x), np.float64)
@@ -148,7 +151,7 @@ def jacobian_agreement(f: Fn, x: jax.Array) -> dict:
 
 def theory_step(dtype, x: jax.Array) -> float:
     """The central-difference step that balances truncation and round-off:
-    (3 eps)^(1/3) times the scale of x (at least 1)."""
+    (3 eps)^(1/3) times the scale of x (at least 1). [claim:theory-step]"""
     require_point(jnp.asarray(x))
     # --- exercise stage 1: Balance h^2/6 against eps/h: h* = (3 eps)^(1/3) * max(1, |x|). ---
     eps = float(jnp.finfo(dtype).eps)
@@ -159,10 +162,12 @@ def theory_step(dtype, x: jax.Array) -> float:
 
 def central_difference(f: Fn, x: jax.Array, u: jax.Array, h: float) -> np.ndarray:
     """(f(x + h u) - f(x - h u)) / (2 h), evaluated in x's dtype.
+    [claim:central-difference-in-x-dtype]
 
     `h` is first rounded to x's dtype; the two evaluations run in x's dtype; their
     difference is divided by 2 times that ROUNDED step, in float64 (the step that
     was taken, not the one asked for). Returns a float64 array.
+    [claim:central-difference-rounded-step]
     """
     require_point(x)
     require_direction(x, u, "u")
@@ -216,11 +221,14 @@ def analyse_sweep(steps: np.ndarray, errors: np.ndarray, dtype, x: jax.Array) ->
     Truncation slope: fitted over steps >= 3 h* with error below 1e-2 (beyond
     that the Taylor model stops holding). Round-off slope: over steps <= h*/3
     with error below 0.1 (at the smallest steps the difference can be zero).
+    [claim:sweep-fit-windows]
     Steps whose error is exactly 0 are left out of the minimum and both fits.
+    [claim:sweep-zero-errors-left-out]
 
     Cases: a step of exactly 3 h* or h*/3 is in its fit; an error of exactly 1e-2
-    (right) or 0.1 (left) is not; among equal least errors the first step wins;
-    a side with fewer than 2 steps has slope `None`.
+    (right) or 0.1 (left) is not [claim:sweep-window-edges]; among equal least errors
+    the first step wins [claim:sweep-first-least-error-wins];
+    a side with fewer than 2 steps has slope `None`. [claim:sweep-short-side-no-slope]
     """
     if np.ndim(steps) != 1 or np.shape(steps) != np.shape(errors) or np.size(steps) == 0:
         raise DerivativeInputError(

@@ -146,11 +146,12 @@ def sub_jaxprs(params: dict[str, Any]) -> list[tuple[str, jex_core.Jaxpr]]:
     """The sub-programs held in an equation's params, named by param (and index).
 
     Cases, in params order:
-        a `ClosedJaxpr` under key `k` -> `(k, its .jaxpr)`
-        a `Jaxpr` under key `k` -> `(k, it)`
+        a `ClosedJaxpr` under key `k` -> `(k, its .jaxpr)` [claim:sub-jaxprs-closed]
+        a `Jaxpr` under key `k` -> `(k, it)` [claim:sub-jaxprs-open]
         a tuple or list under key `k` -> one entry per jaxpr item, named `k[i]`
             by its index in the sequence (`cond`'s `branches[0]`, `branches[1]`)
-        anything else -> nothing
+            [claim:sub-jaxprs-indexed]
+        anything else -> nothing [claim:sub-jaxprs-nothing-else]
     """
     found: list[tuple[str, jex_core.Jaxpr]] = []
     # --- exercise stage 3: Collect (param name, Jaxpr) for every jaxpr held in params. ---
@@ -170,18 +171,20 @@ def walk(
     jaxpr: jex_core.Jaxpr, path: str = "", differentiated: bool = True, outer_source: str = ""
 ) -> list[Equation]:
     """Every equation of `jaxpr` and of its sub-programs, depth first, in program order.
+    [claim:walk-depth-first-order]
 
     An equation emitted inside a library (no user frame in its traceback) takes
-    the source of the user-code equation that encloses it.
+    the source of the user-code equation that encloses it. [claim:walk-library-source]
 
     Cases:
         path -> "" at the top; a sub-program of equation `name` under param `p` gets
             "<name>.<p>", nested ones "<outer path>/<name>.<p>" (`scan.jaxpr`,
-            `jit.jaxpr/cond.branches[1]`)
+            `jit.jaxpr/cond.branches[1]`) [claim:walk-nesting-paths]
         differentiated -> inherited, except that everything below a
             `custom_jvp_call` or `custom_vjp_call` (`primitives.CUSTOM_RULE_PRIMITIVES`)
             is not differentiated by JAX: its rules stand in for it
-        outputs -> `describe_aval` of each output variable's aval
+            [claim:walk-differentiated-inherited]
+        outputs -> `describe_aval` of each output variable's aval [claim:walk-output-avals]
     """
     equations: list[Equation] = []
     # --- exercise stage 3: Record each equation, then recurse into its sub-jaxprs. ---
@@ -297,11 +300,16 @@ def check(equation: Equation, policy: Policy) -> list[Finding]:
 
     Cases, in this order (rule codes as in `Finding.rule`):
         not in `primitives.TABLE` -> only "unknown-primitive" (nothing else checked)
-        a callback primitive -> "host-callback" (and no mode check)
+            [claim:check-unknown-primitive]
+        a callback primitive -> "host-callback" [claim:check-host-callback]
+            (and no mode check) [claim:check-callback-no-mode-check]
         otherwise, when the equation is differentiated -> one "mode-unsupported"
             per mode of `policy.modes` the table does not list for it
+            [claim:check-mode-unsupported]
         float32 policy and an output of float64 or complex128 -> "dtype-policy"
+            [claim:check-dtype-policy]
         deterministic policy and a random primitive -> "random-in-deterministic"
+            [claim:check-random-in-deterministic]
     """
 
     def finding(rule: str, reason: str) -> Finding:

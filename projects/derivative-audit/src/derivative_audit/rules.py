@@ -48,11 +48,12 @@ def softplus(x: jax.Array) -> jax.Array:
 @softplus.defjvp
 def _softplus_jvp(primals, tangents):
     """`(softplus(x), sigmoid(x) * t)`: the primal output and its tangent.
+    [claim:softplus-rule-sigmoid]
 
     Cases: x = +-1000 -> a finite tangent, and a finite derivative of the tangent
     (the rule is differentiated again for the second derivative s (1 - s)): use
     a stable sigmoid such as `jax.nn.sigmoid`, not `1 / (1 + exp(-x))`, whose
-    derivative is inf / inf = NaN at x = -1000.
+    derivative is inf / inf = NaN at x = -1000. [claim:softplus-rule-finite-at-1000]
     """
     (x,), (t,) = primals, tangents
     # --- exercise stage 2: Return softplus(x) and sigmoid(x) * t. ---
@@ -75,10 +76,12 @@ def safe_norm(x: jax.Array) -> jax.Array:
 def _safe_norm_jvp(primals, tangents):
     """`(|x|, <x, t> / |x|)`, the tangent 0 at x = 0.
 
-    Cases: x != 0 -> `sum(x * t) / |x|` (any shape of x), differentiable again, so
-    forward over reverse gives the Hessian (I - x x^T / |x|^2) / |x|; x = 0 ->
+    Cases: x != 0 -> `sum(x * t) / |x|` [claim:safe-norm-tangent] (any shape of x)
+    [claim:safe-norm-any-shape], differentiable again, so
+    forward over reverse gives the Hessian (I - x x^T / |x|^2) / |x|
+    [claim:safe-norm-hessian]; x = 0 ->
     tangent exactly 0, with no 0/0 anywhere in the program (not even in a branch
-    `where` discards: its derivative would still be NaN).
+    `where` discards: its derivative would still be NaN). [claim:safe-norm-zero-tangent]
     """
     (x,), (t,) = primals, tangents
     # --- exercise stage 2: Tangent <x, t>/|x|, and 0 at x = 0 without ever forming 0/0. ---
@@ -101,6 +104,7 @@ def _clip_fwd(x, lo, hi):
 
 
 def _clip_bwd(lo, hi, residual, g):
+    """The cotangent `g` clipped to [lo, hi], as a 1-tuple. [claim:clip-gradient-cotangent]"""
     del residual
     # --- exercise stage 2: Return the cotangent g clipped to [lo, hi], as a 1-tuple. ---
     return (jnp.clip(g, lo, hi),)
@@ -121,6 +125,8 @@ def _ste_fwd(x):
 
 
 def _ste_bwd(residual, g):
+    """The cotangent `g` unchanged, as a 1-tuple: round is the identity backward.
+    [claim:straight-through-identity-backward]"""
     del residual
     # --- exercise stage 2: Round backward is the identity: pass g through. ---
     return (g,)
@@ -179,9 +185,10 @@ def _fixed_point_bwd(max_iterations, residual, v):
     """The cotangents `(params_bar, x_bar)` for the output cotangent `v`.
 
     Solves the adjoint fixed point `a = v + (dg/dz)^T a` at z* with `_iterate`,
-    from `a = v`, to `solver_tolerance(v.dtype)` within `max_iterations`; then
+    from `a = v`, to `solver_tolerance(v.dtype)` [claim:implicit-adjoint-solve]
+    within `max_iterations` [claim:implicit-adjoint-budget]; then
     returns the VJP of one step `g(params, z*, x)` with respect to `(params, x)`,
-    applied to `a`. No forward iteration is replayed.
+    applied to `a`. No forward iteration is replayed. [claim:implicit-one-step-pullback]
     """
     params, x, z = residual
     # --- exercise stage 2: Solve a = v + (dg/dz)^T a, then pull a back through one step. ---
@@ -196,7 +203,8 @@ fixed_point_implicit.defvjp(_fixed_point_fwd, _fixed_point_bwd)
 
 
 def hvp(f, x: jax.Array, v: jax.Array) -> jax.Array:
-    """H v for scalar `f` at `x`: the JVP of the gradient (forward over reverse)."""
+    """H v for scalar `f` at `x`: the JVP of the gradient (forward over reverse).
+    [claim:hvp-forward-over-reverse]"""
     if jnp.shape(v) != jnp.shape(x):
         raise ValueError(
             f"`v` has shape {jnp.shape(v)}, but H v needs the shape of x, {jnp.shape(x)}."

@@ -73,6 +73,8 @@ CASES = [  # (seed, n, d, rho): the changed conditions
 ]
 
 
+@pytest.mark.claims("exact-nig-posterior", "prior-mean-in-augmented-targets", "posterior-chol-is-r")
+@pytest.mark.claims("posterior-shape", "posterior-rate")
 @FAST
 @given(
     n=st.sampled_from([1, 3, 8]),
@@ -110,6 +112,7 @@ MOMENT_CASES = [  # (seed, n, d, a0): a_n = a0 + n/2 below, at and above 2
 ]
 
 
+@pytest.mark.claims("exact-nig-posterior")
 @pytest.mark.parametrize("seed,n,d,a0", MOMENT_CASES)
 def test_moments_and_log_posterior_match_scipy(seed, n, d, a0, evidence):
     """moments and log_posterior match a float64 sequential posterior and SciPy, a_n around 2.
@@ -172,6 +175,8 @@ def test_moments_and_log_posterior_match_scipy(seed, n, d, a0, evidence):
     assert all(ok)
 
 
+@pytest.mark.claims("exact-nig-posterior", "posterior-mean-by-qr", "posterior-chol-is-r")
+@pytest.mark.claims("posterior-shape", "posterior-rate")
 @pytest.mark.parametrize("seed,n,d,rho", CASES)
 def test_closed_form_equals_sequential_updates(seed, n, d, rho, evidence):
     """The float32 closed-form m_n, Lambda_n, a_n and b_n match a float64 one-observation-at-a-time
@@ -192,6 +197,7 @@ def test_closed_form_equals_sequential_updates(seed, n, d, rho, evidence):
     assert all(ok)
 
 
+@pytest.mark.claims("exact-nig-posterior")
 @pytest.mark.parametrize("seed,a0,b0", [(2, 3.0, 2.0), (3, 1.5, 0.5)])
 def test_two_parameter_grid_integration(seed, a0, b0, evidence):
     """The log evidence and posterior moments match a 1500 x 1500 grid integration, for d = 1.
@@ -233,6 +239,7 @@ def test_two_parameter_grid_integration(seed, a0, b0, evidence):
     assert all(ok)
 
 
+@pytest.mark.claims("log-joint-terms", "log-joint-normalized")
 @pytest.mark.parametrize("seed,d", [(4, 3), (5, 6)])
 def test_log_joint_minus_log_posterior_is_the_log_evidence(seed, d, evidence):
     """log_joint - log_posterior equals the log evidence at 16 points; log_joint matches NumPy.
@@ -272,6 +279,7 @@ def test_log_joint_minus_log_posterior_is_the_log_evidence(seed, d, evidence):
     assert all(ok)
 
 
+@pytest.mark.claims("log-joint-terms", "log-joint-normalized")
 @pytest.mark.parametrize(
     "m0",
     [None, [0.0, 1.5, 0.0], [-1.2, 0.8, 2.0]],
@@ -306,6 +314,7 @@ def test_log_joint_centres_the_weight_prior_on_its_mean(m0, evidence):
     assert ok
 
 
+@pytest.mark.claims("predictive-student-t")
 @pytest.mark.parametrize("seed", [6, 7])
 def test_predictive_variance(seed, evidence):
     """The predictive Student-t's variance, centre and df match a float64 sequential posterior.
@@ -340,6 +349,7 @@ def _normal_equations_f32(x, y, scale):
     return np.linalg.solve(chol.T, np.linalg.solve(chol, x.T @ y))
 
 
+@pytest.mark.claims("qr-stable-on-collinear-designs", "posterior-mean-by-qr")
 @pytest.mark.parametrize("rho", [1.0 - 1e-4, 1.0 - 1e-6])
 def test_nearly_collinear_design_is_solved_stably(rho, evidence):
     """On nearly collinear designs the float32 QR mean is within 20 cond(R) eps32 of float64.
@@ -382,6 +392,7 @@ COND_CASES = [  # (seed, n, d, rho, prior scale): the changed conditions
 ]
 
 
+@pytest.mark.claims("condition-numbers-reported")
 @pytest.mark.parametrize("seed,n,d,rho,scale", COND_CASES)
 def test_condition_numbers_are_those_of_x_and_of_r_not_lambda(seed, n, d, rho, scale, evidence):
     """condition_numbers reports cond(X) and cond(R), not cond(Lambda_n) = cond(R)^2.

@@ -82,6 +82,8 @@ def _oscillator(a_diag):
     return lambda q, data=None: -0.5 * jnp.sum(a_diag * q**2)
 
 
+@pytest.mark.claims("leapfrog-second-order-reversible", "leapfrog-kick-by-log-density-gradient")
+@pytest.mark.claims("leapfrog-returns-end-density")
 @pytest.mark.parametrize("inv_mass", [(1.0, 1.0, 1.0), (0.5, 2.0, 1.5)])
 def test_leapfrog_is_reversible_and_second_order(inv_mass, evidence):
     """Leapfrog's error against an oscillator's exact flow falls with slope 2 in the step, and it
@@ -120,6 +122,7 @@ def test_leapfrog_is_reversible_and_second_order(inv_mass, evidence):
     assert all(ok)
 
 
+@pytest.mark.claims("dual-averaging-step-size")
 @pytest.mark.parametrize("target", [0.8, 0.6])
 def test_dual_averaging_finds_the_step_for_the_target(target, evidence):
     """Dual averaging settles within 2% of the closed-form step for acceptance exp(-eps).
@@ -142,6 +145,7 @@ def test_dual_averaging_finds_the_step_for_the_target(target, evidence):
     )
 
 
+@pytest.mark.claims("dual-averaging-step-size")
 @pytest.mark.parametrize("step0", [1.0, 0.05])
 def test_dual_averaging_update_is_hoffman_gelman_algorithm_5(step0, evidence):
     """Every iterate of `dual_averaging_update` is Algorithm 5 of Hoffman & Gelman (2014),
@@ -214,6 +218,7 @@ def test_entropy_matches_scipy_on_both_signs_of_log_det(family, log_scale, dim, 
     )
 
 
+@pytest.mark.claims("windowed-mass-matrix")
 @pytest.mark.parametrize("offset", [0, 3])
 @pytest.mark.parametrize("n", [7, 20])
 def test_welford_window_matches_numpy_and_stan_shrinkage(n, offset, evidence):
@@ -267,6 +272,8 @@ def test_welford_window_matches_numpy_and_stan_shrinkage(n, offset, evidence):
     assert all(ok), [r for r in evidence.records[-4:] if not r["passed"]]
 
 
+@pytest.mark.claims("hmc-and-vi-match-exact-moments", "hmc-momentum-from-mass")
+@pytest.mark.claims("hmc-metropolis-accept")
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_hmc_moments_match_the_exact_posterior(name, problems, hmc_runs, evidence):
     """HMC means and covariances are within Z_LIMIT = 5.15 standard errors (over 64 chains) of
@@ -329,6 +336,7 @@ MASS_RATIO_RANGE = tuple(
 )  # (0.185, 4.20)
 
 
+@pytest.mark.claims("windowed-mass-matrix")
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_adapted_mass_matrix_is_the_posterior_variance(name, problems, hmc_runs, evidence):
     """Every chain's adapted inverse mass (a 75-draw window) is within MASS_RATIO_RANGE of the
@@ -356,6 +364,7 @@ def test_adapted_mass_matrix_is_the_posterior_variance(name, problems, hmc_runs,
     ), ratio
 
 
+@pytest.mark.claims("hmc-info-fields")
 def test_too_large_step_size_diverges(problems, hmc_runs, evidence):
     """At 3x the adapted step at least 10% of transitions diverge and are counted; at most one at
     1x.
@@ -405,6 +414,8 @@ def _flat_in_the_unit_box(q):
     return jnp.where(jnp.all(jnp.abs(q) < 1.0), jnp.float32(0.0), jnp.float32(-jnp.inf))
 
 
+@pytest.mark.claims("hmc-nonfinite-energy-rejected", "hmc-metropolis-accept", "hmc-info-fields")
+@pytest.mark.claims("leapfrog-returns-end-density")
 @pytest.mark.parametrize(
     ("z", "accepted"), [(5.0, False), (0.5, True)], ids=["leaves the box", "stays inside"]
 )
@@ -441,6 +452,7 @@ def test_hmc_step_never_accepts_a_zero_probability_proposal(z, accepted, evidenc
     ), observed
 
 
+@pytest.mark.claims("elbo-mc-mean-plus-entropy")
 @pytest.mark.parametrize("family", ["meanfield", "fullrank"])
 def test_elbo_estimator_matches_closed_form_on_a_gaussian(family, evidence):
     """The Monte-Carlo ELBO is within ELBO_Z_LIMIT = 4.06 standard errors of the exact -KL on a
@@ -478,6 +490,7 @@ def vi_fits(problems):
     return out
 
 
+@pytest.mark.claims("hmc-and-vi-match-exact-moments")
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_fullrank_vi_recovers_the_exact_posterior(name, vi_fits, problems, evidence):
     """Full-rank VI's mean is within 0.15 sd and variances within 15% of the exact posterior, KL
@@ -515,6 +528,7 @@ def test_fullrank_vi_recovers_the_exact_posterior(name, vi_fits, problems, evide
     assert ok, observed
 
 
+@pytest.mark.claims("meanfield-variance-loss")
 @pytest.mark.parametrize("name", ["correlated", "uncorrelated"])
 def test_meanfield_vi_loses_the_predicted_variance(name, vi_fits, problems, evidence):
     """Mean-field VI's variance ratios and KL gap match their Gaussian predictions, 2 designs.

@@ -78,6 +78,8 @@ def _cases(hmc_draws):
     }
 
 
+@pytest.mark.claims("diagnostics-equal-arviz", "basic-rhat-ddof-1", "ess-var-plus")
+@pytest.mark.claims("ess-stan-steps")
 def test_rhat_and_ess_match_arviz(hmc_draws, evidence):
     """R-hat, bulk-ESS and tail-ESS equal ArviZ's to 1e-9 on HMC, AR(1), shifted and heavy-tailed
     chains."""
@@ -97,6 +99,7 @@ def test_rhat_and_ess_match_arviz(hmc_draws, evidence):
     assert all(ok)
 
 
+@pytest.mark.claims("diagnostics-equal-arviz", "ess-stan-steps")
 @pytest.mark.parametrize(("chains", "n", "per_level"), [(4, 400, 50), (2, 1000, 40)])
 def test_tail_ess_counts_draws_tied_at_the_quantile(chains, n, per_level, evidence):
     """Tail-ESS equals ArviZ's to 1e-9 on draws with `per_level` ties at both quantiles.
@@ -129,6 +132,7 @@ AR1_ESS_DRAWS = (8, 100_000)
 RHAT_FLAG_DRAWS = (4, 5000)
 
 
+@pytest.mark.claims("ess-stan-steps")
 @pytest.mark.parametrize("phi", [0.5, 0.9])
 def test_ess_of_ar1_matches_its_closed_form(phi, evidence):
     """The ESS of the mean of AR(1) chains is within 15% of S (1 - phi) / (1 + phi), for phi 0.5 and
@@ -193,6 +197,7 @@ def test_mcse_of_the_mean_divides_by_the_ess_not_the_draws(phi, key, evidence):
     assert all(ok), mine
 
 
+@pytest.mark.claims("basic-rhat-ddof-1")
 def test_rhat_flags_chains_that_disagree(evidence):
     """R-hat is below 1.01 for agreeing chains and above it for a shifted, a wider or a trending
     chain.
@@ -230,6 +235,7 @@ def test_rhat_flags_chains_that_disagree(evidence):
 SBC_P_MIN = sidak_each(3)  # 3.3e-5
 
 
+@pytest.mark.claims("sbc-chi-square")
 def test_sbc_ranks_of_hmc_are_uniform(problem, evidence):
     """SBC ranks of the hand-built HMC pass a chi-square uniformity test (p >= SBC_P_MIN =
     3.3e-5 for each of the 3 parameters) over 200 data sets.
@@ -259,6 +265,7 @@ def test_sbc_ranks_of_hmc_are_uniform(problem, evidence):
     assert ok
 
 
+@pytest.mark.claims("sbc-chi-square")
 def test_sbc_rejects_a_miscalibrated_posterior(problem, evidence):
     """The SBC test passes exact posteriors under the right prior and rejects a b0 8x too large.
 
@@ -286,6 +293,7 @@ def test_sbc_rejects_a_miscalibrated_posterior(problem, evidence):
     assert ok
 
 
+@pytest.mark.claims("nuts-second-opinion")
 def test_nuts_second_opinion(problem, hmc_draws, evidence):
     """NumPyro NUTS matches the exact moments and HMC's means within NUTS_Z_LIMIT = 4.54 MCSEs,
     both with R-hat below 1.02.
@@ -327,6 +335,7 @@ def funnel_runs():
     }
 
 
+@pytest.mark.claims("funnel-flagged")
 def test_funnel_centered_is_flagged_noncentered_passes(funnel_runs, evidence):
     """The centered funnel diverges and is not trustworthy; the non-centered one is, recovering v ~
     N(0, 9) (mean and second moment within FUNNEL_Z_LIMIT = 4.06 MCSEs).
@@ -463,6 +472,7 @@ def test_diagnostics_refuse_what_they_cannot_judge():
         diagnostics.ess_tail(np.zeros(10))
 
 
+@pytest.mark.claims("ess-var-plus", "ess-stan-steps")
 @pytest.mark.parametrize("n", [401, 400])
 def test_split_halves_of_one_chain_match_arviz(n, evidence):
     """One AR(1) chain of odd and even length splits into its first and last halves (the middle
@@ -481,6 +491,7 @@ def test_split_halves_of_one_chain_match_arviz(n, evidence):
     )
 
 
+@pytest.mark.claims("ess-constant-draws")
 def test_constant_draws_have_the_full_sample_size():
     """Draws that never move give ESS = chains x n, for 3 x 5 and 1 x 8."""
     assert diagnostics.basic_ess(np.full((3, 5), 2.5)) == 15.0
@@ -499,6 +510,7 @@ def _chi_square_by_hand(ranks: list[int], num_ranks: int, num_bins: int):
     return float(result.statistic), num_bins - 1, float(result.pvalue), counts
 
 
+@pytest.mark.claims("sbc-chi-square")
 @pytest.mark.parametrize("num_bins", [None, 5, 2])
 def test_uniformity_test_equals_scipy_chisquare(num_bins):
     """The rank test's statistic, dof, p-value and counts equal SciPy's chisquare of hand-binned

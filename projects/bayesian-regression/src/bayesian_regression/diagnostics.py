@@ -103,6 +103,7 @@ def basic_rhat(draws: np.ndarray) -> float:
 
     W = mean of the chains' variances and B = n x variance of the chain means, both
     with `ddof=1` (the unbiased ones ArviZ uses; the tests compare to 1e-9).
+    [claim:basic-rhat-ddof-1]
     """
     # --- exercise stage 3: R-hat = sqrt(((n-1)/n W + B/n) / W), B = n Var(chain means). ---
     n = draws.shape[1]
@@ -139,13 +140,15 @@ def basic_ess(draws: np.ndarray) -> float:
 
     Stan's steps, each needed to match ArviZ to 1e-9:
         W = mean of `autocovariance` at lag 0 x n / (n - 1); var+ = W (n - 1) / n,
-            plus the variance of the chain means (ddof=1) when chains > 1
+            plus the variance of the chain means (ddof=1) [claim:ess-var-plus] when chains > 1
+            [claim:ess-between-term-only-with-chains]
         rho_t = 1 - (W - mean over chains of the lag-t autocovariance) / var+, rho_0 = 1
         Geyer's initial positive sequence over pairs (rho_{t+1}, rho_{t+2}), then the
             initial monotone sequence (no pair sum above the one before)
         tau = -1 + 2 sum of the kept rho + the last positive even term, floored at
-            1 / log10(S); ESS = S / tau with S = chains x n
+            1 / log10(S); ESS = S / tau with S = chains x n [claim:ess-stan-steps]
     Draws that are all equal carry no autocorrelation to estimate: their ESS is S.
+    [claim:ess-constant-draws]
     """
     chains, n = draws.shape
     if np.ptp(draws) == 0.0:

@@ -77,11 +77,14 @@ def leapfrog(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """`num_steps` leapfrog steps of `H(q, p) = -log p(q) + p^T M^{-1} p / 2` with
     `M^{-1} = diag(inv_mass)`. Returns `(position, momentum, log_density, grad)`.
+    [claim:leapfrog-second-order-reversible]
 
     `grad` is the gradient of the LOG DENSITY at `position` (not of H), passed in
-    so it is not recomputed: a kick is `p + step_size / 2 * grad`. Each step
+    so it is not recomputed: a kick is `p + step_size / 2 * grad`.
+    [claim:leapfrog-kick-by-log-density-gradient] Each step
     evaluates the density and its gradient once, at the new position; the
     returned `log_density` and `grad` are those at the returned position.
+    [claim:leapfrog-returns-end-density]
     """
 
     # --- exercise stage 2: Half kick, drift by inv_mass * p, half kick. ---
@@ -115,10 +118,13 @@ def hmc_step(
 
     Cases:
         momentum -> `z / sqrt(inv_mass)` (so p ~ N(0, M) with M = diag(1 / inv_mass))
+            [claim:hmc-momentum-from-mass]
         energy change dH = H(end) - H(start), H = -log p(q) + sum(inv_mass p^2) / 2;
-            a non-finite dH -> +inf (always rejected)
+            a non-finite dH -> +inf (always rejected) [claim:hmc-nonfinite-energy-rejected]
         accept when `u < min(1, exp(-dH))`; rejected -> the old state, unchanged
+            [claim:hmc-metropolis-accept]
         `HMCInfo(accept_prob, is_divergent = dH > MAX_ENERGY_ERROR, energy_change = dH)`
+            [claim:hmc-info-fields]
     """
     # --- exercise stage 2: p ~ N(0, M), leapfrog, accept w.p. min(1, exp(-dH)). ---
     z, u = noise

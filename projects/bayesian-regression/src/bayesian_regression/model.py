@@ -127,13 +127,18 @@ def exact_posterior(x: jax.Array, y: jax.Array, prior: Prior) -> Posterior:
 
     Raises `DataError` for a design or targets of the wrong shape or dtype, empty
     or holding NaN or inf; `ModelError` for a prior that does not fit them.
+    [claim:exact-posterior-refuses-bad-input]
 
     With `A = [X; I/s]` and `b = [y; m0/s]` (the prior MEAN enters the augmented
-    targets; a nonzero `prior.mean` shifts m_n) and `A = Q R` (reduced QR):
+    targets; a nonzero `prior.mean` shifts m_n) [claim:prior-mean-in-augmented-targets]
+    and `A = Q R` (reduced QR):
         mean  m_n = R^{-1} Q^T b (a triangular solve, never the normal equations)
+            [claim:posterior-mean-by-qr]
         chol  R itself (Lambda_n = R^T R; its diagonal may be negative)
-        shape a_n = a0 + n/2, in x's dtype
+            [claim:posterior-chol-is-r]
+        shape a_n = a0 + n/2, in x's dtype [claim:posterior-shape]
         rate  b_n = b0 + |b - A m_n|^2 / 2 (the residual of the augmented system)
+            [claim:posterior-rate]
     """
     x, y = check_data(x, y)
     check_prior(prior, x.shape[1])
@@ -179,7 +184,8 @@ def moments(post: Posterior) -> Moments:
 
 def predictive(post: Posterior, x_new: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Posterior predictive of `y` at rows `x_new` (shape `(m, d)`): Student-t with
-    `(df, loc, scale)`, `scale^2 = (b_n / a_n) (1 + x Lambda_n^{-1} x^T)`."""
+    `(df, loc, scale)`, `scale^2 = (b_n / a_n) (1 + x Lambda_n^{-1} x^T)`.
+    [claim:predictive-student-t]"""
     x_new = jnp.asarray(check_array(x_new, "x_new", ndim=2, floating=True))
     check_posterior(post, x_new.shape[1])
     # --- exercise stage 1: Student-t: df 2 a_n, loc x m_n, scale from x Lambda_n^-1 x^T. ---
@@ -217,7 +223,8 @@ def log_joint(theta: jax.Array, x: jax.Array, y: jax.Array, prior: Prior) -> jax
     The sum of: `log N(y | X w, sigma^2 I)`; `log N(w | m0, sigma^2 s^2 I)` (the
     prior variance scales with sigma^2); `log InvGamma(sigma^2 | a0, b0)`; and
     `log sigma^2`, the Jacobian of sampling `log sigma^2` instead of sigma^2
-    (`_log_inv_gamma_of_log` holds the last two). Normalized: every constant kept.
+    (`_log_inv_gamma_of_log` holds the last two). [claim:log-joint-terms]
+    Normalized: every constant kept. [claim:log-joint-normalized]
     """
     x, y = check_data(x, y)
     theta = jnp.asarray(check_array(theta, "theta", shape=(x.shape[1] + 1,), floating=True))

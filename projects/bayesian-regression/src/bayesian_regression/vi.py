@@ -103,6 +103,7 @@ def elbo(
     `eps = jax.random.normal(key, (num_mc, d))` (the key used once), draws
     `sample_q(params, eps)`; returns the mean of `logdensity_fn(theta, data)` over
     the draws plus the closed-form `entropy(params)` (not a Monte-Carlo one).
+    [claim:elbo-mc-mean-plus-entropy]
     """
     check_params(params)
     check_count(num_mc, "num_mc")

@@ -67,6 +67,7 @@ def _np_tdep(theta, load):
     return lambda t, y: np.array([theta[0] * np.cos(t) - y[1] + load, -theta[1] * y[1] + t**2])
 
 
+@pytest.mark.claims("rk4-stage-times", "rk4-load-to-every-stage", "rk4-weighted-sum")
 @settings(max_examples=30, derandomize=True, deadline=None, database=None)
 @given(
     t=st.floats(-3.0, 3.0),
@@ -91,6 +92,7 @@ def test_rk4_step_equals_a_numpy_rk4_on_a_time_dependent_system(t, dt, y, theta,
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.claims("batched-rk4-scan", "rk4-stage-times")
 def test_simulate_threads_time_through_the_scan():
     """`simulate` on the time-dependent system equals a NumPy RK4 loop at t = i dt."""
     theta = np.array([[1.5, 0.5], [0.3, 2.0]])
@@ -175,6 +177,7 @@ def test_the_state_budget_boundary(monkeypatch):
 # THE STAGE'S CLAIMS ------------------------------------------------------------
 
 
+@pytest.mark.claims("batched-rk4-scan")
 @pytest.mark.parametrize("batch", [1, 3, 7])
 def test_axis_contract_batch_time_state(batch, evidence):
     """Runs are (batch, steps + 1, 2) from y0, equal to one-by-one and reversed runs."""
@@ -204,6 +207,7 @@ def test_axis_contract_batch_time_state(batch, evidence):
     )
 
 
+@pytest.mark.claims("rk4-fitted-order-four")
 @pytest.mark.parametrize(("batch", "t_end", "seed"), [(3, 10.0, 0), (5, 4.0, 1)])
 def test_rk4_matches_exact_solution_at_order_four(batch, t_end, seed, evidence):
     """RK4's error against the exact oscillator falls at fitted order 4 +- 0.3, 2 batches.
@@ -229,6 +233,7 @@ def test_rk4_matches_exact_solution_at_order_four(batch, t_end, seed, evidence):
     ), study
 
 
+@pytest.mark.claims("rk4-fitted-order-four")
 def test_rk4_error_study_errors_and_slope_recomputed_against_scipy(evidence):
     """Each error rk4_error_study reports is max |RK4 - DOP853| to 1e-2; its slope is the fit.
 
@@ -284,6 +289,7 @@ def test_rk4_error_study_errors_and_slope_recomputed_against_scipy(evidence):
     assert 3.5 <= study["observed_order"] <= 4.5, observed
 
 
+@pytest.mark.claims("rk4-load-to-every-stage")
 @pytest.mark.parametrize("load", [0.0, 1.5])
 def test_loaded_oscillator_divides_the_load_by_the_mass(load, evidence):
     """A constant load enters as a force F0 / m: RK4 matches SciPy's DOP853 to 1e-7, m = 1 and not.
@@ -331,6 +337,7 @@ def _pendulum_reference(theta: np.ndarray, y0: np.ndarray, ts: np.ndarray) -> np
     return np.stack(out)
 
 
+@pytest.mark.claims("rk4-fitted-order-four")
 @pytest.mark.parametrize("amplitude", [0.1, 2.5])
 def test_pendulum_matches_scipy_at_order_four(amplitude, evidence):
     """RK4's pendulum error against SciPy has order 4 +- 0.3 and energy drift < 1e-7."""
@@ -379,6 +386,7 @@ def test_same_inputs_give_the_same_bits(evidence):
     )
 
 
+@pytest.mark.claims("bad-input-parameter-error")
 @pytest.mark.parametrize(
     ("theta", "y0", "t_end", "dt", "match"),
     [
@@ -398,6 +406,7 @@ def test_bad_input_is_refused_with_a_clear_error(theta, y0, t_end, dt, match):
         simulate(OSCILLATOR, np.array(theta), np.array(y0), t_end, dt)
 
 
+@pytest.mark.claims("bad-input-parameter-error")
 def test_cli_simulate_and_its_errors(evidence, tmp_path):
     """The simulate CLI prints the (2, 101, 2) axes and a PNG; a bad mass or dt exits 2."""
     runner = CliRunner()

@@ -114,6 +114,7 @@ def test_unevenly_spaced_observations_are_refused():
 # THE STAGE'S CLAIMS ------------------------------------------------------------
 
 
+@pytest.mark.claims("discrete-derivative-checked", "fd-central-per-parameter", "fd-equals-autodiff")
 @pytest.mark.parametrize("dt", [0.05, 0.0125])
 @pytest.mark.parametrize("system", ["oscillator", "pendulum"])
 def test_discrete_derivative_equals_finite_differences(system, dt, evidence):
@@ -131,6 +132,7 @@ def test_discrete_derivative_equals_finite_differences(system, dt, evidence):
     ), rel
 
 
+@pytest.mark.claims("discrete-derivative-checked", "sensitivity-state-layout", "sensitivity-rhs")
 def test_two_continuous_references_agree(evidence):
     """The exact-solution and SciPy forward-sensitivity gradients agree to 1e-8."""
     exact = S.exact_grad(*ARGS[1:])
@@ -145,6 +147,7 @@ def test_two_continuous_references_agree(evidence):
     )
 
 
+@pytest.mark.claims("discrete-derivative-checked", "sensitivity-rhs")
 @pytest.mark.parametrize("system", ["oscillator", "pendulum"])
 def test_discrete_derivative_converges_to_continuous_at_order_four(system, evidence):
     """The discrete gradient's gap to the continuous one falls at order 4 +- 0.4."""
@@ -169,6 +172,7 @@ def test_discrete_derivative_converges_to_continuous_at_order_four(system, evide
     ), observed
 
 
+@pytest.mark.claims("diffrax-adjoints-agree")
 @pytest.mark.parametrize("rtol", [1e-7, 1e-10])
 def test_diffrax_adjoints_agree_with_each_other_and_the_reference(rtol, evidence):
     """Diffrax's two adjoint gradients agree with the exact one and each other to 100 rtol.
@@ -194,6 +198,7 @@ def test_diffrax_adjoints_agree_with_each_other_and_the_reference(rtol, evidence
     ), observed
 
 
+@pytest.mark.claims("diffrax-adjoints-agree")
 @pytest.mark.parametrize("rtol", [1e-4, 1e-6])
 def test_recursive_is_the_discrete_derivative_and_backsolve_is_not(rtol, evidence):
     """RecursiveCheckpoint equals forward mode to 1e-12; Backsolve differs by >= 1e-2 rtol.

@@ -107,6 +107,8 @@ def _fits(seed: int, s: int = 3, n: int = 9) -> train.FitBatch:
 ROW_RTOL = 1e-12
 
 
+@pytest.mark.claims("laplace-covariance-and-t-intervals", "laplace-own-n-per-row")
+@pytest.mark.claims("laplace-two-sided-quantile", "laplace-sigma", "laplace-equals-row-reference")
 @settings(max_examples=15, derandomize=True, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31), confidence=st.sampled_from([0.5, 0.8, 0.95, 0.99]))
 def test_laplace_against_a_row_by_row_reference(seed, confidence):
@@ -153,6 +155,7 @@ def laplace_against_rows(lap: train.Laplace, fits: train.FitBatch, confidence: f
     return out
 
 
+@pytest.mark.claims("laplace-coverage-reported")
 def test_coverage_summary_counts_each_parameter_over_seeds():
     """coverage_summary's counts and statistics equal hand counts; an interval end covers.
 
@@ -187,6 +190,7 @@ def test_coverage_summary_counts_each_parameter_over_seeds():
 _COVERAGE_BAND_SE = 3
 
 
+@pytest.mark.claims("laplace-coverage-reported")
 @pytest.mark.parametrize(
     ("nominal", "seeds"),
     [(0.95, 400), (0.95, 1000), (0.9, 250), (0.8, 200), (0.68, 150), (0.99, 2000)],
@@ -308,6 +312,7 @@ def _fd_fisher(theta, ts, y0, noise, free, load=0.0, h=1e-6):
     return jac.T @ jac / noise**2
 
 
+@pytest.mark.claims("identifiability-studied")
 @pytest.mark.parametrize(
     ("free", "load"), [(("c", "k"), 0.0), (("m", "c", "k"), 1.0), (("k",), 0.5)]
 )
@@ -367,6 +372,7 @@ def study(tmp_path_factory):
     return result, workdir
 
 
+@pytest.mark.claims("batched-lm-fit")
 def test_parameters_recovered_within_their_standard_errors(study, evidence):
     """The estimate is within 4.9 se of the truth; mean se is 0.59-2.49x the seeds' spread.
 
@@ -462,6 +468,7 @@ def heldout_rmse_truth_limit(config: Config) -> float:
     return config.noise_std * math.sqrt(2 * mu_max * math.log(1 / SIZE) / n_held)
 
 
+@pytest.mark.claims("error-budget-kept-apart")
 def test_error_budget_is_kept_apart(study, evidence):
     """Solver bias is in (0, 0.1) se; held-out RMSE is small vs truth, ~noise vs data.
 
@@ -504,6 +511,7 @@ def test_error_budget_is_kept_apart(study, evidence):
     ), observed
 
 
+@pytest.mark.claims("estimate-converges-order-four")
 def test_estimate_converges_under_grid_refinement(study, evidence):
     """The RK4 estimate's gap to the exact-model one falls at order 4 +- 0.4, below 1e-6.
 
@@ -528,6 +536,7 @@ def test_estimate_converges_under_grid_refinement(study, evidence):
     ), conv
 
 
+@pytest.mark.claims("identifiability-studied")
 def test_profiles_agree_with_laplace_in_the_long_window(study, evidence):
     """Profile interval ends of c and k lie within 10% of the Laplace width of its ends.
 
@@ -549,6 +558,7 @@ def test_profiles_agree_with_laplace_in_the_long_window(study, evidence):
         )
 
 
+@pytest.mark.claims("identifiability-studied")
 def test_short_window_is_weakly_identifiable(study, evidence):
     """A short window gives > 3x the se and > 5x the condition number; velocity helps.
 
@@ -588,6 +598,7 @@ def test_short_window_is_weakly_identifiable(study, evidence):
     ), observed
 
 
+@pytest.mark.claims("identifiability-studied")
 def test_mass_scaling_is_unidentifiable_without_a_known_force(study, evidence):
     """With m, c, k free the Fisher is singular along (1, 1, 1); a known load fixes it."""
     fisher = study[0]["fisher"]
@@ -610,6 +621,7 @@ def test_mass_scaling_is_unidentifiable_without_a_known_force(study, evidence):
     )
 
 
+@pytest.mark.claims("laplace-coverage-reported")
 def test_interval_coverage_near_nominal(study, evidence):
     """Laplace interval coverage over 24 seeds is at least 16 of 24 for c and for k.
 
@@ -660,6 +672,7 @@ def linear_model_intervals(laplace, confidence: float, seed: int) -> tuple[np.nd
     return content, covered
 
 
+@pytest.mark.claims("laplace-covariance-and-t-intervals", "laplace-two-sided-quantile")
 @pytest.mark.parametrize("confidence", [0.8, 0.95])
 def test_laplace_interval_holds_its_nominal_probability(evidence, confidence):
     """On a linear model laplace's interval has t content equal to its level and covers at it.
@@ -720,6 +733,7 @@ def test_report_verdicts_follow_their_figures(study):
     assert report.short_window_verdict(6.0, 5.0).startswith("**Not even")
 
 
+@pytest.mark.claims("missing-observations-masked")
 def test_missing_observations_are_masked_not_propagated(study, evidence):
     """NaN positions fit exactly like held-out ones (1e-12); all-NaN data is refused."""
     key = jax.random.key(11)

@@ -80,6 +80,7 @@ def _rmse(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sqrt(np.mean((a - b) ** 2)))
 
 
+@pytest.mark.claims("error-budget-kept-apart")
 @pytest.mark.parametrize(("seed", "heldout_fraction"), [(0, 0.2), (1, 0.2), (2, 0.35)])
 def test_prediction_error_is_measured_on_the_heldout_times(evidence, seed, heldout_fraction):
     """The held-out RMSEs equal a NumPy RK4 re-simulation's RMSE on the recorded held-out times.

@@ -148,10 +148,11 @@ def finite_difference_grad(
 
     Cases:
       parameter j -> step `h = rel_step * max(1, |theta[j]|)` (a zero parameter
-        still gets a step), `(L(theta + h e_j) - L(theta - h e_j)) / (2 h)` with the
-        other parameters unchanged, on copies (`theta` itself is not modified).
+        still gets a step) [claim:fd-step-floor], `(L(theta + h e_j) - L(theta - h e_j)) / (2 h)`
+        with the other parameters unchanged [claim:fd-central-per-parameter], on copies
+        (`theta` itself is not modified). [claim:fd-theta-not-modified]
       the result -> equals autodiff through the scan to 1e-7 of the gradient's
-        largest entry, for both systems and two step sizes.
+        largest entry, for both systems and two step sizes. [claim:fd-equals-autodiff]
     """
     theta = np.asarray(theta, dtype=np.float64)
     grad = np.zeros_like(theta)
@@ -222,13 +223,17 @@ def forward_sensitivity_grad(
     Layout of the augmented state `z` (`rhs` must read and return it this way):
       `z[:2]` -> `y`; `z[2:]` -> `S.ravel()` with `S` of shape `(2, P)` in row-major
         order, so `z[2:2 + P]` is `dx/dtheta`, the row the gradient reads.
+        [claim:sensitivity-state-layout]
       `rhs(t, z)` -> `concatenate([f(y), (df/dy @ S + df/dtheta).ravel()])`, same
         layout; the result agrees with the exact-solution gradient to 1e-8.
+        [claim:sensitivity-rhs]
     """
     theta, y0, ts, data = check_problem(system, theta, y0, ts, data)
     p = theta.shape[0]
 
     def rhs(t: float, z: np.ndarray) -> np.ndarray:
+        """`dz/dt` in the layout above: `f(y)`, then `df/dy @ S + df/dtheta`.
+        [claim:sensitivity-rhs]"""
         del t
         # --- exercise stage 2: The state's rhs, then dS/dt = df/dy S + df/dtheta. ---
         y, s = z[:2], z[2:].reshape(2, p)

@@ -59,9 +59,11 @@ def rk4_step(
     Cases:
       stage times -> k1 at `t`, k2 and k3 at `t + dt / 2`, k4 at `t + dt`; the tests
         step a time-dependent rhs, so the time argument of each stage is checked.
+        [claim:rk4-stage-times]
       each stage -> `system.rhs(time, state, theta, load)`, the load passed to all four.
+        [claim:rk4-load-to-every-stage]
       result -> `y + dt / 6 (k1 + 2 k2 + 2 k3 + k4)`, equal to a NumPy RK4 step to
-        1e-13 in float64.
+        1e-13 in float64. [claim:rk4-weighted-sum]
     """
     # --- exercise stage 1: The four stages of classical RK4 and their 1-2-2-1 weighted sum. ---
     f = system.rhs

@@ -215,16 +215,17 @@ class Laplace(NamedTuple):
 def laplace(fits: FitBatch, confidence: float) -> Laplace:
     """Gaussian (Laplace) approximation at the estimate: `cov = s^2 (J^T J)^-1` with
     `s^2 = RSS / (n - 2)`; intervals `theta +- t_{n-2} se` (Student t, because s
-    is estimated from the same residuals).
+    is estimated from the same residuals). [claim:laplace-covariance-and-t-intervals]
 
     Cases:
       a batch of S fits -> every row uses its own `n` (rows may differ) for both
-        `s^2` and the degrees of freedom `n - 2` of its quantile.
+        `s^2` and the degrees of freedom `n - 2` of its quantile. [claim:laplace-own-n-per-row]
       `confidence` -> two-sided: `q = t.ppf((1 + confidence) / 2, n - 2)`; the
         one-sided `t.ppf(confidence, ...)` gives too short an interval and fails.
-      `sigma` -> `sqrt(s^2)`, the estimated noise standard deviation.
+        [claim:laplace-two-sided-quantile]
+      `sigma` -> `sqrt(s^2)`, the estimated noise standard deviation. [claim:laplace-sigma]
       everything -> equal to a row-by-row `numpy.linalg.inv` and `scipy.stats.t`
-        reference to 1e-12.
+        reference to 1e-12. [claim:laplace-equals-row-reference]
     """
     # --- exercise stage 3: Covariance s^2 (J^T J)^-1 and two-sided Student-t intervals. ---
     sigma2 = fits.rss / (fits.n - 2)

@@ -54,6 +54,7 @@ def untrained(arch, seed=1):
     return net
 
 
+@pytest.mark.claims("weight-map-is-data")
 @pytest.mark.parametrize("which", ["trained", "other-arch"])
 def test_every_source_consumed_once_every_target_filled(evidence, torch_source, which):
     """The map consumes every state_dict key once and fills every NNX parameter in shape and dtype,
@@ -78,6 +79,8 @@ def test_every_source_consumed_once_every_target_filled(evidence, torch_source, 
     ), problems
 
 
+@pytest.mark.claims("layout-transforms", "t-linear-transpose", "t-conv-oihw-to-hwio")
+@pytest.mark.claims("t-fc1-nchw-rows", "t-qkv-kernel-split", "t-qkv-bias-split", "t-attn-out-heads")
 @pytest.mark.parametrize("arch", [Arch(), OTHER], ids=["default", "other-arch"])
 def test_layout_transforms_match_torch_ops(evidence, arch):
     """Each converted layer, applied by einsum, matches PyTorch's own op within 1e-5, for 2
@@ -134,6 +137,7 @@ def test_layout_transforms_match_torch_ops(evidence, arch):
 LOGIT_TOLERANCE = 1e-4
 
 
+@pytest.mark.claims("weight-map-is-data", "layout-transforms")
 def test_converted_model_reproduces_torch_logits(evidence, torch_source, split, elementwise_excess):
     """The converted NNX model's held-out logits are within 1e-4 (x the backend's elementwise
     excess) of PyTorch's, with identical predictions."""
@@ -160,6 +164,7 @@ def test_converted_model_reproduces_torch_logits(evidence, torch_source, split, 
     )
 
 
+@pytest.mark.claims("tied-weights-once")
 def test_tied_weights_consumed_once_with_or_without_the_alias(evidence, torch_source, tmp_path):
     """The tied head becomes one class embedding with or without its alias; differing copies are
     refused."""
@@ -190,6 +195,7 @@ def test_tied_weights_consumed_once_with_or_without_the_alias(evidence, torch_so
         convert(torch_map(arch), differing, arch, spec)
 
 
+@pytest.mark.claims("tied-weights-once")
 @pytest.mark.parametrize(
     ("which", "copy", "where", "direction"),
     [
@@ -236,6 +242,7 @@ def test_tied_copies_one_ulp_apart_are_refused(
     )
 
 
+@pytest.mark.claims("names-checked-before-data")
 def test_bad_names_are_reported_by_name(evidence, torch_source):
     """A renamed, missing or extra tensor, or another architecture's state_dict, is refused naming
     every bad key."""
@@ -322,6 +329,7 @@ def test_conversion_is_deterministic(evidence, torch_source):
     )
 
 
+@pytest.mark.claims("weight-map-is-data")
 def test_keras_map(evidence, keras_source, split, elementwise_excess):
     """The Keras map names check clean, and the converted model's logits are within 1e-4 (x the
     backend's elementwise excess) of Keras's own."""
@@ -364,6 +372,10 @@ def test_tensorflow_savedmodel_input(keras_source, tmp_path):
         assert any(x.shape == array.shape and np.array_equal(x, array) for x in loaded)
 
 
+@pytest.mark.claims("names-checked-before-data", "check-names-order-and-wording")
+@pytest.mark.claims("check-names-multiple-consumers", "check-names-missing-source")
+@pytest.mark.claims("check-names-unexpected-source", "check-names-rename-hint")
+@pytest.mark.claims("check-names-fill-count", "check-names-not-a-parameter")
 def test_map_errors_are_named_one_by_one(torch_source):
     """check_names names each map and source name error, word for word and in order, nothing else.
 
@@ -405,6 +417,8 @@ def test_map_errors_are_named_one_by_one(torch_source):
     ]
 
 
+@pytest.mark.claims("tied-weights-once", "check-names-tie-needs-one-name")
+@pytest.mark.claims("check-names-missing-source")
 @pytest.mark.parametrize(
     "kept",
     [("class_embed.weight", "head.weight"), ("class_embed.weight",), ("head.weight",), ()],

@@ -35,6 +35,7 @@ N_IMAGES = 96  # held-out images per parity run
 OTHER = Arch(channels=8, heads=4, conv2_channels=4, hidden=32)
 
 
+@pytest.mark.claims("dtype-reduction-tolerance", "tolerance-formula")
 @pytest.mark.parametrize("k", [16, 256, 4096])
 def test_tolerance_bounds_float32_rounding(evidence, k):
     """float32 matmul errors against float64 stay under eps x K x scale, for K = 16 to 4096."""
@@ -57,6 +58,7 @@ def test_tolerance_bounds_float32_rounding(evidence, k):
     )
 
 
+@pytest.mark.claims("dtype-reduction-tolerance", "tolerance-formula", "tolerance-scale-floor")
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("k", [1, 7, 4096])
 @pytest.mark.parametrize("scale", [0.0, 1e-300, 0.5, 37.25])
@@ -72,6 +74,7 @@ def test_tolerance_is_eps_times_length_times_scale(dtype, k, scale):
     assert tolerance(np.dtype(dtype), k, scale) > 0
 
 
+@pytest.mark.claims("dtype-reduction-tolerance")
 def test_reduction_lengths_and_layouts_follow_the_torch_modules(torch_source):
     """Each layer's reduction length, layout and order match the PyTorch modules and hooks.
 
@@ -140,6 +143,8 @@ def _synthetic_taps(rng, layouts, scales, factors, reductions, dtype, source_lay
     return src, tgt, expected
 
 
+@pytest.mark.claims("compare-cumulative-reduction", "compare-aligns-torch-maps")
+@pytest.mark.claims("compare-error-and-scale", "compare-first-disagreement-only")
 @settings(max_examples=60, derandomize=True, deadline=None, database=None)
 @given(
     layouts=st.lists(st.sampled_from(sorted(SHAPES)), min_size=1, max_size=5),
@@ -182,6 +187,7 @@ def test_compare_against_a_python_reference(layouts, dtype, source_layout, data)
     assert report.to_dict()["first_disagreement"] == first
 
 
+@pytest.mark.claims("compare-boundary-agrees")
 @pytest.mark.parametrize("over", [False, True], ids=["at-the-tolerance", "one-ulp-beyond"])
 def test_an_error_equal_to_the_tolerance_agrees(over):
     """The boundary itself: an error exactly at the tolerance agrees, the next
@@ -200,6 +206,7 @@ def test_an_error_equal_to_the_tolerance_agrees(over):
     assert (row.ratio > 1.0) is over
 
 
+@pytest.mark.claims("compare-refuses-shape-mismatch")
 def test_compare_refuses_taps_of_different_shapes():
     """compare refuses taps whose shapes differ after NCHW-to-NHWC alignment, naming both, and
     accepts equal ones."""
@@ -211,6 +218,7 @@ def test_compare_refuses_taps_of_different_shapes():
     assert report.first_disagreement is None
 
 
+@pytest.mark.claims("first-disagreement-named")
 def test_clean_conversion_agrees_at_every_layer(evidence, torch_source, split, elementwise_excess):
     """The clean float32 conversion is within tolerance (x the backend's elementwise excess) of
     PyTorch at every tapped layer on held-out images."""
@@ -229,6 +237,7 @@ def test_clean_conversion_agrees_at_every_layer(evidence, torch_source, split, e
     )
 
 
+@pytest.mark.claims("first-disagreement-named", "injected-faults-located")
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_fault_is_located_at_its_layer(evidence, torch_source, split, fault, elementwise_excess):
     """Each injected conversion fault is located at the layer it was introduced in, every earlier
@@ -259,6 +268,7 @@ def test_fault_is_located_at_its_layer(evidence, torch_source, split, fault, ele
     )
 
 
+@pytest.mark.claims("first-disagreement-named")
 def test_parity_refuses_a_transposed_square_weight(
     evidence, torch_source, split, elementwise_excess
 ):
@@ -329,6 +339,7 @@ def test_float64_brings_the_clean_model_to_about_1e_12(evidence, torch_source, s
     assert located == "bn1"
 
 
+@pytest.mark.claims("first-disagreement-named")
 def test_keras_source_agrees_at_every_layer(evidence, keras_source, split, elementwise_excess):
     """The Keras conversion agrees at every layer (tolerances x the backend's elementwise excess);
     built with PyTorch's BatchNorm epsilon it disagrees first at bn1."""

@@ -48,6 +48,7 @@ def read_all(path: Path) -> dict[str, np.ndarray]:
         return {k: f.get_tensor(k) for k in f.keys()}
 
 
+@pytest.mark.claims("streamed-conversion", "stream-data-order")
 @pytest.mark.parametrize(
     ("arch", "dtype"),
     [(Arch(), np.float32), (OTHER, np.float64)],
@@ -150,6 +151,7 @@ def test_describe_damage_names_what_is_cut_off(tmp_path, blob, expected):
     assert streaming.describe_damage(tmp_path / "absent").startswith("the header cannot be read (")
 
 
+@pytest.mark.claims("stream-header-order", "stream-progress")
 @pytest.mark.parametrize(
     ("arch", "dtype"), [(Arch(), np.float32), (OTHER, np.float64), (Arch(), np.float16)]
 )
@@ -239,6 +241,8 @@ def run_dir(tmp_path_factory, torch_source):
     return path
 
 
+@pytest.mark.claims("reload-in-fresh-process", "reload-check-both-artifacts")
+@pytest.mark.claims("reload-result-fields")
 def test_reload_in_a_fresh_process(evidence, run_dir):
     """A fresh-process reload of both formats gives logits within the bound and the source's
     predictions and accuracy."""
@@ -272,6 +276,7 @@ def test_reload_in_a_fresh_process(evidence, run_dir):
         )
 
 
+@pytest.mark.claims("reload-in-fresh-process")
 def test_safetensors_and_orbax_reload_the_same_bits(evidence, run_dir):
     """The safetensors and Orbax artifacts reload to bit-equal arrays."""
     arch = Arch()
@@ -306,6 +311,7 @@ def _peak(mode: str, src: Path, dst: Path, layers: int, width: int) -> int:
     return json.loads(done.stdout.strip().splitlines()[-1])["added_bytes"]
 
 
+@pytest.mark.claims("streamed-conversion", "stream-one-rule-at-a-time")
 def test_streaming_holds_one_tensor_not_the_whole_source(evidence, tmp_path):
     """Streaming adds under half the source's size to peak RSS, and under half of what eager
     adds."""
@@ -459,6 +465,7 @@ def test_damaged_run_files_are_refused_by_name(evidence, run_dir, tmp_path, comm
     ), result.output
 
 
+@pytest.mark.claims("reload-passed-rule")
 def test_reload_fails_a_transposed_square_kernel(evidence, run_dir, tmp_path):
     """The reload check fails (exit 1) a transposed square fc2 kernel; the intact Orbax passes.
 
@@ -492,6 +499,7 @@ def _transpose_orbax_fc2(folder: Path, arch: Arch) -> None:
     checkpoint.save_orbax(damaged, folder)
 
 
+@pytest.mark.claims("reload-passed-needs-both")
 @pytest.mark.parametrize(
     "damaged",
     [(), ("orbax",), ("safetensors",), ("safetensors", "orbax")],
@@ -670,6 +678,7 @@ def test_orbax_digests_cover_the_nested_array_files(evidence, tmp_path):
     )
 
 
+@pytest.mark.claims("reload-bound-alone-fails", "reload-passed-rule")
 @pytest.mark.parametrize("shift", [0.0, 0.05], ids=["reference-as-saved", "reference-shifted"])
 def test_reload_check_needs_both_the_bound_and_the_predictions(run_dir, tmp_path, shift):
     """reload_check fails both artifacts on the bound alone when every reference logit moves 0.05.
@@ -756,6 +765,7 @@ def _untrained_run(folder: Path, arch: Arch, seed: int, test_fraction: float = 0
     return sources.torch_logits(net, data.nchw(split.test_images)).astype(np.float32)
 
 
+@pytest.mark.claims("reload-passed-rule")
 @pytest.mark.parametrize(
     ("arch", "total", "widest"), BOUND_ARCHS, ids=["default", "other", "wide-conv2", "wide-fc2"]
 )
@@ -830,6 +840,7 @@ def test_reload_bound_is_the_whole_networks_float32_rounding(
         ), observed
 
 
+@pytest.mark.claims("reload-passed-rule")
 @pytest.mark.parametrize(
     ("test_fraction", "held_out"), [(0.05, 90), (0.5, 899)], ids=["90-held-out", "899-held-out"]
 )

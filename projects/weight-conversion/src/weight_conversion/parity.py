@@ -63,9 +63,10 @@ def tolerance(dtype: np.dtype, cumulative_reduction: int, scale: float) -> float
     produced through `cumulative_reduction` summed terms in `dtype`.
 
     `eps(dtype) * cumulative_reduction * max(scale, tiny(dtype))`: eps of the
-    compared dtype (float16, float32 or float64, never float64's for all), and a
+    compared dtype (float16, float32 or float64, never float64's for all)
+    [claim:tolerance-formula], and a
     zero or denormal scale floored at the dtype's smallest normal number, so an
-    all-zero layer still gets a bound above 0.
+    all-zero layer still gets a bound above 0. [claim:tolerance-scale-floor]
     """
     # --- exercise stage 2: eps(dtype) times the reduction length times the scale. ---
     eps = float(np.finfo(np.dtype(dtype)).eps)
@@ -94,12 +95,16 @@ def compare(
     Cases, per layer in `layer_list` order:
         reduction -> CUMULATIVE: the sum of `layer.reduction` over this layer and
             every one before it (errors compound through the network)
+            [claim:compare-cumulative-reduction]
         a `torch` source tap of a `map` layer -> NCHW transposed to NHWC first
+            [claim:compare-aligns-torch-maps]
         shapes still differ -> `ValueError("Layer `<name>`: source output <shape> vs
-            target <shape>.")`
+            target <shape>.")` [claim:compare-refuses-shape-mismatch]
         error = max |target - source|, scale = max |source|, each a Python float
-        error == tolerance -> agrees (`<=`); only the first layer beyond it is named,
-            later layers are still measured and reported
+            [claim:compare-error-and-scale]
+        error == tolerance -> agrees (`<=`) [claim:compare-boundary-agrees]; only the first
+            layer beyond it is named, later layers are still measured and reported
+            [claim:compare-first-disagreement-only]
     """
     results: list[LayerResult] = []
     first = None

@@ -204,12 +204,15 @@ def reload_check(run_dir: str | Path) -> dict:
     """Reloads the converted weights (safetensors and Orbax), recomputes the
     held-out logits and compares them with the source model's saved logits:
     within the float32 tolerance of the whole network, identical predictions.
+    [claim:reload-check-both-artifacts]
 
     Cases: the region fills `result["safetensors"]` and `result["orbax"]`, each
     `{"max_abs_logit_error": float, "identical_predictions": count of equal argmaxes,
     "accuracy": against the held-out labels, "passed": error <= bound AND every
-    prediction identical}` (an error exactly at the bound passes; a shift within
-    the argmax but beyond the bound fails), and `result["passed"]`: both passed.
+    prediction identical}` [claim:reload-result-fields] [claim:reload-passed-rule] (an
+    error exactly at the bound passes [claim:reload-error-at-bound-passes]; a shift within
+    the argmax but beyond the bound fails [claim:reload-bound-alone-fails]), and
+    `result["passed"]`: both passed. [claim:reload-passed-needs-both]
     """
     run_dir = Path(run_dir)
     config = read_config(run_dir)

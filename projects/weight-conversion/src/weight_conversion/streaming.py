@@ -137,10 +137,13 @@ def convert_file(
     `dst` (an NNX safetensors file). Peak memory: about one rule's tensors.
 
     The header (written first) lists the targets rule by rule, each rule's in
-    `rule.targets` order; the data must follow in exactly that order,
-    each array's raw bytes (`tobytes()`) as `apply_rule` returns it. Read a rule's
+    `rule.targets` order [claim:stream-header-order]; the data must follow in exactly
+    that order, each array's raw bytes (`tobytes()`) as `apply_rule` returns it.
+    [claim:stream-data-order] Read a rule's
     sources with `_read` only when the rule runs, and drop them before the next.
+    [claim:stream-one-rule-at-a-time]
     `progress(done, total)` is called after each rule, `done` from 1 to `len(rules)`.
+    [claim:stream-progress]
     """
     src, dst = Path(src), Path(dst)
     keys = _source_keys(src)

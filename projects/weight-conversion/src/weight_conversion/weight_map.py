@@ -75,7 +75,7 @@ def t_copy(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
 
 
 def t_linear(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
-    """PyTorch Linear weight (out, in) -> NNX kernel (in, out)."""
+    """PyTorch Linear weight (out, in) -> NNX kernel (in, out). [claim:t-linear-transpose]"""
     del arch
     # --- exercise stage 1: Linear weight (out, in) to kernel (in, out). ---
     return [xs[0].T]
@@ -83,7 +83,7 @@ def t_linear(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
 
 
 def t_conv(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
-    """PyTorch Conv2d weight OIHW -> NNX Conv kernel HWIO."""
+    """PyTorch Conv2d weight OIHW -> NNX Conv kernel HWIO. [claim:t-conv-oihw-to-hwio]"""
     del arch
     # --- exercise stage 1: Conv weight OIHW to kernel HWIO. ---
     return [xs[0].transpose(2, 3, 1, 0)]
@@ -93,7 +93,7 @@ def t_conv(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
 def t_linear_from_nchw(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
     """fc1 reads a flattened conv map. PyTorch flattens NCHW (input index
     c*H*W + h*W + w), NNX flattens NHWC ((h*W + w)*C + c): the kernel's rows
-    must be permuted as well as transposed."""
+    must be permuted as well as transposed. [claim:t-fc1-nchw-rows]"""
     c, side = arch.conv2_channels, arch.pooled_size
     w = xs[0]
     # --- exercise stage 1: fc1: transpose, and rows from (c, h, w) to (h, w, c) order. ---
@@ -106,7 +106,8 @@ def t_linear_from_nchw(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
 def t_qkv_kernel(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
     """nn.MultiheadAttention packs W_q, W_k, W_v as rows of one (3C, C) weight
     (each (out, in)); NNX keeps three DenseGeneral kernels (C, heads, head_dim),
-    the output feature j = head * head_dim + d, as PyTorch splits heads."""
+    the output feature j = head * head_dim + d, as PyTorch splits heads.
+    [claim:t-qkv-kernel-split]"""
     c, heads = arch.channels, arch.heads
     # --- exercise stage 1: Split in_proj_weight (3C, C) into q, k, v kernels (C, heads, hd). ---
     w_q, w_k, w_v = np.split(xs[0], 3, axis=0)
@@ -115,7 +116,7 @@ def t_qkv_kernel(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
 
 
 def t_qkv_bias(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
-    """The packed (3C,) in_proj_bias -> three (heads, head_dim) biases."""
+    """The packed (3C,) in_proj_bias -> three (heads, head_dim) biases. [claim:t-qkv-bias-split]"""
     c, heads = arch.channels, arch.heads
     # --- exercise stage 1: Split in_proj_bias (3C,) into q, k, v biases (heads, C/heads). ---
     return [b.reshape(heads, c // heads) for b in np.split(xs[0], 3)]
@@ -123,7 +124,8 @@ def t_qkv_bias(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
 
 
 def t_attn_out(xs: list[np.ndarray], arch: Arch) -> list[np.ndarray]:
-    """out_proj.weight (C, C) (out, in over concatenated heads) -> (heads, head_dim, C)."""
+    """out_proj.weight (C, C) (out, in over concatenated heads) -> (heads, head_dim, C).
+    [claim:t-attn-out-heads]"""
     c, heads = arch.channels, arch.heads
     # --- exercise stage 1: out_proj.weight (out, in) to kernel (heads, C/heads, C). ---
     return [xs[0].T.reshape(heads, c // heads, c)]
@@ -304,19 +306,21 @@ def check_names(
     """Every problem with the *names*, without reading any tensor: each source
     key consumed by exactly one rule, each target path filled exactly once.
 
-    The problems, exactly in this order and wording:
+    The problems, exactly in this order and wording [claim:check-names-order-and-wording]:
         1. per key two or more rules consume, in rule order: "map error: source key
-           `<k>` is consumed by <n> rules"
+           `<k>` is consumed by <n> rules" [claim:check-names-multiple-consumers]
         2. per rule, each of its keys absent from `source_keys`: "missing source tensor
-           `<k>` (expected by the map)"; a `tied` rule (`PARTIAL_OK`) with at least one
-           of its names present reports none
+           `<k>` (expected by the map)" [claim:check-names-missing-source]; a `tied` rule
+           (`PARTIAL_OK`) with at least one of its names present reports none
+           [claim:check-names-tie-needs-one-name]
         3. per source key no rule consumes, in `source_keys` order: "unexpected source
-           tensor `<k>` (no rule consumes it)", with "; renamed from `<e>`?" before the
-           ")" when `difflib.get_close_matches` finds a close expected key that is MISSING
+           tensor `<k>` (no rule consumes it)" [claim:check-names-unexpected-source], with
+           "; renamed from `<e>`?" before the ")" when `difflib.get_close_matches` finds a
+           close expected key that is MISSING [claim:check-names-rename-hint]
         4. per target path, in `target_paths` order, filled n != 1 times: "target
-           parameter `<p>` is filled <n> times"
+           parameter `<p>` is filled <n> times" [claim:check-names-fill-count]
         5. per filled path that is not a target: "map error: target `<p>` is not a
-           parameter of the model"
+           parameter of the model" [claim:check-names-not-a-parameter]
     """
     source_keys, target_paths = list(source_keys), list(target_paths)
     problems: list[str] = []

@@ -2,8 +2,9 @@
 
 `DigitNet.__call__` sows every output that stage 2 compares under the names
 of `layers(arch)` (an `nnx.Intermediate` each); `taps(model, x)` collects
-them with `nnx.capture`. The parameter tree (`nnx.state(model, nnx.Param)`
-plus BatchNorm's `nnx.BatchStat`) is what the weight map fills:
+them with `nnx.capture`, inside one jitted forward pass. The parameter
+tree (`nnx.state(model, nnx.Param)` plus BatchNorm's `nnx.BatchStat`) is
+what the weight map fills:
 
     conv1.kernel (3, 3, 1, C)        conv1.bias (C,)
     bn1.scale, bn1.bias (C,)         bn1.mean, bn1.var (C,)   BatchStat
@@ -20,6 +21,7 @@ The classifier has no kernel of its own: logits = `class_embed.attend(x)` +
 """
 
 import dataclasses
+import functools
 from typing import Literal
 
 import jax
@@ -90,7 +92,7 @@ class DigitNet(nnx.Module):
         kw = {"dtype": dtype, "param_dtype": dtype, "rngs": rngs}
         self.arch = arch
         self.gelu_approximate = arch.gelu_approximate
-        self.record_taps = False  # set by `taps` around an `nnx.capture` call
+        self.record_taps = False  # set by `taps` for the graph it compiles
         # Explicit (1, 1) padding: "SAME" at stride 2 would pad (0, 1), not PyTorch's (1, 1).
         self.conv1 = nnx.Conv(1, c, (3, 3), padding=pad, **kw)
         self.bn1 = nnx.BatchNorm(c, epsilon=arch.bn_epsilon, use_running_average=True, **kw)
@@ -154,29 +156,51 @@ def abstract_model(arch: Arch, dtype=jnp.float32) -> DigitNet:
     return nnx.eval_shape(lambda: create_model(arch, dtype=dtype))
 
 
-def taps(model: DigitNet, images_nhwc: np.ndarray) -> dict[str, np.ndarray]:
-    """Runs `model` once and returns `{layer name: output}` as float64 NumPy."""
-    dtype = model.fc1.kernel[...].dtype
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, x: jax.Array):
+    """One compiled forward pass of the model `nnx.merge(graphdef, state)`: the logits and
+    every sown intermediate (`{"<name>_out": value}`, empty unless `record_taps`)."""
 
     @nnx.capture(nnx.Intermediate)
     def forward(m, x):
         return m(x)
 
-    model.record_taps = True
-    try:
-        _, captured = forward(model, jnp.asarray(images_nhwc, dtype))
-    finally:
-        model.record_taps = False
-    out = {}
+    out, captured = forward(nnx.merge(graphdef, state), x)
+    values = {}
     for name, value in captured.items():
         value = value.get_value() if hasattr(value, "get_value") else value
-        if isinstance(value, tuple):
-            value = value[-1]
-        out[str(name).removesuffix("_out")] = np.asarray(value, dtype=np.float64)
+        values[str(name)] = value[-1] if isinstance(value, tuple) else value
+    return out, values
+
+
+def _run(model: DigitNet, images_nhwc: np.ndarray, record_taps: bool):
+    """The model's forward pass as one jitted program (a program per architecture, dtype,
+    batch shape and static setting such as a fault's epsilon), not op by op: on an
+    accelerator each eager op is a dispatch, and the first of each a compile. The model
+    itself is not changed (a train-mode BatchNorm's statistics updates are dropped).
+
+    Matrix products and convolutions run at `highest` precision, whatever the caller's
+    default: every claim about this model (parity, the reload bound) is about arithmetic
+    in the model's dtype, and a TPU would otherwise round float32 operands to bfloat16."""
+    dtype = model.fc1.kernel[...].dtype
+    model.record_taps = record_taps
+    try:
+        graphdef, state = nnx.split(model)
+    finally:
+        model.record_taps = False
+    with jax.default_matmul_precision("highest"):
+        return _forward(graphdef, state, jnp.asarray(images_nhwc, dtype))
+
+
+def taps(model: DigitNet, images_nhwc: np.ndarray) -> dict[str, np.ndarray]:
+    """Runs `model` once and returns `{layer name: output}` as float64 NumPy."""
+    _, captured = _run(model, images_nhwc, record_taps=True)
+    out = {}
+    for name, value in captured.items():
+        out[name.removesuffix("_out")] = np.asarray(value, dtype=np.float64)
     return out
 
 
 def logits(model: DigitNet, images_nhwc: np.ndarray) -> np.ndarray:
     """Eval-mode logits as a NumPy array of the model's dtype."""
-    dtype = model.fc1.kernel[...].dtype
-    return np.asarray(model(jnp.asarray(images_nhwc, dtype)))
+    return np.asarray(_run(model, images_nhwc, record_taps=False)[0])

@@ -24,6 +24,7 @@ from derivative_audit.cli import main
 from derivative_audit.config import Config
 
 CONFIG = Config.tiny()
+FLOAT64 = pytest.param("float64", marks=pytest.mark.ieee_float64)
 NAMES = list(functions.SUITE)
 EPS = {"float64": float(jnp.finfo(jnp.float64).eps), "float32": float(jnp.finfo(jnp.float32).eps)}
 # No shrinking: a failing example is reported as drawn (kept fast under mutation).
@@ -216,10 +217,16 @@ def test_sweep_of_one_step_has_a_best_and_no_slopes():
         checks.analyse_sweep(np.array([]), np.array([]), jnp.float64, x)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_jacobians_match_numpy_formulas(problems, evidence, dtype):
-    """jacfwd and jacrev of two suite functions match hand-written NumPy Jacobians within 50 eps."""
-    tol = 50 * EPS[dtype]
+@pytest.mark.parametrize("dtype", [FLOAT64, "float32"])
+def test_jacobians_match_numpy_formulas(problems, evidence, float32_excess, dtype):
+    """jacfwd and jacrev of two suite functions match hand-written NumPy Jacobians within 50 eps.
+
+    In float32, times how many times the backend's sin, exp and tanh err more than
+    faithful float32 ones (about 1 on a CPU): the Jacobians are made through them."""
+    factor = 1.0
+    if dtype == "float32":
+        factor = max(float32_excess[k] for k in ("sin", "exp", "tanh"))
+    tol = 50 * EPS[dtype] * factor
     p = problems[("matmul_chain", dtype)]
     w = {k: np.asarray(v, np.float64) for k, v in p.weights.items()}
     x = np.asarray(p.x, np.float64)
@@ -265,11 +272,13 @@ def test_jacobians_match_numpy_formulas(problems, evidence, dtype):
 
 @pytest.mark.claims("jvp-vjp-identities", "jvp-linearity-error", "jvp-linearity-tangent-in-x-dtype")
 @pytest.mark.parametrize("name", NAMES)
-def test_jvp_is_linear_in_the_tangent(problems, evidence, name):
+def test_jvp_is_linear_in_the_tangent(problems, evidence, float_dtypes, name):
     """J(a u + b v) equals a J u + b J v within 50 eps, for every suite function in float64 and
-    float32."""
+    float32 (float64 where it is IEEE double, see `float_dtypes`)."""
     ok = []
     for dtype, seed in (("float64", 1), ("float32", 2)):
+        if dtype not in float_dtypes:
+            continue
         p = problems[(name, dtype)]
         (u, v), _ = _directions(p, seed)
         r = checks.jvp_linearity(p.fn, p.x, u, v, 0.7, -1.3)
@@ -309,10 +318,13 @@ def test_linearity_check_catches_a_nonlinear_tangent_rule(evidence):
 
 @pytest.mark.claims("jvp-vjp-identities", "dot-product-transpose")
 @pytest.mark.parametrize("name", NAMES)
-def test_dot_product_test_transposes(problems, evidence, name):
-    """<w, J u> (forward mode) equals <J^T w, u> (reverse mode) within 50 eps, all functions."""
+def test_dot_product_test_transposes(problems, evidence, float_dtypes, name):
+    """<w, J u> (forward mode) equals <J^T w, u> (reverse mode) within 50 eps, all functions
+    (float64 where it is IEEE double, see `float_dtypes`)."""
     ok = []
     for dtype, seed in (("float64", 4), ("float32", 5)):
+        if dtype not in float_dtypes:
+            continue
         p = problems[(name, dtype)]
         (u, _), w = _directions(p, seed)
         r = checks.dot_product_test(p.fn, p.x, u, w)
@@ -363,11 +375,11 @@ def test_dot_product_test_catches_an_untransposed_vjp(evidence):
 
 @pytest.mark.claims("jvp-vjp-identities", "jacfwd-equals-jacrev")
 @pytest.mark.parametrize("name", NAMES)
-def test_forward_and_reverse_jacobians_agree(problems, evidence, name):
+def test_forward_and_reverse_jacobians_agree(problems, evidence, float_dtypes, name):
     """jacfwd and jacrev Jacobians agree within 50 eps of the largest entry, for every suite
-    function and 2 dtypes."""
+    function and 2 dtypes (float64 where it is IEEE double, see `float_dtypes`)."""
     ok = []
-    for dtype in ("float64", "float32"):
+    for dtype in float_dtypes:
         r = checks.jacobian_agreement(problems[(name, dtype)].fn, problems[(name, dtype)].x)
         tol = 50 * EPS[dtype]
         ok.append(
@@ -396,17 +408,20 @@ def _wrong_reverse_rule(a: np.ndarray, t: np.ndarray, dtype):
 
 
 @pytest.mark.claims("jacfwd-equals-jacrev")
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("dtype", [FLOAT64, "float32"])
 @pytest.mark.parametrize(("m", "n"), [(4, 4), (2, 6), (6, 2), (1, 3), (3, 1)])
-def test_jacobian_agreement_sees_a_wrong_reverse_rule(evidence, m, n, dtype):
+def test_jacobian_agreement_sees_a_wrong_reverse_rule(evidence, float32_product_ulps, m, n, dtype):
     """jacobian_agreement reports max|A - B| / max|B| for x -> A x whose reverse mode gives B.
 
     The forward rule is right (A); the reverse one gives B = diag(t) A with
     t = 1 +- c tol (random signs), wrong by c times the 50 eps tolerance: c = 0 (the
     true rule), 0.5 and 0.8 (pass), 1.25 and 2 (flagged). The expected figure is
     NumPy's, from A and t as cast to the dtype (B rounded in the dtype, as JAX's
-    one product per entry is); square, wide and tall Jacobians, float64 and float32."""
+    one product per entry is); square, wide and tall Jacobians, float64 and float32.
+    Where the backend's float32 products miss the correctly rounded one by some ulps
+    (`float32_product_ulps`, 0 on a CPU), the figure is exact to twice that many eps."""
     tol = 50 * EPS[dtype]
+    figure_abs = 2 * float32_product_ulps * EPS[dtype] if dtype == "float32" else 0.0
     rng = np.random.default_rng(100 * m + n)
     a = rng.normal(size=(m, n))
     signs = rng.choice([-1.0, 1.0], size=m)
@@ -425,9 +440,9 @@ def test_jacobian_agreement_sees_a_wrong_reverse_rule(evidence, m, n, dtype):
                 "jacfwd vs jacrev, wrong reverse rule",
                 f"{m}x{n} {dtype} c={c}",
                 {**r, "expected_rel_error": expected},
-                {"rel": tol, "figure_rel": 1e-12},
+                {"rel": tol, "figure_rel": 1e-12, "figure_abs": figure_abs},
                 r["shape"] == [m, n]
-                and r["rel_error"] == pytest.approx(expected, rel=1e-12, abs=0)
+                and r["rel_error"] == pytest.approx(expected, rel=1e-12, abs=figure_abs)
                 and (r["rel_error"] <= tol) == (c < 1.0),
             )
         )
@@ -485,11 +500,16 @@ def test_central_difference_at_the_theory_step(problems, evidence, name):
 
 @pytest.mark.claims("fd-sweep-regimes", "central-difference-in-x-dtype")
 @pytest.mark.parametrize("name", ["matmul_chain", "scan_recurrence"])
-def test_error_vs_step_sweep_shows_truncation_and_roundoff(problems, evidence, name):
+def test_error_vs_step_sweep_shows_truncation_and_roundoff(
+    problems, evidence, float32_excess, name
+):
     """The error-vs-step sweep has slope +2 right of its minimum, -1 left, minimum near h*.
 
     Slope +2 right of the minimum, -1 left of it, minimum near the theory step;
-    in float32 the best error is about eps32^(2/3): 4 to 6 digits, no more."""
+    in float32 the best error is about eps32^(2/3): 4 to 6 digits, no more. A backend
+    whose float32 tanh errs E times more than a faithful one (E about 1 on a CPU)
+    rounds like eps' = E eps: its best step is E^(1/3) larger, its best error E^(2/3)
+    larger, so the bounds move by log10(E) / 3 decades and (2/3) log10(E) digits."""
     steps = checks.sweep_steps(-13, -1, 3)
     p64 = problems[(name, "float64")]
     (u, _), _ = _directions(p64, 9)
@@ -499,9 +519,10 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(problems, evidence, n
         p = problems[(name, dtype)]
         errors = checks.fd_sweep(p.fn, p.x, u.astype(p.x.dtype), steps, reference)
         a = checks.analyse_sweep(steps, errors, p.x.dtype, p.x)
+        decades = np.log10(float32_excess["tanh"]) if dtype == "float32" else 0.0
         tight = (
-            abs(np.log10(a["best_step"] / a["theory_step"])) <= 1.0
-            and a["best_rel_error"] <= 100 * a["expected_best_rel_error"]
+            abs(np.log10(a["best_step"] / a["theory_step"])) <= 1.0 + decades / 3
+            and a["best_rel_error"] <= 100 * a["expected_best_rel_error"] * 10 ** (2 * decades / 3)
             and a["roundoff_slope"] is not None
             and -1.4 <= a["roundoff_slope"] <= -0.6
         )
@@ -509,13 +530,13 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(problems, evidence, n
             tight = tight and a["truncation_slope"] is not None
             tight = tight and 1.7 <= a["truncation_slope"] <= 2.3
         else:
-            tight = tight and 3.0 <= a["trusted_digits"] <= 6.5
+            tight = tight and 3.0 - 2 * decades / 3 <= a["trusted_digits"] <= 6.5
         ok.append(
             evidence.record(
                 "error-vs-step sweep",
                 f"{name} {dtype}",
                 a,
-                {"best_step_within_decades": 1, "slopes": [2, -1]},
+                {"best_step_within_decades": 1 + decades / 3, "slopes": [2, -1]},
                 tight,
             )
         )
@@ -639,13 +660,15 @@ def test_non_float_input_is_refused():
         checks.jvp_linearity(jnp.sin, jnp.arange(3, dtype=jnp.int32), None, None, 1.0, 1.0)
 
 
+@pytest.mark.ieee_float64
 def test_audit_command_writes_report_and_sweep_plot(tmp_path, evidence):
     """The audit command writes a report whose every check passed and a PNG sweep plot.
 
     What was checked, not only the flags: every named check for each of two
     directions, each verdict equal to its error against its tolerance, the
     identities at 50 eps and the central differences conclusive (a finite
-    bound below 0.1, at least 100 eps^(2/3))."""
+    bound below 0.1, at least 100 eps^(2/3)). The audit runs in float64, so every
+    passed identity is a claim at float64's rounding."""
     config = tmp_path / "tiny.json"
     config.write_text(CONFIG.model_copy(update={"directions": 2}).to_json())
     workdir = tmp_path / "audit"

@@ -13,10 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import IEEE_FLOAT64
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from derivative_audit import checks, model, rules
+
+# A claim at float64's rounding runs where float64 is IEEE double (see conftest.py).
+FLOAT64 = pytest.param(jnp.float64, marks=pytest.mark.ieee_float64)
 
 # No shrinking: a failing example is reported as drawn (kept fast under mutation).
 FAST = settings(
@@ -37,17 +41,23 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.claims("custom-rules-finite", "softplus-rule-sigmoid", "softplus-rule-finite-at-1000")
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_softplus_rule_is_finite_where_autodiff_is_nan(evidence, dtype):
+@pytest.mark.parametrize("dtype", [FLOAT64, jnp.float32])
+def test_softplus_rule_is_finite_where_autodiff_is_nan(evidence, float32_excess, dtype):
     """softplus and its first two derivatives match float64 formulas, even at 1000 where autodiff is
-    NaN."""
+    NaN.
+
+    In float32, within 10 eps times how many times the backend's log1p(exp) and
+    sigmoid err more than faithful float32 ones (about 1 on a CPU)."""
     x = jnp.asarray(POINTS, dtype)
     value = np.logaddexp(0.0, POINTS)
     grad = jax.jit(jax.vmap(jax.grad(rules.softplus)))(x)
     second = jax.jit(jax.vmap(jax.grad(jax.grad(rules.softplus))))(x)
     naive = jax.jit(jax.vmap(jax.grad(rules.softplus_naive)))(x)
     where = jax.jit(jax.vmap(jax.grad(rules.softplus_where)))(x)
-    tol = 10 * float(jnp.finfo(dtype).eps)
+    factor = 1.0
+    if dtype == jnp.float32:
+        factor = max(float32_excess["log1p_exp"], float32_excess["sigmoid"])
+    tol = 10 * float(jnp.finfo(dtype).eps) * factor
     s = _sigmoid(POINTS)
     ok = [
         evidence.allclose(
@@ -84,19 +94,27 @@ def _decimal_softplus_and_sigmoid(x: float) -> tuple[float, float]:
 
 # (dtype, most negative x, to 1%): e^x stays a normal number of the dtype (e^-87.3 is float32's
 # smallest normal, e^-708 float64's).
-SOFTPLUS_RANGE = [(jnp.float64, -700.0), (jnp.float32, -85.0)]
+SOFTPLUS_RANGE = [
+    pytest.param(jnp.float64, -700.0, marks=pytest.mark.ieee_float64),
+    (jnp.float32, -85.0),
+]
 
 
 @pytest.mark.claims("softplus-rule-sigmoid")
 @pytest.mark.parametrize(("dtype", "lo"), SOFTPLUS_RANGE)
-def test_softplus_has_a_few_ulps_relative_error_in_every_regime(evidence, dtype, lo):
+def test_softplus_has_a_few_ulps_relative_error_in_every_regime(
+    evidence, float32_excess, dtype, lo
+):
     """softplus and its rule's derivative are within 4 eps, RELATIVELY, of a decimal reference.
 
     A grid from `lo` (-700 in float64, -85 in float32: large negative x, where
     softplus(x) ~ e^x is tiny and only log1p keeps its digits) through -3 ... -0.25
     (where log(1 + e^-|x|) is still accurate), around 0, to 1000; eager and jitted.
     The grid is shown to cross the regime boundary: the formula log(1 + e^-|x|) in
-    NumPy, in the same dtype, is within the bound near 0 and outside it below -5."""
+    NumPy, in the same dtype, is within the bound near 0 and outside it below -5. The
+    backend's figures in float32 are held to 4 eps times how many times its log1p(exp)
+    and sigmoid err more than faithful float32 ones (about 1 on a CPU); the grid's own
+    NumPy control keeps 4 eps."""
     rng = np.random.default_rng(7)
     neg = -np.geomspace(-lo, 0.25, 48) * np.exp(0.01 * rng.uniform(-1, 1, 48))
     grid = np.concatenate([neg, np.linspace(-0.25, 0.25, 11), np.geomspace(0.3, 1000.0, 24)])
@@ -105,6 +123,9 @@ def test_softplus_has_a_few_ulps_relative_error_in_every_regime(evidence, dtype,
     reference = np.array([_decimal_softplus_and_sigmoid(float(v)) for v in x64])
     value, slope = reference[:, 0], reference[:, 1]
     tol = 4 * float(jnp.finfo(dtype).eps)
+    factor = 1.0
+    if dtype == jnp.float32:
+        factor = max(float32_excess["log1p_exp"], float32_excess["sigmoid"])
     name = dtype.__name__
     grad = jax.jit(jax.vmap(jax.grad(rules.softplus)))(jnp.asarray(x))
     ok = [
@@ -113,7 +134,7 @@ def test_softplus_has_a_few_ulps_relative_error_in_every_regime(evidence, dtype,
             f"{name} eager",
             rules.softplus(jnp.asarray(x)),
             value,
-            rtol=tol,
+            rtol=tol * factor,
             atol=0,
         ),
         evidence.allclose(
@@ -121,11 +142,11 @@ def test_softplus_has_a_few_ulps_relative_error_in_every_regime(evidence, dtype,
             f"{name} jit",
             jax.jit(rules.softplus)(jnp.asarray(x)),
             value,
-            rtol=tol,
+            rtol=tol * factor,
             atol=0,
         ),
         evidence.allclose(
-            "softplus' = sigmoid, relative", f"{name} jit", grad, slope, rtol=tol, atol=0
+            "softplus' = sigmoid, relative", f"{name} jit", grad, slope, rtol=tol * factor, atol=0
         ),
     ]
     one = np.asarray(1.0, x.dtype)
@@ -301,10 +322,13 @@ def _ift_jacobian(params: model.Params, x: np.ndarray, z: np.ndarray) -> np.ndar
 
 @pytest.mark.claims("implicit-fixed-point-gradient", "implicit-adjoint-solve")
 @pytest.mark.claims("implicit-one-step-pullback")
-@pytest.mark.parametrize(("seed", "dtype"), [(0, jnp.float64), (2, jnp.float32)])
-def test_implicit_gradient_matches_analytic_and_unrolled(evidence, seed, dtype):
+@pytest.mark.parametrize(
+    ("seed", "dtype"),
+    [pytest.param(0, jnp.float64, marks=pytest.mark.ieee_float64), (2, jnp.float32)],
+)
+def test_implicit_gradient_matches_analytic_and_unrolled(evidence, float32_excess, seed, dtype):
     """The implicit-function Jacobian and gradients match NumPy's IFT solve and the unrolled solver,
-    in 2 dtypes."""
+    in 2 dtypes (float32 within 1e3 eps times the backend's tanh excess, about 1 on a CPU)."""
     kp, kx = jax.random.split(jax.random.key(seed))
     params = model.init(kp, 6, 4, contraction=0.6, dtype=dtype)
     x = jax.random.normal(kx, (4,), jnp.float64).astype(dtype)
@@ -315,7 +339,8 @@ def test_implicit_gradient_matches_analytic_and_unrolled(evidence, seed, dtype):
         params, x, 200
     )
     analytic = _ift_jacobian(params, np.asarray(x, np.float64), np.asarray(z, np.float64))
-    tol = 1e3 * float(jnp.finfo(dtype).eps)
+    factor = float32_excess["tanh"] if dtype == jnp.float32 else 1.0
+    tol = 1e3 * float(jnp.finfo(dtype).eps) * factor
 
     def loss_implicit(p):
         return jnp.sum(jnp.square(rules.fixed_point_implicit(p, x, 500)))
@@ -376,12 +401,15 @@ def _glm_loss(a: jax.Array, lam: float):
 
 
 @pytest.mark.claims("hessians-forward-over-reverse", "hvp-forward-over-reverse")
-@pytest.mark.parametrize(("n", "dtype"), [(6, jnp.float64), (9, jnp.float32)])
-def test_hessians_forward_over_reverse_match_analytic(evidence, n, dtype):
+@pytest.mark.parametrize(
+    ("n", "dtype"), [pytest.param(6, jnp.float64, marks=pytest.mark.ieee_float64), (9, jnp.float32)]
+)
+def test_hessians_forward_over_reverse_match_analytic(evidence, float32_excess, n, dtype):
     """Forward-over-reverse Hessians and hvp match analytic logsumexp and GLM ones within 100 eps.
 
     logsumexp(A x): A^T (diag p - p p^T) A; a softplus GLM loss:
-    A^T diag(s(1-s)) A / m + lambda I; and H v from `hvp` against both."""
+    A^T diag(s(1-s)) A / m + lambda I; and H v from `hvp` against both. In float32 the
+    bound is times the backend's exp, log1p(exp) and sigmoid excess (about 1 on a CPU)."""
     ka, kx, kv = jax.random.split(jax.random.key(n), 3)
     a = jax.random.normal(ka, (n + 2, n), jnp.float64)
     x = jax.random.normal(kx, (n,), jnp.float64)
@@ -394,7 +422,10 @@ def test_hessians_forward_over_reverse_match_analytic(evidence, n, dtype):
     s = _sigmoid(logits)
     h_glm = an.T @ np.diag(s * (1 - s)) @ an / (n + 2) + 0.1 * np.eye(n)
     ac, xc, vc = a.astype(dtype), x.astype(dtype), v.astype(dtype)
-    tol = 100 * float(jnp.finfo(dtype).eps)
+    factor = 1.0
+    if dtype == jnp.float32:
+        factor = max(float32_excess[k] for k in ("exp", "log1p_exp", "sigmoid"))
+    tol = 100 * float(jnp.finfo(dtype).eps) * factor
 
     def lse(y):
         return jax.nn.logsumexp(ac @ y)
@@ -448,7 +479,8 @@ def test_hessians_forward_over_reverse_match_analytic(evidence, n, dtype):
 @given(
     rate=st.sampled_from([0.5, -0.5, 0.25, -0.25]),
     centre=st.lists(st.sampled_from([1.0, 64.0, 1 / 64, -2.0]), min_size=1, max_size=3),
-    dtype=st.sampled_from([np.float64, np.float32]),
+    # Bitwise against NumPy: float64 only where it is IEEE double (see conftest.py).
+    dtype=st.sampled_from([np.float64, np.float32] if IEEE_FLOAT64 else [np.float32]),
     tol=st.sampled_from(["1e-3", "1e-6", "100eps"]),
     max_iterations=st.integers(1, 40),
 )
@@ -481,6 +513,7 @@ def test_solver_tolerance_is_100_eps(dtype):
     )
 
 
+@pytest.mark.ieee_float64
 @pytest.mark.parametrize("batch", [None, 3])
 @pytest.mark.parametrize("iterations", [1, 2, 3, 7])
 def test_fixed_point_budget_is_that_many_numpy_steps(evidence, batch, iterations):

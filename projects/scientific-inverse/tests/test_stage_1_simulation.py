@@ -32,6 +32,17 @@ from scientific_inverse.solver import rk4_error_study, rk4_step, simulate, steps
 
 ORDER_TOLERANCE = 0.3  # |observed order - 4| allowed on these asymptotic step ranges
 
+# A step equal to NumPy's to 1e-13 is a claim about IEEE double arithmetic (a few hundred
+# float64 eps). A CPU computes it; a TPU emulates float64 in software, not IEEE-rounded,
+# and its float64 cos is further off (one step there missed NumPy's by 8e-12 at 1e-3), so
+# there such a claim skips with this reason.
+BACKEND = jax.default_backend()
+IEEE_FLOAT64 = pytest.mark.skipif(
+    BACKEND != "cpu",
+    reason=f"the claim is at float64's rounding against NumPy; JAX's `{BACKEND}` backend "
+    f"emulates float64 in software (not IEEE-rounded; its cos errs more)",
+)
+
 
 def oscillator_batch(batch: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -68,6 +79,7 @@ def _np_tdep(theta, load):
 
 
 @pytest.mark.claims("rk4-stage-times", "rk4-load-to-every-stage", "rk4-weighted-sum")
+@IEEE_FLOAT64
 @settings(max_examples=30, derandomize=True, deadline=None, database=None)
 @given(
     t=st.floats(-3.0, 3.0),
@@ -93,6 +105,7 @@ def test_rk4_step_equals_a_numpy_rk4_on_a_time_dependent_system(t, dt, y, theta,
 
 
 @pytest.mark.claims("batched-rk4-scan", "rk4-stage-times")
+@IEEE_FLOAT64
 def test_simulate_threads_time_through_the_scan():
     """`simulate` on the time-dependent system equals a NumPy RK4 loop at t = i dt."""
     theta = np.array([[1.5, 0.5], [0.3, 2.0]])

@@ -173,6 +173,7 @@ def test_a_damaged_step_is_rejected_with_its_reason(evidence, local_checkpoints,
     item = how.split(" ", 1)[1].split("/")[0]
     observed = {
         "intact_ok": intact.ok,
+        "intact_reason": intact.reason,
         "damaged_ok": damaged.ok,
         "reason": damaged.reason,
         "restored_step": restored,
@@ -185,11 +186,87 @@ def test_a_damaged_step_is_rejected_with_its_reason(evidence, local_checkpoints,
         observed,
         {"restored_step": previous, "reason_names_item": item},
         intact.ok
+        and intact.reason == ""
         and not damaged.ok
         and f"`{item}`" in damaged.reason
         and restored == previous
         and observed["rejected_steps"] == [damaged_step]
         and observed["moved_aside"],
+    ), observed
+
+
+@pytest.mark.claims("check-step-orbax-metadata", "damaged-checkpoint-never-restored")
+def test_a_step_without_orbax_metadata_is_rejected(evidence, local_checkpoints, tmp_path):
+    """check_step rejects a step whose `_CHECKPOINT_METADATA` is gone; restore falls back.
+
+    Orbax's step file `<step>/_CHECKPOINT_METADATA` removed from a real checkpoint,
+    every item left intact: `check_step` is not ok, with one problem whose phrase
+    names `_CHECKPOINT_METADATA`, and `find_restorable` moves the step aside and
+    restores the previous one."""
+    ckpt = tmp_path / "checkpoints"
+    shutil.copytree(local_checkpoints, ckpt)
+    newest, previous = checkpoint.committed_steps(ckpt)[:2]
+    damaged_step = damage(ckpt, "remove _CHECKPOINT_METADATA")
+    damaged = checkpoint.check_step(ckpt, damaged_step, CONFIG, 1, True)
+    restored, checks = checkpoint.find_restorable(ckpt, CONFIG, 1, primary=True)
+    observed = {
+        "damaged_step": damaged_step,
+        "damaged_ok": damaged.ok,
+        "reason": damaged.reason,
+        "restored_step": restored,
+        "checks": [(c.step, c.ok) for c in checks],
+        "moved_aside": (ckpt.parent / "rejected" / f"step_{damaged_step}").is_dir(),
+    }
+    assert evidence.record(
+        "check_step on a real checkpoint without Orbax's step file",
+        f"remove _CHECKPOINT_METADATA in step {damaged_step}",
+        observed,
+        {"restored_step": previous, "reason_names": "_CHECKPOINT_METADATA", "problems": 1},
+        damaged_step == newest
+        and not damaged.ok
+        and "`_CHECKPOINT_METADATA`" in damaged.reason
+        and "; " not in damaged.reason
+        and restored == previous
+        and observed["checks"] == [(newest, False), (previous, True)]
+        and observed["moved_aside"],
+    ), observed
+
+
+@pytest.mark.claims("check-step-data-unchecked-without-data", "check-step-data-item")
+@pytest.mark.parametrize("how", LOCAL_DAMAGES[:2])
+def test_without_data_the_data_item_is_not_checked(evidence, local_checkpoints, tmp_path, how):
+    """With `data` False a step whose Grain state is damaged passes; with `data` True it fails.
+
+    `data/process_0-of-1.json` removed or truncated in the newest step of a real
+    checkpoint: `check_step(..., data=False)` is ok with reason "" (a run without
+    an iterator restores no Grain state), `data=True` rejects the same step naming
+    `data`. `find_restorable(..., data=False)` restores that step and moves nothing."""
+    ckpt = tmp_path / "checkpoints"
+    shutil.copytree(local_checkpoints, ckpt)
+    newest = checkpoint.committed_steps(ckpt)[0]
+    damaged_step = damage(ckpt, how)
+    without = checkpoint.check_step(ckpt, damaged_step, CONFIG, 1, False)
+    with_data = checkpoint.check_step(ckpt, damaged_step, CONFIG, 1, True)
+    restored, checks = checkpoint.find_restorable(ckpt, CONFIG, 1, primary=True, data=False)
+    observed = {
+        "without_data": {"ok": without.ok, "reason": without.reason},
+        "with_data": {"ok": with_data.ok, "reason": with_data.reason},
+        "restored_step_without_data": restored,
+        "checks_without_data": [(c.step, c.ok) for c in checks],
+        "rejected_dir": (ckpt.parent / "rejected").exists(),
+    }
+    assert evidence.record(
+        "check_step with and without `data` on a step whose Grain state is damaged",
+        f"{how} in step {damaged_step}",
+        observed,
+        {"without_data_ok": True, "with_data_ok": False, "restored_step": newest},
+        damaged_step == newest
+        and without == checkpoint.StepCheck(newest, True, "")
+        and not with_data.ok
+        and "`data`" in with_data.reason
+        and restored == newest
+        and observed["checks_without_data"] == [(newest, True)]
+        and not observed["rejected_dir"],
     ), observed
 
 
@@ -256,7 +333,9 @@ def test_a_step_of_another_config_names_both_digests_and_the_field(local_checkpo
         f"`seed` {CONFIG.seed!r} there vs {other.seed!r} here); use a new workdir" in message
     ), message
     # The same config passes; another process count is refused with both counts.
-    assert checkpoint.check_step(local_checkpoints, step, CONFIG, 1, True).ok
+    assert checkpoint.check_step(local_checkpoints, step, CONFIG, 1, True) == checkpoint.StepCheck(
+        step, True, ""
+    )
     with pytest.raises(checkpoint.CheckpointError, match=r"by `1` processes, .* has `2`"):
         checkpoint.check_step(local_checkpoints, step, CONFIG, 2, True)
 

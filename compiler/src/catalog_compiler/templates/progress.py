@@ -121,7 +121,7 @@ def unwritten_regions(folder: Path = HERE) -> dict[str, list[tuple[str, int, str
     return found
 
 
-def _claims_mark(node: ast.AST) -> bool:
+def claims_mark(node: ast.AST) -> bool:
     """``pytest.mark.claims(...)``: a test's declaration of what it proves."""
     return (
         isinstance(node, ast.Call)
@@ -151,13 +151,13 @@ def code_identity(text: str) -> bytes:
         ):
             node.body = body[1:] or [ast.Pass()]
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            node.decorator_list = [d for d in node.decorator_list if not _claims_mark(d)]
+            node.decorator_list = [d for d in node.decorator_list if not claims_mark(d)]
         if isinstance(node, (ast.List, ast.Tuple)):
-            node.elts = [e for e in node.elts if not _claims_mark(e)]
+            node.elts = [e for e in node.elts if not claims_mark(e)]
     tree.body = [
         n
         for n in tree.body
-        if not (isinstance(n, ast.Assign) and _claims_mark(n.value))
+        if not (isinstance(n, ast.Assign) and claims_mark(n.value))
         and not (
             isinstance(n, ast.Assign)
             and isinstance(n.value, (ast.List, ast.Tuple))

@@ -949,6 +949,212 @@ def test_predict_refuses_files_that_are_not_float32_npy(evidence, artifact, tmp_
     ), observed
 
 
+class _Tripwire(AssertionError):
+    """Raised when work starts that a damaged input should have prevented."""
+
+
+def _tripwire(what: str):
+    def fire(*args, **kwargs):
+        raise _Tripwire(f"{what} started")
+
+    return fire
+
+
+@pytest.mark.claims("predict-refuses-out-of-range-pixels")
+def test_predict_refuses_pixels_outside_0_16_before_loading_the_artifact(
+    evidence, artifact, tmp_path, monkeypatch
+):
+    """`predict` refuses a float32 `(n, 64)` array with one pixel outside [0, 16] (just
+    below 0, just above 16, NaN, +inf, -inf) with exit code 2 and a message naming the
+    file and the range, before the artifact is loaded (`export.load_artifact` is a
+    tripwire here) and without writing the output; the range's ends, 0 and 16, are
+    accepted and run (the real loader restored)."""
+    out = tmp_path / "logits.npy"
+    bad = {
+        "just below 0": -0.001,
+        "just above 16": float(np.nextafter(np.float32(16), np.float32(17))),
+        "NaN": float("nan"),
+        "+inf": float("inf"),
+        "-inf": float("-inf"),
+    }
+    observed = {}
+    with monkeypatch.context() as patch:
+        patch.setattr(export, "load_artifact", _tripwire("loading the artifact"))
+        for case, value in bad.items():
+            x = np.full((3, 64), 8.0, np.float32)
+            x[1, 37] = value
+            path = tmp_path / f"pixels {case}.npy"
+            np.save(path, x)
+            result = CliRunner().invoke(main, ["predict", str(artifact), str(path), str(out)])
+            observed[case] = {
+                "exit_code": result.exit_code,
+                "names_the_file": path.name in result.output,
+                "says_the_range": "[0, 16]" in result.output,
+                "loaded_the_artifact": isinstance(result.exception, _Tripwire),
+                "traceback": not isinstance(result.exception, SystemExit | None),
+                "message": result.output.strip()[-300:],
+            }
+    edges = np.full((2, 64), 0.0, np.float32)
+    edges[1] = 16.0
+    path = tmp_path / "pixels at the ends.npy"
+    np.save(path, edges)
+    result = CliRunner().invoke(main, ["predict", str(artifact), str(path), str(out)])
+    accepted = result.exit_code == 0 and np.load(out).shape == (2, 10)
+    observed["0 and 16 (accepted)"] = {"exit_code": result.exit_code, "wrote": out.exists()}
+    assert evidence.record(
+        "`predict` refuses pixels outside [0, 16] before loading the artifact",
+        f"{len(bad)} arrays with one bad pixel; one at the range's ends",
+        observed,
+        {"exit_code": 2, "ends_accepted": True},
+        all(
+            o["exit_code"] == 2
+            and o["names_the_file"]
+            and o["says_the_range"]
+            and not o["loaded_the_artifact"]
+            and not o["traceback"]
+            for case, o in observed.items()
+            if case in bad
+        )
+        and accepted,
+    ), observed
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under `root` with its bytes (None for a folder)."""
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.claims("bad-inputs-one-line-errors")
+def test_damaged_inputs_get_one_error_line_naming_them_and_nothing_written(
+    evidence, artifact, tmp_path, monkeypatch
+):
+    """One damaged input of each kind, through the command a user runs: a config
+    file that is not JSON (`train`), a manifest field of the wrong type and a
+    truncated golden sample (`verify`), an empty `.npy` input and an output path
+    under a file (`predict`), a pinned hash that is no sha256 (`verify
+    --expect-sha256`), a workdir with no trained model (`export`). Each ends in exit
+    code 2 with one `Error:` line, the last line of the output, that names the
+    input, no traceback, and the workspace (the damaged copies included) byte for
+    byte as before. Training is a tripwire here, so a config that passed would fail
+    its case instead of training."""
+    from deployment_audit import train as train_module
+
+    monkeypatch.setattr(train_module, "train_and_evaluate", _tripwire("training"))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a_file").write_text("not a folder\n")
+    config = ws / "config.json"
+    config.write_text("seed = 0\n")
+    typed = ws / "typed"
+    shutil.copytree(artifact, typed)
+    manifest = json.loads((typed / export.MANIFEST_FILE).read_text())
+    manifest["sha256"] = 5
+    (typed / export.MANIFEST_FILE).write_text(json.dumps(manifest))
+    cut = ws / "cut"
+    shutil.copytree(artifact, cut)
+    golden = (cut / export.GOLDEN_FILE).read_bytes()
+    (cut / export.GOLDEN_FILE).write_bytes(golden[: len(golden) // 2])
+    empty = ws / "empty.npy"
+    empty.write_bytes(b"")
+    good = ws / "good.npy"
+    np.save(good, np.full((2, 64), 3.0, np.float32))
+    (ws / "untrained").mkdir()
+    cases = {
+        "config not JSON (train)": (
+            ["train", "--config", config, "--workdir", ws / "run"],
+            config.name,
+        ),
+        "manifest field of the wrong type (verify)": (["verify", typed], "`sha256`"),
+        "truncated golden sample (verify)": (["verify", cut], export.GOLDEN_FILE),
+        "empty .npy input (predict)": (["predict", artifact, empty, ws / "o.npy"], empty.name),
+        "output path under a file (predict)": (
+            ["predict", artifact, good, ws / "a_file" / "o.npy"],
+            "a_file",
+        ),
+        "pinned hash not a sha256 (verify)": (
+            ["verify", artifact, "--expect-sha256", "abc123"],
+            "abc123",
+        ),
+        "workdir without a trained model (export)": (["export", ws / "untrained"], "untrained"),
+    }
+    observed = {}
+    for case, (args, needle) in cases.items():
+        before = _tree(ws)
+        result = CliRunner().invoke(main, [str(a) for a in args])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("Error:")]
+        observed[case] = {
+            "exit_code": result.exit_code,
+            "error_lines": len(errors),
+            "error_is_last_line": bool(lines) and bool(errors) and lines[-1] == errors[0],
+            "names_the_input": bool(errors) and needle in errors[0],
+            "traceback": "Traceback" in result.output
+            or not isinstance(result.exception, SystemExit | None),
+            "nothing_written": _tree(ws) == before,
+            "error": errors[0][:300] if errors else result.output[-300:],
+        }
+    assert evidence.record(
+        "a damaged input: one error line naming it, exit 2, nothing written",
+        f"{len(cases)} damaged inputs through train, verify, predict and export",
+        observed,
+        {"exit_code": 2, "error_lines": 1},
+        all(
+            o["exit_code"] == 2
+            and o["error_lines"] == 1
+            and o["error_is_last_line"]
+            and o["names_the_input"]
+            and not o["traceback"]
+            and o["nothing_written"]
+            for o in observed.values()
+        ),
+    ), observed
+
+
+@pytest.mark.claims("int8-ties-to-even", "int8-round-to-nearest")
+def test_int8_quantization_rounds_ties_to_even(evidence):
+    """`_quantize_int8` rounds a value exactly half-way between two steps to the even
+    one (2.5 -> 2, 3.5 -> 4, -2.5 -> -2, 0.5 -> 0), and others to the nearest; with
+    one scale per column (1, 0.5, 0.25: exact powers of two, so `x / scale` is the
+    tie itself)."""
+    steps = np.array(
+        [[2.5, 3.5, -2.5], [-3.5, 0.5, -0.5], [1.5, 126.5, -126.5], [2.4, 2.6, -2.6]], np.float64
+    )
+    expected = np.array([[2, 4, -2], [-4, 0, 0], [2, 126, -126], [2, 3, -3]], np.int8)
+    scale = np.array([1.0, 0.5, 0.25], np.float32)
+    x = (steps * scale).astype(np.float32)  # Exact: float32 holds each product.
+    got = precision._quantize_int8(x, scale)
+    assert evidence.record(
+        "int8 quantization: ties to even",
+        "x / scale on half-steps and near them, per-column scales 1, 0.5, 0.25",
+        {"steps": steps, "got": got, "dtype": str(got.dtype)},
+        {"expected": expected},
+        got.dtype == np.int8 and np.array_equal(got, expected),
+    ), got
+
+
+@pytest.mark.claims("int8-clip-to-127", "int8-dtype")
+def test_int8_quantization_clips_to_plus_minus_127_never_minus_128(evidence):
+    """A value past +-127 steps clips to +-127: 127.5 (which rounds to 128), 128, 1e6
+    and their negatives, -127.5 and -128 among them, give +-127, never -128 (the int8
+    value that has no positive twin) and never a wrapped-around int8; 127.4 and -127.4
+    round to +-127 without clipping."""
+    steps = np.array([127.4, 127.5, 128.0, 200.0, 1e6, -127.4, -127.5, -128.0, -200.0, -1e6])
+    expected = np.array([127, 127, 127, 127, 127, -127, -127, -127, -127, -127], np.int8)
+    for scale in (1.0, 0.125):
+        scales = np.full(len(steps), scale, np.float32)
+        got = precision._quantize_int8((steps * scale).astype(np.float32), scales)
+        assert evidence.record(
+            "int8 quantization: clipped to +-127",
+            f"values beyond +-127 steps, scale {scale}",
+            {"steps": steps, "got": got, "dtype": str(got.dtype), "min": int(got.min())},
+            {"expected": expected},
+            got.dtype == np.int8 and np.array_equal(got, expected) and got.min() == -127,
+        ), got
+
+
 def _int8_reference(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-output-channel int8 quantization, in float64 from the float32
     kernel `(d_in, d_out)`: one scale per column, max |W| / 127."""

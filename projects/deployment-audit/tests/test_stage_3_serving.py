@@ -15,9 +15,11 @@ Every server is stopped when the module ends.
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import jax
@@ -397,6 +399,60 @@ def test_ready_only_after_load_and_self_test(evidence, good, artifact):
         and ready["self_test"]["passed"]
         and ready["buckets"] == [1, 2, 4, 8, 16, 32, 64],
     )
+
+
+def _listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every listening TCP socket that process `pid` holds, read
+    from /proc by the test itself: the socket inodes among its open files, looked up
+    in its network namespace's IPv4 and IPv6 tables (state 0A: listening)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # Closed since the listing.
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:
+                continue
+            host, port = local.split(":")
+            raw = bytes.fromhex(host)  # 32-bit words in the host's (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.append((socket.inet_ntop(family, raw), int(port, 16)))
+    return sorted(found)
+
+
+@pytest.mark.claims("server-localhost-only")
+def test_every_server_listens_on_127_0_0_1_only(evidence, servers, good):
+    """Each server the stage started (`deployment-audit serve` in a child process) holds
+    one listening socket, bound to 127.0.0.1 at the port it announced, and none on any
+    other address (0.0.0.0, ::, an interface's own): read from the kernel's socket
+    tables for the server's process, not from what the server says. Servers of the
+    wrong artifacts that have exited are left out; the good one must be running."""
+    if not (Path("/proc/self/fd").is_dir() and Path("/proc/self/net/tcp").exists()):
+        pytest.skip("reads a process's listening sockets from /proc, which this machine lacks")
+    observed = {}
+    for name, proc in servers.items():
+        if proc.proc.poll() is not None:
+            continue
+        port = int(proc.url.rsplit(":", 1)[1])
+        observed[name] = {"announced_port": port, "listening": _listening_sockets(proc.proc.pid)}
+    assert evidence.record(
+        "servers listen on 127.0.0.1 only",
+        f"{len(observed)} running server processes of the stage",
+        observed,
+        {"listening": "[(127.0.0.1, announced port)]"},
+        "good" in observed
+        and all(o["listening"] == [("127.0.0.1", o["announced_port"])] for o in observed.values()),
+    ), observed
 
 
 def test_a_server_that_cannot_start_says_why(tmp_path):

@@ -259,6 +259,54 @@ def test_nested_stored_files_are_read_only_at_every_depth(artifacts, tmp_path):
     assert set(files.values()) == {0o444}, files
 
 
+@pytest.mark.claims("put-fsync-before-rename")
+def test_every_stored_file_is_fsynced_before_the_publishing_rename(tmp_path, monkeypatch):
+    """Each file of a stored object, at every depth, is fsynced before the rename that
+    publishes the object: `os.fsync`, `os.rename` and `os.replace` are spied on, each
+    fsync recorded by the (device, inode) of its descriptor, which the rename keeps, so
+    every stored file is matched to its fsync by `os.stat` on the published object."""
+    source = tmp_path / "source"
+    (source / "a" / "b").mkdir(parents=True)
+    for relative, content in {
+        "top.bin": b"top",
+        "a/middle.bin": b"middle",
+        "a/b/deep.bin": b"deep",
+        "a/b/other.bin": b"other",
+    }.items():
+        (source / relative).write_bytes(content)
+    objects = store.Store(tmp_path / "store")
+    events: list[tuple] = []
+    real = {name: getattr(os, name) for name in ("fsync", "rename", "replace")}
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        events.append(("fsync", (st.st_dev, st.st_ino)))
+        return real["fsync"](fd)
+
+    def mover(name):
+        def move(src, dst, *args, **kwargs):
+            events.append((name, Path(dst)))
+            return real[name](src, dst, *args, **kwargs)
+
+        return move
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", mover("rename"))
+    monkeypatch.setattr(os, "replace", mover("replace"))
+    object_id = objects.put(source)
+    monkeypatch.undo()
+    published = objects.objects / object_id
+    moves = [i for i, e in enumerate(events) if e[0] != "fsync" and e[1] == published]
+    assert len(moves) == 1, events  # One rename publishes the object.
+    order = {}
+    for path in sorted(p for p in published.rglob("*") if p.is_file()):
+        st = os.stat(path)
+        synced = [i for i, e in enumerate(events) if e == ("fsync", (st.st_dev, st.st_ino))]
+        order[str(path.relative_to(published))] = synced
+    assert len(order) == 4, order
+    assert all(synced and synced[0] < moves[0] for synced in order.values()), (order, moves)
+
+
 @pytest.mark.claims("model-id-is-tree-digest")
 def test_a_file_of_several_chunks_hashes_as_coreutils_does(tmp_path):
     """A file longer than the 1 MiB a read takes, whose first two MiB repeat one block: the

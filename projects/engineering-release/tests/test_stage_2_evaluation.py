@@ -154,6 +154,55 @@ def test_metrics_from_predictions_match_sklearn_field_by_field(seed, evidence):
     assert m["confusion"] == confusion_matrix(labels, predictions).tolist()
 
 
+@pytest.mark.claims("metrics-refuse-bad-arrays")
+def test_metrics_refuse_empty_out_of_range_and_unlabelled_classes(evidence):
+    """`metrics_from_predictions` raises `ValueError` naming the argument for an empty
+    array, a class id just outside 0..9 (-1 or 10) in either argument, and labels
+    without an example of some class (its recall would be 0 / 0); the same arrays
+    with the fault removed give metrics. Each refusal is a `ValueError` with its
+    message, never a ZeroDivisionError, an IndexError or NaN metrics."""
+    labels = np.arange(30, dtype=np.int64) % data.NUM_CLASSES  # Every class, three times.
+    predictions = labels.copy()
+    assert evaluation.metrics_from_predictions(predictions, labels)["accuracy"] == 1.0
+
+    def changed(array, index, value):
+        out = array.copy()
+        out[index] = value
+        return out
+
+    without_7 = np.where(labels == 7, 6, labels)
+    cases = {
+        "empty predictions": ((np.array([], np.int64), labels), "`predictions`"),
+        "empty labels": ((predictions, np.array([], np.int64)), "`labels`"),
+        "both empty": ((np.array([], np.int64), np.array([], np.int64)), "`predictions`"),
+        "prediction 10": ((changed(predictions, 4, 10), labels), "`predictions`"),
+        "prediction -1": ((changed(predictions, 4, -1), labels), "`predictions`"),
+        "label 10": ((predictions, changed(labels, 4, 10)), "`labels`"),
+        "label -1": ((predictions, changed(labels, 4, -1)), "`labels`"),
+        "no label of class 7": ((predictions, without_7), "`labels` has no example of class"),
+    }
+    observed = {}
+    for case, ((p, y), needle) in cases.items():
+        try:
+            evaluation.metrics_from_predictions(p, y)
+            observed[case] = {"raised": None, "names": False}
+        except Exception as err:  # noqa: BLE001 - recording whatever is raised.
+            observed[case] = {
+                "raised": type(err).__name__,
+                "is_value_error": isinstance(err, ValueError),
+                "names": needle in str(err),
+                "message": str(err)[:200],
+            }
+    assert evidence.record(
+        "metrics_from_predictions refuses bad arrays, naming the argument",
+        f"{len(cases)} bad (predictions, labels) pairs",
+        observed,
+        None,
+        all(o["raised"] and o["is_value_error"] and o["names"] for o in observed.values()),
+    ), observed
+    assert "[7]" in observed["no label of class 7"]["message"]
+
+
 @pytest.mark.claims("report-binds-model-data-code-runtime")
 def test_report_binds_data_code_and_runtime(evaluated_store, evidence):
     """The report names the held-out data digest, the source sha256 and the jax version, and holds
@@ -251,6 +300,55 @@ def test_verify_refuses_an_edited_report(evaluated_store, how, message, evidence
     with pytest.raises(evaluation.EvaluationMismatch, match=message) as info:
         evaluation.verify_report(_edited(report, how), model_id=models[0], policy=Policy())
     evidence.record("edited report refused", how, {"message": str(info.value)}, None, True)
+
+
+@pytest.mark.claims("verify-report-exact-comparisons", "verify-report-first-differing-metric")
+def test_verify_refuses_a_metric_one_ulp_off(evaluated_store, evidence):
+    """verify_report compares every float metric exactly: `accuracy`,
+    `min_class_recall` and one `class_recall` entry each moved by one ulp
+    (`np.nextafter`, up and down) are refused, naming the metric; the untouched
+    report passes. A comparison within a tolerance of an ulp or more (`np.isclose`,
+    `math.isclose`, a rounding to fewer digits) accepts all six."""
+    _, models, reports = evaluated_store
+    report = reports[0][1]
+    evaluation.verify_report(report, model_id=models[0], policy=Policy())  # The original passes.
+    observed = {}
+    for name in ("accuracy", "min_class_recall", "class_recall"):
+        for direction in (-np.inf, np.inf):
+            edited = copy.deepcopy(report)
+            if name == "class_recall":
+                value = edited["metrics"][name][3]
+                edited["metrics"][name][3] = float(np.nextafter(value, direction))
+                moved = edited["metrics"][name][3]
+            else:
+                value = edited["metrics"][name]
+                edited["metrics"][name] = moved = float(np.nextafter(value, direction))
+            case = f"{name} {'down' if direction < 0 else 'up'} one ulp"
+            try:
+                evaluation.verify_report(edited, model_id=models[0], policy=Policy())
+                observed[case] = {
+                    "refused": False,
+                    "names_the_metric": False,
+                    "from": value,
+                    "to": moved,
+                }
+            except evaluation.EvaluationMismatch as err:
+                observed[case] = {
+                    "refused": True,
+                    "names_the_metric": f"`{name}`" in str(err),
+                    "from": value,
+                    "to": moved,
+                }
+    assert evidence.record(
+        "verify_report compares metrics exactly",
+        "accuracy, min_class_recall, class_recall[3] each one ulp up and down",
+        observed,
+        {"ulps": 0},
+        all(
+            o["refused"] and o["names_the_metric"] and o["from"] != o["to"]
+            for o in observed.values()
+        ),
+    ), observed
 
 
 @pytest.mark.claims(

@@ -10,13 +10,16 @@ ten releases and rollbacks under load, and SIGKILL at ten seeded moments.
 """
 
 import json
+import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from conftest import fresh_state
@@ -389,6 +392,177 @@ def test_an_approval_of_another_model_is_refused_naming_that_model(released, evi
     # A passed gate names the three checks it stands on, in the order they ran.
     assert passed.model_id == b
     assert passed.checks == ["signature", "evaluation", "thresholds"]
+
+
+@pytest.mark.claims("gate-approvals-newest-first")
+def test_the_newest_passing_approval_is_the_one_released(released, evidence):
+    """With two passing approvals of model B, the release names the newer one; with a
+    third, newest, approval that fails (a key outside the keyring), the gate passes
+    on the newer of the two passing ones, not the oldest."""
+    from engineering_release import gates
+
+    state, models, evaluations = released
+    b = models[1]
+    pem = state.keys / "approver.pem"
+    release.approve(state, b, evaluations[1], pem, "approver")  # A second passing approval.
+    older, newer = ledger.approvals(state.entries(), b)
+    outcome = release.release(state, b)
+    released_with = outcome.entry["body"]["approval"]
+    _, foreign = signing.generate_key(state.keys, "mallory", trust=False)
+    approval = signing.sign_approval(
+        signing.load_private(foreign),
+        model_id=b,
+        evaluation_id=evaluations[1],
+        policy=state.policy(),
+        signer="mallory",
+    )
+    newest = ledger.append(state.ledger_path, "approve", {"approval": approval})
+    entries = state.entries()
+    passed = gates.promotion_gate(
+        state.store, entries, signing.read_keyring(state.keys), state.policy(), b
+    )
+    observed = {
+        "approvals_oldest_first": [e["hash"][:12] for e in ledger.approvals(entries, b)],
+        "released_with": released_with[:12],
+        "gate_passed_on_with_a_failing_newest": passed.approve_entry["hash"][:12],
+    }
+    assert evidence.record(
+        "approvals are tried newest first",
+        "two passing approvals of B; then a third, newest, by an untrusted key",
+        observed,
+        {"released_with": newer["hash"][:12], "then": newer["hash"][:12]},
+        released_with == newer["hash"]
+        and passed.approve_entry["hash"] == newer["hash"]
+        and older["hash"] != newer["hash"] != newest["hash"],
+    ), observed
+
+
+@pytest.mark.claims("gate-evaluation-only-after-approval-checks", "gate-bound-evaluation-verified")
+def test_the_bound_evaluation_is_judged_only_for_an_approval_that_passed_its_checks(
+    released, evidence
+):
+    """Approvals of B bound to A's report (a report that never verifies for B): one
+    that passes the signature, policy and age checks gets "Bound evaluation refused";
+    one that fails any of them (signed under another policy, by a key outside the
+    keyring, or past `approval_valid_days`) gets that check's sentence and not a word
+    about the evaluation."""
+    import datetime as dt
+
+    from engineering_release import gates
+
+    state, models, evaluations = released
+    b = models[1]
+    pem = state.keys / "approver.pem"
+    _, foreign = signing.generate_key(state.keys, "mallory", trust=False)
+    in_force, other = state.policy(), Policy(min_accuracy=0.5)
+    cases = {
+        "passes its checks": (pem, in_force, 0, "Bound evaluation refused"),
+        "another policy": (pem, other, 0, "another policy than the one in force"),
+        "untrusted key": (foreign, in_force, 0, "not in the trusted keyring"),
+        "too old": (pem, in_force, 31, "days old"),
+    }
+    keyring = signing.read_keyring(state.keys)
+    observed = {}
+    for case, (key, policy, days, sentence) in cases.items():
+        approval = signing.sign_approval(
+            signing.load_private(key),
+            model_id=b,
+            evaluation_id=evaluations[0],  # A's report, not B's.
+            policy=policy,
+            signer=key.stem,
+        )
+        entry = ledger.append(state.ledger_path, "approve", {"approval": approval})
+        now = signing.parse_iso(approval["signed_at"]) + dt.timedelta(days=days)
+        with pytest.raises(gates.GateRefused) as info:
+            gates.promotion_gate(
+                state.store, state.entries(), keyring, in_force, b, approve_entry=entry, now=now
+            )
+        observed[case] = {
+            "says_its_check": sentence in str(info.value),
+            "bound_evaluation_judged": "Bound evaluation refused" in str(info.value),
+            "reasons": info.value.reasons,
+        }
+    assert evidence.record(
+        "the bound evaluation is judged only after the approval's own checks pass",
+        "approvals of B bound to A's report",
+        observed,
+        None,
+        all(o["says_its_check"] for o in observed.values())
+        and observed["passes its checks"]["bound_evaluation_judged"]
+        and not any(
+            o["bound_evaluation_judged"] for c, o in observed.items() if c != "passes its checks"
+        ),
+    ), observed
+
+
+def _listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every listening TCP socket that process `pid` holds, read
+    from /proc by the test itself: the socket inodes among its open files, looked up
+    in its network namespace's IPv4 and IPv6 tables (state 0A: listening)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # Closed since the listing.
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:
+                continue
+            host, port = local.split(":")
+            raw = bytes.fromhex(host)  # 32-bit words in the host's (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.append((socket.inet_ntop(family, raw), int(port, 16)))
+    return sorted(found)
+
+
+@pytest.mark.claims("candidate-server-own-process")
+def test_the_serving_candidate_is_its_own_process_on_127_0_0_1(released, host, evidence):
+    """The candidate that serves the release (model A, started by the host) is a
+    process other than the host's, running `engineering_release.candidate`, that
+    holds one listening socket, on 127.0.0.1 at the port the host routes to, and
+    none on another address; it answers `/readyz` and `/predict` there with model A.
+    Read from the kernel's tables for that process (/proc), not from the server."""
+    if not (Path("/proc/self/fd").is_dir() and Path("/proc/self/net/tcp").exists()):
+        pytest.skip("reads a process's listening sockets from /proc, which this machine lacks")
+    _, models, _ = released
+    backend = host.active
+    assert backend is not None, host.snapshot()
+    pid = None if backend.proc is None else backend.proc.pid  # None: served in-process.
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid else []
+    with httpx.Client(base_url=f"http://127.0.0.1:{backend.port}", timeout=30.0) as http:
+        ready = http.get("/readyz")
+        answer = http.post("/predict", json={"inputs": [[0.0] * data.NUM_FEATURES]})
+    observed = {
+        "host_pid": os.getpid(),
+        "candidate_pid": pid,
+        "running": pid is not None and backend.proc.poll() is None,
+        "module": b"engineering_release.candidate" in command,
+        "port": backend.port,
+        "listening": _listening_sockets(pid) if pid else [],
+        "readyz": ready.status_code,
+        "answered_by": answer.json().get("model_id", "")[:12],
+    }
+    assert evidence.record(
+        "the candidate server: its own process, listening on 127.0.0.1 only",
+        "model A released, served through the host",
+        observed,
+        {"listening": [("127.0.0.1", backend.port)]},
+        pid not in (None, os.getpid())
+        and observed["running"]
+        and observed["module"]
+        and observed["listening"] == [("127.0.0.1", backend.port)]
+        and ready.status_code == 200
+        and answer.json()["model_id"] == models[0],
+    ), observed
 
 
 @pytest.mark.claims("gate-approval-age")

@@ -179,6 +179,78 @@ def test_a_shape_that_divides_its_blocks_builds_no_edge_mask():
         assert names.count("select_n") == 0 and names.count("iota") == 0, names
 
 
+def _pallas_calls(fn, *args) -> list:
+    """The params of every `pallas_call` equation in the traced program of `fn(*args)`,
+    nested jaxprs included (a `custom_vjp` and a `jit` hold the kernel's call)."""
+    calls = []
+
+    def walk(jaxpr) -> None:
+        for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+            if eqn.primitive.name == "pallas_call":
+                calls.append(eqn.params)
+            for value in eqn.params.values():
+                for item in value if isinstance(value, tuple | list) else [value]:
+                    if hasattr(getattr(item, "jaxpr", item), "eqns"):
+                        walk(item)
+
+    walk(jax.make_jaxpr(fn)(*args))
+    return calls
+
+
+def _semantics(params) -> tuple:
+    """The `dimension_semantics` the call declares to Mosaic (its TPU compiler
+    params), each as its lower-case name; None when it declares none."""
+    declared = getattr(params["compiler_params"], "dimension_semantics", None)
+    if declared is None:
+        return None
+    return tuple(str(getattr(s, "value", s)).lower() for s in declared)
+
+
+@pytest.mark.claims("matmul-reduction-axis-arbitrary", "matmul-k-grid-accumulator")
+def test_the_reduction_axis_is_declared_arbitrary_and_the_output_axes_parallel(evidence):
+    """Every matmul `pallas_call` declares dimension semantics `("parallel",
+    "parallel", "arbitrary")` over an `(M, N, K)` grid whose last axis walks K.
+
+    Read from the traced program, without running or compiling: each `pallas_call`
+    equation's `compiler_params` (Mosaic's, which a TPU compiles by and the
+    interpreter ignores, so no numerical test on a CPU can see them) and its
+    `grid_mapping.grid`. Forward (20, 384) x (384, 24) in blocks of (16, 24, 128):
+    grid (2, 1, 3), three reduction steps last; and the gradient, whose backward pass
+    runs the same kernel three times (the pre-activation, dx and dw)."""
+    x, w, b = matmul_inputs(8, 20, 384, 24, "float32")
+    blocks = kernels.MatmulBlocks(block_m=16, block_n=24, block_k=128)
+
+    def forward(x, w, b):
+        return kernels.matmul_bias_act(x, w, b, blocks=blocks, activation="relu")
+
+    def loss(x, w, b):
+        return jnp.sum(forward(x, w, b))
+
+    observed = {}
+    for label, fn in (("forward", forward), ("gradient", jax.grad(loss, (0, 1)))):
+        observed[label] = [
+            {
+                "name": params["name"],
+                "grid": list(params["grid_mapping"].grid),
+                "dimension_semantics": _semantics(params),
+            }
+            for params in _pallas_calls(fn, x, w, b)
+        ]
+    every = observed["forward"] + observed["gradient"]
+    expected = ["parallel", "parallel", "arbitrary"]
+    assert evidence.record(
+        "matmul pallas_call dimension semantics, from the traced jaxpr",
+        f"(20, 384) x (384, 24), blocks 16/24/128, forward and gradient, {BACKEND}, mode={MODE}",
+        observed,
+        {"dimension_semantics": expected, "forward_grid": [2, 1, 3]},
+        len(observed["forward"]) == 1
+        and len(observed["gradient"]) >= 3
+        # cdiv(20, 16), cdiv(24, 24), cdiv(384, 128): the K steps are the last axis.
+        and observed["forward"][0]["grid"] == [2, 1, 3]
+        and all(c["dimension_semantics"] == tuple(expected) for c in every),
+    ), observed
+
+
 @pytest.mark.claims(
     "two-independent-references",
     "matmul-k-grid-accumulator",

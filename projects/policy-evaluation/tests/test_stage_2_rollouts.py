@@ -9,6 +9,9 @@
   every recorded field and the final carry equal a step-by-step reference
   written from the specification (owned key streams, Python bookkeeping),
   with terminations and truncations both occurring.
+- Bad arguments: `discounted_returns` and `gae` raise a `ValueError` whose
+  message starts with the damaged argument's name (shapes, NaN, non-flag
+  dones, rates outside [0, 1]).
 """
 
 import jax
@@ -288,3 +291,90 @@ def test_rollout_masks_and_episode_bookkeeping(evidence, env, n):
         assert evidence.allclose(
             "finished-episode returns vs Python", cond, finished, ref_finished, rtol=1e-5, atol=1e-4
         )
+
+
+def _good_series(T: int = 6, N: int = 3) -> dict:
+    """Undamaged float32 inputs for `discounted_returns` and `gae`, `[T, N]` and `[N]`."""
+    rng = np.random.default_rng(11)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return {
+        "rewards": f32(rng.normal(size=(T, N))),
+        "values": f32(rng.normal(size=(T, N))),
+        "dones": jnp.asarray(rng.random((T, N)) < 0.3),
+        "masks": f32(np.ones((T, N))),
+        "last_value": f32(rng.normal(size=N)),
+        "gamma": 0.9,
+        "lam": 0.95,
+    }
+
+
+def _damaged(name: str, value) -> dict:
+    return {**_good_series(), name: value}
+
+
+# (label, argument the message must name, damaged inputs), shared by both functions.
+DAMAGED_SERIES = [
+    ("rewards not [T, N]", "rewards", _damaged("rewards", jnp.zeros(6, jnp.float32))),
+    ("masks of another shape", "masks", _damaged("masks", jnp.ones((5, 3), jnp.float32))),
+    ("dones 0.5", "dones", _damaged("dones", jnp.full((6, 3), 0.5, jnp.float32))),
+    ("last_value not [N]", "last_value", _damaged("last_value", jnp.zeros(4, jnp.float32))),
+    ("rewards hold NaN", "rewards", _damaged("rewards", jnp.full((6, 3), jnp.nan, jnp.float32))),
+    ("gamma 1.5", "gamma", _damaged("gamma", 1.5)),
+]
+
+
+def _refusal(call) -> str | None:
+    try:
+        call()
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.claims("returns-refuse-bad-arguments")
+def test_discounted_returns_names_the_bad_argument(evidence):
+    """discounted_returns raises ValueError naming the bad argument, 6 damages.
+
+    Shapes (`rewards` not 2-D, `masks` unlike `rewards`, `last_value` not `[N]`),
+    values (`dones` 0.5, NaN rewards) and the rate (`gamma` 1.5), each alone: the
+    message starts with that argument's name in backticks; the undamaged inputs
+    give returns of shape `[T, N]`."""
+    call = lambda a: discounted_returns(  # noqa: E731
+        a["rewards"], a["dones"], a["masks"], a["last_value"], a["gamma"]
+    )
+    assert call(_good_series()).shape == (6, 3)
+    for label, name, args in DAMAGED_SERIES:
+        message = _refusal(lambda args=args: call(args))
+        assert evidence.record(
+            "discounted_returns refuses a bad argument",
+            label,
+            {"message": message},
+            {"message_starts_with": f"`{name}`"},
+            message is not None and message.startswith(f"`{name}`"),
+        ), f"{label}: {message!r}"
+
+
+@pytest.mark.claims("gae-refuses-bad-arguments")
+def test_gae_names_the_bad_argument(evidence):
+    """gae raises ValueError naming the bad argument, 8 damages.
+
+    The 6 damages of `discounted_returns` plus gae's own: `values` of another
+    shape and `lam` below 0, each alone: the message starts with that
+    argument's name in backticks; the undamaged inputs give `[T, N]` advantages."""
+    call = lambda a: gae(  # noqa: E731
+        a["rewards"], a["values"], a["dones"], a["masks"], a["last_value"], a["gamma"], a["lam"]
+    )
+    assert call(_good_series())[0].shape == (6, 3)
+    cases = DAMAGED_SERIES + [
+        ("values of another shape", "values", _damaged("values", jnp.zeros((6, 2), jnp.float32))),
+        ("lam -0.1", "lam", _damaged("lam", -0.1)),
+    ]
+    for label, name, args in cases:
+        message = _refusal(lambda args=args: call(args))
+        assert evidence.record(
+            "gae refuses a bad argument",
+            label,
+            {"message": message},
+            {"message_starts_with": f"`{name}`"},
+            message is not None and message.startswith(f"`{name}`"),
+        ), f"{label}: {message!r}"

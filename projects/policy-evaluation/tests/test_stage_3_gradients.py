@@ -11,7 +11,8 @@
   against Bellman iteration written with explicit sums, and the exact
   gradient against central differences of that independent J; `softmax`
   against SciPy at logits up to 700; `start` and `theta` checked on both
-  sides of their bounds.
+  sides of their bounds; `evaluate_policy` names the one damaged argument
+  among P, R, terminal, pi and gamma.
 - PPO's clipped objective on a hand-written table of signed cases: value and
   gradient as the formula says, gradient zero where clipped.
 - The whole PPO loss against a NumPy float64 computation of its formula
@@ -464,6 +465,54 @@ def test_exact_gradient_rejects_bad_logits(theta):
     P, R, terminal = GridWorld().transition_table()
     with pytest.raises(ValueError, match="`theta` must be finite logits of shape"):
         exact.exact_policy_gradient(P, R, terminal, theta, GAMMA, 0)
+
+
+def _damaged_evaluation_arguments():
+    """(name, damaged argument, P, R, terminal, pi, gamma): one damage per argument
+    of `evaluate_policy` on the grid world, the other four left whole."""
+    P, R, terminal = GridWorld().transition_table()
+    pi = np.full(P.shape[:2], 1.0 / P.shape[1])
+    short_row = P.copy()
+    short_row[3, 1, :] *= 0.5  # one P[s, a, :] sums to 0.5
+    nan_reward = R.copy()
+    nan_reward[5, 2, 6] = np.nan
+    bad_pi = pi.copy()
+    bad_pi[0] = [0.5, 0.5, 0.5, -0.5]  # sums to 1, one negative entry
+    return [
+        ("P not [S, A, S]", "P", P[:, :, :-1], R, terminal, pi, GAMMA),
+        ("P row not a distribution", "P", short_row, R, terminal, pi, GAMMA),
+        ("R holds NaN", "R", P, nan_reward, terminal, pi, GAMMA),
+        ("terminal as 0/1 ints", "terminal", P, R, terminal.astype(np.int64), pi, GAMMA),
+        ("pi of the wrong shape", "pi", P, R, terminal, pi[:, :3], GAMMA),
+        ("pi with a negative entry", "pi", P, R, terminal, bad_pi, GAMMA),
+        ("gamma = 1", "gamma", P, R, terminal, pi, 1.0),
+    ]
+
+
+@pytest.mark.claims("evaluation-refuses-damaged-arguments")
+def test_evaluate_policy_names_the_damaged_argument(evidence):
+    """evaluate_policy raises ValueError naming the one damaged argument, 7 damages.
+
+    Each of P (shape, a row not summing to 1), R (NaN), terminal (not bool), pi
+    (shape, a negative entry) and gamma (1, outside [0, 1)) damaged alone on the
+    grid world: the message starts with that argument's name in backticks, and
+    the undamaged arguments solve without error."""
+    P, R, terminal = GridWorld().transition_table()
+    pi = np.full(P.shape[:2], 1.0 / P.shape[1])
+    assert exact.evaluate_policy(P, R, terminal, pi, GAMMA).shape == (P.shape[0],)
+    for label, name, *args in _damaged_evaluation_arguments():
+        try:
+            exact.evaluate_policy(*args)
+            message = None
+        except ValueError as error:
+            message = str(error)
+        assert evidence.record(
+            "evaluate_policy refuses a damaged argument",
+            label,
+            {"message": message},
+            {"message_starts_with": f"`{name}`"},
+            message is not None and message.startswith(f"`{name}`"),
+        ), f"{label}: {message!r}"
 
 
 def _numpy_apply(params, obs, activation=np.tanh):

@@ -10,18 +10,30 @@ MLflow's own defaults (`mlflow.start_run()`), which lose these end states.
 
 Concurrency: 8 processes log 200 metric values each into one store at once;
 every value must be there (counted by SQL), with zero errors.
+
+A tracking server that goes away: MLflow's client against a local server
+answering 503 gives up after 5 attempts and 2 + 4 + 8 s of back-off (sleeps
+recorded, not slept), then the circuit breaker fails later calls with no
+request; a `train` whose store becomes unreachable at its first metric write
+exits 1 with one line, keeping its end state, values and checkpoint under
+`runs/unsent/`, which the next `train` writes to the store before its own run.
+(`tests/test_store_outage.py` kills a real PostgreSQL database mid-run.)
 """
 
+import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import requests
+import urllib3.util.retry
 import workers
 from click.testing import CliRunner
 
@@ -856,4 +868,349 @@ def test_eight_processes_share_a_fresh_sqlite_store(evidence, tmp_path):
             and o["runs_seen_later"] == 8
             for o in observed.values()
         ),
+    ), observed
+
+
+# A TRACKING SERVER THAT GOES AWAY ---------------------------------------------
+
+
+class _RecordingTime:
+    """`time` for urllib3's `Retry`: records each sleep instead of sleeping."""
+
+    def __init__(self, slept: list[float]) -> None:
+        self.slept = slept
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+class _ServiceUnavailable(http.server.BaseHTTPRequestHandler):
+    """A tracking server whose database is down: every request gets a 503 that asks
+    the client to come back in 30 s (`Retry-After`), which the bound ignores."""
+
+    requests: list[str] = []
+
+    def _answer(self) -> None:
+        self.requests.append(self.path)
+        self.send_response(503)
+        self.send_header("Retry-After", "30")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.claims("store-outage-bounded")
+def test_an_unanswering_server_costs_one_bounded_call_then_none(evidence, monkeypatch):
+    """MLflow's own client gives up after 5 attempts and 2 + 4 + 8 s of back-off; the
+    circuit breaker then fails every later call at once, without a request.
+
+    `bound_http_retries` on an empty environment gives the README's values and
+    leaves a value the user set alone. With those values in force, a
+    `GuardedClient` against a local server answering every request with 503 and
+    `Retry-After: 30`: the server counts the attempts, urllib3's sleeps are
+    recorded instead of slept (the 0 s back-off before the first retry is no
+    sleep). The first call raises `StoreUnavailable` naming the store and the
+    bound; two later calls raise the same message with no request sent."""
+    from reproducible_experiments import outage
+
+    bound: dict[str, str] = {}
+    outage.bound_http_retries(bound)
+    user = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}
+    outage.bound_http_retries(user)
+    for name, value in bound.items():
+        monkeypatch.setenv(name, value)
+    slept: list[float] = []
+    monkeypatch.setattr(urllib3.util.retry, "time", _RecordingTime(slept))
+    handler = type("Handler", (_ServiceUnavailable,), {"requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    uri = f"http://127.0.0.1:{server.server_port}"
+    try:
+        client = outage.GuardedClient(tracking_uri=uri)
+        messages, requests_per_call, seconds = [], [], []
+        for call in (
+            lambda: client.get_run("0" * 32),
+            lambda: client.set_tag("0" * 32, "note", "written?"),
+            lambda: client.set_terminated("0" * 32, status="FAILED"),
+        ):
+            before, start = len(handler.requests), time.monotonic()
+            with pytest.raises(outage.StoreUnavailable) as raised:
+                call()
+            seconds.append(round(time.monotonic() - start, 3))
+            requests_per_call.append(len(handler.requests) - before)
+            messages.append(str(raised.value))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    expected_env = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "4",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+        "MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER": "false",
+    }
+    head = f"the tracking store `{uri}` could not be reached within 5 attempts and 14 s of back-off"
+    observed = {
+        "environment": bound,
+        "user_value_kept": user["MLFLOW_HTTP_REQUEST_MAX_RETRIES"],
+        "requests_per_call": requests_per_call,
+        "backoff_sleeps_s": slept,
+        "wall_s_per_call": seconds,
+        "first_message": messages[0][:200],
+        "later_messages_equal_first": messages[1:] == messages[:1] * 2,
+    }
+    assert evidence.record(
+        "bounded retries, then the circuit breaker",
+        "server answering 503 with Retry-After 30; three calls of one client",
+        observed,
+        {"requests_per_call": [5, 0, 0], "backoff_sleeps_s": [2, 4, 8]},
+        bound == expected_env
+        and observed["user_value_kept"] == "1"
+        and requests_per_call == [5, 0, 0]
+        and slept == [2, 4, 8]
+        and messages[0].startswith(head)
+        and observed["later_messages_equal_first"],
+    ), observed
+
+
+def _unreachable_client(down: dict[str, bool]) -> type:
+    """Stands in for `tracking.Client` behind `GuardedClient`: the store goes away at
+    the run's first metric write, and from then on every call fails as MLflow fails
+    once its retries against an unreachable server are spent."""
+    from mlflow.exceptions import MlflowException
+
+    def through(name: str):
+        real = getattr(tracking.Client, name)
+
+        def method(self, *args, **kwargs):
+            if name == "log_batch" and kwargs.get("metrics"):
+                down["down"] = True
+            if down["down"]:
+                raise MlflowException(
+                    f"API request to {self.tracking_uri} failed: Max retries exceeded"
+                ) from requests.ConnectionError("connection refused")
+            return real(self, *args, **kwargs)
+
+        return method
+
+    names = (
+        "create_run get_run log_batch set_tag set_terminated log_text log_dict log_figure "
+        "log_artifacts search_runs get_metric_history"
+    ).split()
+    return type("UnreachableClient", (), {name: through(name) for name in names})
+
+
+def _stand_in_training(config, *, on_epoch=None, digits=None):
+    """`train.train_and_evaluate` without the training (stage 1 tests that): each
+    epoch's figures reported as it ends, and a small parameter tree to keep."""
+    import numpy as np
+
+    from reproducible_experiments import checkpoint, train
+
+    history = []
+    for epoch in range(1, config.num_epochs + 1):
+        figures = {"train_loss": 1.0 / epoch, "val_loss": 1.5 / epoch, "val_accuracy": 0.1 * epoch}
+        history.append({"epoch": epoch, **figures})
+        if on_epoch is not None:
+            on_epoch(history[-1])
+    params = {"dense": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}}
+    return train.TrainResult(
+        config=config,
+        split={},
+        data_identity={},
+        history=history,
+        test={"test_loss": 0.25, "test_accuracy": 0.75},
+        params_sha256=checkpoint.digest(params),
+        train_s=0.0,
+        params=params,
+    )
+
+
+@pytest.fixture(scope="module")
+def outage_train(sqlite_store, tmp_path_factory):
+    """`train` (tiny config, checkpoint on) whose store goes away at its first metric
+    write: the CLI's own path, with `outage.guard` giving a `GuardedClient` on the
+    SQLite store and the store's calls failing as an unreachable server's do; the
+    training itself is a stand-in (`_stand_in_training`), the record around it real.
+    Returns what the exit left: the result, the run as SQL sees it, the kept folder."""
+    from reproducible_experiments import outage, train
+
+    workdir = tmp_path_factory.mktemp("outage-train")
+    client = sqlite_store.client()
+    name, exp_id = sqlite_store.new_experiment(client, "outage")
+    down = {"down": False}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)
+        patch.setattr(outage, "guard", lambda c: outage.GuardedClient(tracking_uri=c.tracking_uri))
+        patch.setattr(outage, "Client", _unreachable_client(down))
+        patch.setattr(train, "train_and_evaluate", _stand_in_training)
+        result = CliRunner().invoke(
+            main,
+            [
+                "train",
+                "--config",
+                str(PROJECT_ROOT / "configs" / "tiny.json"),
+                "--tracking-uri",
+                sqlite_store.uri,
+                "--experiment",
+                name,
+            ],
+        )
+    (run,) = tracking.iter_runs(client, exp_id)
+    run_id = run.info.run_id
+    folder = workdir / "runs" / "unsent" / run_id
+    end = json.loads((folder / "end.json").read_text()) if (folder / "end.json").is_file() else {}
+    return {
+        "workdir": workdir,
+        "experiment": name,
+        "result": result,
+        "run_id": run_id,
+        "sql_status": sqlite_store.sql("SELECT status FROM runs WHERE run_uuid = ?", (run_id,)),
+        "sql_metrics": sqlite_store.sql(
+            "SELECT count(*) FROM metrics WHERE run_uuid = ?", (run_id,)
+        )[0][0],
+        "folder": folder,
+        "end": end,
+        "checkpoint_kept": (folder / "checkpoint").is_dir(),
+    }
+
+
+@pytest.mark.claims("store-outage-bounded")
+def test_a_train_that_meets_the_outage_ends_with_one_line(evidence, outage_train):
+    """The `train` that meets the outage exits 1 with one line naming the store, the
+    run left RUNNING, the unwritten values and the folder that keeps them.
+
+    The line against the store (SQL: the run RUNNING with none of its values)
+    and against the folder: `end.json` holds FAILED with `error.type`
+    `StoreUnavailable`, every metric value (3 per epoch of the tiny config's 5,
+    plus the 2 test figures) and `checkpoint/` the trained parameters."""
+    result, run_id = outage_train["result"], outage_train["run_id"]
+    lines = result.stderr.strip().splitlines()
+    last = lines[-1] if lines else ""
+    end = outage_train["end"]
+    values = 5 * 3 + 2
+    unwritten = (
+        f"run `{run_id}` is left RUNNING there; {values} of its {values} metric values "
+        "were not written"
+    )
+    observed = {
+        "exit_code": result.exit_code,
+        "last_line": last,
+        "traceback": "Traceback" in result.output,
+        "sql_status": outage_train["sql_status"],
+        "sql_metric_values": outage_train["sql_metrics"],
+        "kept_status": end.get("status"),
+        "kept_error_type": end.get("tags", {}).get("error.type"),
+        "kept_metric_values": len(end.get("metrics", [])),
+        "checkpoint_kept": outage_train["checkpoint_kept"],
+    }
+    assert evidence.record(
+        "a train that meets the outage: one line, exit 1, everything kept",
+        "tiny config; the store unreachable from the first metric write",
+        observed,
+        {"exit_code": 1, "kept_metric_values": values},
+        result.exit_code == 1
+        and isinstance(result.exception, SystemExit)
+        and not observed["traceback"]
+        and last.startswith("Error: the tracking store `sqlite:///")
+        and "could not be reached within 5 attempts and 14 s of back-off" in last
+        and unwritten in last
+        and f"runs/unsent/{run_id}" in last
+        and outage_train["sql_status"] == [("RUNNING",)]
+        and outage_train["sql_metrics"] == 0
+        and end.get("status") == "FAILED"
+        and observed["kept_error_type"] == "StoreUnavailable"
+        and bool(end.get("tags", {}).get("error.message"))
+        and observed["kept_metric_values"] == values
+        and observed["checkpoint_kept"],
+    ), observed
+
+
+@pytest.mark.claims("unsent-run-settled-later")
+def test_the_next_train_writes_the_kept_run_first(evidence, sqlite_store, outage_train):
+    """The next `train` on the store, once it answers, writes what the outage kept
+    before it starts its own run, and removes the folder.
+
+    The later `train` runs the CLI's own path up to its run; the run itself is
+    replaced by a probe that looks at the store at the moment it would start:
+    the kept run must already be FAILED at the kept end time, with the kept
+    tags, every kept metric value once (by key and step), the `checkpoint/`
+    artifact, and the folder gone."""
+    from reproducible_experiments import record
+
+    run_id, end = outage_train["run_id"], outage_train["end"]
+    client = sqlite_store.client()
+    seen: dict = {}
+
+    class _Probe(Exception):
+        pass
+
+    def probe(store_client, exp_id, config, **kwargs):
+        run = client.get_run(run_id)
+        history = {
+            key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+            for key in {key for key, *_ in end["metrics"]}
+        }
+        seen.update(
+            status=run.info.status,
+            end_time=run.info.end_time,
+            tags={k: run.data.tags.get(k) for k in end["tags"]},
+            checkpoint_tag=run.data.tags.get("result.checkpoint"),
+            artifacts=[a.path for a in client.list_artifacts(run_id, "checkpoint")],
+            history=history,
+            folder_left=outage_train["folder"].exists(),
+        )
+        raise _Probe
+
+    kept = {}
+    for key, value, _, step in end["metrics"]:
+        kept.setdefault(key, []).append((step, value))
+    kept = {key: sorted(values) for key, values in kept.items()}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(outage_train["workdir"])
+        patch.setattr(record, "run_tracked", probe)
+        result = CliRunner().invoke(
+            main,
+            [
+                "train",
+                "--config",
+                str(PROJECT_ROOT / "configs" / "tiny.json"),
+                "--tracking-uri",
+                sqlite_store.uri,
+                "--experiment",
+                outage_train["experiment"],
+            ],
+        )
+    observed = {
+        "reached_the_run": isinstance(result.exception, _Probe),
+        "status": seen.get("status"),
+        "end_time_equals_kept": seen.get("end_time") == end["end_time_ms"],
+        "tags_equal_kept": seen.get("tags") == end["tags"],
+        "checkpoint_tag": seen.get("checkpoint_tag"),
+        "checkpoint_artifacts": len(seen.get("artifacts", [])),
+        "history_equals_kept": seen.get("history") == kept,
+        "folder_left": seen.get("folder_left"),
+    }
+    assert evidence.record(
+        "the next train writes the kept run first",
+        "tiny config after an outage at the first metric write; SQLite store",
+        observed,
+        {"status": "FAILED", "folder_left": False},
+        observed["reached_the_run"]
+        and observed["status"] == "FAILED"
+        and observed["end_time_equals_kept"]
+        and observed["tags_equal_kept"]
+        and observed["checkpoint_tag"] == "checkpoint/"
+        and observed["checkpoint_artifacts"] > 0
+        and observed["history_equals_kept"]
+        and observed["folder_left"] is False,
     ), observed

@@ -1,9 +1,10 @@
 """Stage 1: an observed workload.
 
 Independent checks: the observer's counts against a Python tally of the same
-steps; the scraped Prometheus counters against the job's own final counts,
-the step count the run must reach, and the heartbeat lines counted in its log;
-the supervisor's psutil resource figures against /proc read directly. Changed
+steps (and a heartbeat before any step: no loss, the loss gauge never set);
+the scraped Prometheus counters against the job's own final counts, the step
+count the run must reach, and the heartbeat lines counted in its log; the
+supervisor's psutil resource figures against /proc read directly. Changed
 conditions: another batch size and heartbeat interval.
 """
 
@@ -77,6 +78,51 @@ def test_heartbeat_reports_what_the_loop_counted(batch, evidence):
         {"exact": True},
         ok,
     ), (beat, scraped, tally)
+
+
+@pytest.mark.claims("heartbeat-loss-none-before-first-step")
+def test_heartbeat_loss_is_none_before_the_first_step(evidence, monkeypatch):
+    """A heartbeat before any step reports `loss` None and leaves the loss gauge unset.
+
+    The gauge's `set` is watched: the first heartbeat (no step yet) calls it
+    never and the scraped `workload_loss` keeps its initial 0.0; after one step
+    with loss 0.25 the next heartbeat reports 0.25 and sets the gauge once."""
+    observer = Observer(10.0, out=io.StringIO(), serve=False)
+    gauge_sets: list[float] = []
+    real_set = observer.loss_gauge.set
+    monkeypatch.setattr(
+        observer.loss_gauge, "set", lambda value: (gauge_sets.append(value), real_set(value))[1]
+    )
+    before = observer.heartbeat()
+    scraped_before = observer.registry.get_sample_value("workload_loss")
+    sets_before = list(gauge_sets)
+    observer.step_done(1, 8, jnp.float32(0.25))
+    after = observer.heartbeat()
+    scraped_after = observer.registry.get_sample_value("workload_loss")
+    observed = {
+        "loss_before": before["loss"],
+        "gauge_sets_before": sets_before,
+        "scraped_before": scraped_before,
+        "loss_after": after["loss"],
+        "gauge_sets_after": gauge_sets,
+        "scraped_after": scraped_after,
+    }
+    ok = (
+        before["loss"] is None
+        and "loss" in before
+        and sets_before == []
+        and scraped_before == 0.0
+        and after["loss"] == 0.25
+        and gauge_sets == [0.25]
+        and scraped_after == 0.25
+    )
+    assert evidence.record(
+        "heartbeat before the first step",
+        "one heartbeat with no step, then one after a step with loss 0.25",
+        observed,
+        {"loss_before": None, "gauge_sets_before": 0},
+        ok,
+    ), observed
 
 
 class _Clock:

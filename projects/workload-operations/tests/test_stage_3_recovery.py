@@ -1,6 +1,7 @@
 """Stage 3: a verified recovery point.
 
-Independent checks: the latest accepted step against an enumerated ledger;
+Independent checks: the latest accepted step against an enumerated ledger
+(None for an empty ledger and an all-rejected one);
 the continued run against an uninterrupted run computed in this process
 (loss bits and sample IDs, the IDs also computed without any iterator); the
 verifier's acceptances against the job's own completion records; damage
@@ -112,6 +113,38 @@ def test_latest_accepted_needs_a_verdict_no_older_than_the_request(
         root.mkdir(parents=True)
         (root / "_CHECKPOINT_METADATA").write_text("{}")
     assert checkpoint.latest_accepted(tmp_path) == expected
+
+
+@pytest.mark.claims("latest-accepted-none")
+def test_latest_accepted_is_none_when_no_step_qualifies(tmp_path, evidence):
+    """latest_accepted is None for an empty ledger and for one whose every step is rejected.
+
+    Both workdirs hold committed step directories (3, 6, 9), so None is not the
+    answer of a workdir with nothing saved: with empty ledger files; and with
+    every step requested and rejected (9 accepted first, then rejected by its
+    latest verdict)."""
+    empty = tmp_path / "empty"
+    _ledger(empty, requested=[], verdicts=[], committed=[3, 6, 9])
+    for kind in ("requested", "verdicts"):
+        _write_ledger(empty, kind, [])
+    rejected = tmp_path / "rejected"
+    _ledger(
+        rejected,
+        requested=[3, 6, 9],
+        verdicts=[(3, False), (6, False), (9, True), (9, False)],
+        committed=[3, 6, 9],
+    )
+    found = {
+        "empty ledger": checkpoint.latest_accepted(empty),
+        "every step rejected": checkpoint.latest_accepted(rejected),
+    }
+    assert evidence.record(
+        "latest accepted step when none qualifies",
+        "empty ledger; every step rejected; steps 3, 6, 9 committed in both",
+        found,
+        {"expected": None},
+        all(value is None for value in found.values()),
+    ), found
 
 
 @pytest.mark.claims("ledger-last-record-per-step")

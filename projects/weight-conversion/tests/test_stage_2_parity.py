@@ -415,6 +415,7 @@ def float64_excess(evidence) -> float:
     return max(1.0, *measured.values())
 
 
+@pytest.mark.ieee_float64
 def test_float64_brings_the_clean_model_to_about_1e_12(
     evidence, torch_source, split, float64_excess
 ):

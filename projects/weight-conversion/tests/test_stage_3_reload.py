@@ -32,6 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -316,6 +317,53 @@ def test_safetensors_and_orbax_reload_the_same_bits(evidence, run_dir):
         "safetensors reload == Orbax reload, bitwise",
         "two formats",
         {"tensors": len(a)},
+        None,
+        same,
+    )
+
+
+_SAVE_ON_THE_LAST_OF_FOUR_DEVICES = """
+import sys, jax, numpy as np
+from flax import nnx
+from weight_conversion import checkpoint, model
+from weight_conversion.config import Arch
+net = model.create_model(Arch(), seed=3)
+last = jax.devices()[-1]
+nnx.update(net, jax.device_put(nnx.state(net), last))
+assert len(jax.devices()) == 4 and all(
+    a.devices() == {last} for a in jax.tree.leaves(nnx.state(net))
+)
+checkpoint.save_orbax(net, sys.argv[1])
+np.savez(sys.argv[2], **checkpoint.flat_arrays(net))
+"""
+
+
+@pytest.mark.claims("reload-check-both-artifacts")
+def test_an_orbax_checkpoint_from_another_device_topology_restores(evidence, tmp_path):
+    """A checkpoint written by a process with four devices, every array on the last (as one
+    written on a TPU or a multi-device host is placed), restores in this process onto its
+    default device, each array equal bit for bit to what the writer held."""
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"  # this process may hold the accelerator
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    folder, arrays = tmp_path / "orbax", tmp_path / "written.npz"
+    done = subprocess.run(
+        [sys.executable, "-c", _SAVE_ON_THE_LAST_OF_FOUR_DEVICES, str(folder), str(arrays)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    written = dict(np.load(arrays))
+    restored = checkpoint.flat_arrays(checkpoint.load_orbax(folder, Arch()))
+    same = sorted(written) == sorted(restored) and all(
+        written[k].tobytes() == restored[k].tobytes() for k in written
+    )
+    assert evidence.record(
+        "Orbax checkpoint from 4 devices (arrays on the last) restored here, bitwise",
+        f"written on cpu:3 of 4, read on {jax.devices()[0]}",
+        {"tensors": len(restored)},
         None,
         same,
     )

@@ -257,7 +257,14 @@ def load_orbax(directory: str | Path, arch: Arch, dtype=jnp.float32) -> DigitNet
     _check_files(directory)
     model = abstract_model(arch, dtype=dtype)
     spec = target_spec(model)
-    abstract_state = nnx.state(model, (nnx.Param, nnx.BatchStat))
+    # Each array is restored onto this process's default device: without a sharding in
+    # the target, Orbax places arrays as they were saved, and a checkpoint written on
+    # another device topology (a TPU's, or several devices) cannot be read here.
+    here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract_state = jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=here),
+        nnx.state(model, (nnx.Param, nnx.BatchStat)),
+    )
     with ocp.StandardCheckpointer() as checkpointer:
         try:
             metadata = checkpointer.metadata(directory)

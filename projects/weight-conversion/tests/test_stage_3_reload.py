@@ -1005,3 +1005,57 @@ def test_reload_within_the_bound_but_one_prediction_changed_is_refused(
         {"bound": bound},
         ok,
     ), observed
+
+
+@pytest.mark.claims("reload-error-at-bound-passes", "reload-passed-rule")
+def test_reload_error_exactly_at_the_bound_passes(evidence, tmp_path, monkeypatch):
+    """An error of exactly the stated bound passes; the next float64 above it fails.
+
+    Forward pass stubbed (as above) to return the saved reference with one element moved:
+    that element of the reference is set to 0.0 (a row's smallest logit, its row's argmax
+    and the largest |logit| untouched, so the bound and the predictions stay as they are)
+    and the stub returns it as exactly the bound, or the next float64 above the bound, so
+    the error `|bound - 0|` is the bound to the last bit."""
+    arch, _, _ = BOUND_ARCHS[0]
+    run = tmp_path / "run"
+    reference = _untrained_run(run, arch, seed=12)
+    scale = float(np.max(np.abs(reference)))
+    row = next(r for r in range(len(reference)) if np.max(np.abs(reference[r])) < scale)
+    col = int(np.argmin(reference[row]))
+    reference[row, col] = 0.0
+    np.save(run / "source_logits.npy", reference)
+    returned = reference.astype(np.float64)
+    monkeypatch.setattr(model, "logits", lambda reloaded, images: returned.copy())
+    bound = pipeline.reload_check(run)["tolerance"]  # the error is 0 here: bound only
+    assert 0.0 < bound < float(np.max(reference[row]))  # `col` stays below the row's argmax
+    observed = {}
+    for label, moved in (("at", bound), ("above", float(np.nextafter(bound, np.inf)))):
+        returned[row, col] = moved
+        result = pipeline.reload_check(run)
+        observed[label] = {
+            name: [result[name]["max_abs_logit_error"] == moved, result[name]["passed"]]
+            for name in ("safetensors", "orbax")
+        }
+        observed[label]["tolerance_unchanged"] = result["tolerance"] == bound
+        observed[label]["predictions"] = result["safetensors"]["identical_predictions"]
+    ok = observed == {
+        "at": {
+            "safetensors": [True, True],
+            "orbax": [True, True],
+            "tolerance_unchanged": True,
+            "predictions": len(reference),
+        },
+        "above": {
+            "safetensors": [True, False],
+            "orbax": [True, False],
+            "tolerance_unchanged": True,
+            "predictions": len(reference),
+        },
+    }
+    assert evidence.record(
+        "reload: an error exactly at the bound passes, the next float64 above fails",
+        f"{arch}, one element moved to the bound",
+        observed,
+        {"bound": bound},
+        ok,
+    ), observed

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 from jax.custom_derivatives import linear_call
 
@@ -217,6 +217,46 @@ def test_sweep_of_one_step_has_a_best_and_no_slopes():
         checks.analyse_sweep(np.array([]), np.array([]), jnp.float64, x)
 
 
+# Positions (in an 8-step sweep) of equal least errors, and whether an exact zero
+# error sits before the first of them (zeros are left out of the minimum).
+SWEEP_TIES = {
+    "two-apart": ((2, 5), True),
+    "first-and-last": ((0, 7), False),
+    "three": ((3, 4, 6), True),
+    "adjacent": ((1, 2), True),
+}
+
+
+@pytest.mark.claims("sweep-first-least-error-wins")
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+@pytest.mark.parametrize("case", list(SWEEP_TIES))
+def test_sweep_first_of_equal_least_errors_wins(evidence, case, order):
+    """Among equal least errors analyse_sweep reports the one first in the sweep, not a later one.
+
+    Built by hand: 8 distinct errors, the least value (the same float) put at 2 or
+    3 positions, in a sweep of ascending and of descending steps (so "first" is
+    the sweep's order, not the smallest or largest step); an exact zero error
+    before the ties does not win (zeros are left out)."""
+    ties, zero_before = SWEEP_TIES[case]
+    steps = np.logspace(-10, -3, 8)
+    if order == "descending":
+        steps = steps[::-1].copy()
+    errors = 1e-6 * (1.0 + np.arange(8))
+    least = 3e-9
+    errors[list(ties)] = least
+    if zero_before:
+        errors[ties[0] - 1] = 0.0
+    a = checks.analyse_sweep(steps, errors, jnp.float64, jnp.ones(3, jnp.float64))
+    want = ties[0]
+    assert evidence.record(
+        "first of equal least errors wins",
+        f"ties at {ties} of 8, {order} steps, zero before: {zero_before}",
+        {"best_step": a["best_step"], "best_rel_error": a["best_rel_error"]},
+        {"best_step": float(steps[want]), "index": want, "last_tie_step": float(steps[ties[-1]])},
+        a["best_step"] == steps[want] and a["best_rel_error"] == least,
+    ), (a["best_step"], steps[list(ties)])
+
+
 @pytest.mark.parametrize("dtype", [FLOAT64, "float32"])
 def test_jacobians_match_numpy_formulas(problems, evidence, float32_excess, dtype):
     """jacfwd and jacrev of two suite functions match hand-written NumPy Jacobians within 50 eps.
@@ -314,6 +354,86 @@ def test_linearity_check_catches_a_nonlinear_tangent_rule(evidence):
         {"rel_at_least": 0.01},
         r["rel_error"] >= 0.01,
     )
+
+
+def _bent_tangent(a_mat: np.ndarray, c: np.ndarray, dtype):
+    """x -> A x whose JVP rule returns A t + c |t|^2 (c = 0: the true, linear rule)."""
+    a_, c_ = jnp.asarray(a_mat, dtype), jnp.asarray(c, dtype)
+
+    @jax.custom_jvp
+    def f(x):
+        return a_ @ x
+
+    @f.defjvp
+    def _jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return a_ @ x, a_ @ t + c_ * jnp.sum(t * t)
+
+    return f
+
+
+COEFFICIENTS = [-2.0, -0.7, 0.0, 0.5, 1.3]
+
+
+@pytest.mark.claims("jvp-linearity-figures")
+@pytest.mark.parametrize("dtype", [FLOAT64, "float32"])
+@FAST
+@given(
+    n=st.integers(1, 5),
+    m=st.integers(2, 5),
+    a=st.sampled_from(COEFFICIENTS),
+    b=st.sampled_from(COEFFICIENTS),
+    bend=st.sampled_from([0.0, 0.5, -2.0]),
+    scales=st.sampled_from([(1.0, 1.0), (0.1, 7.0), (5.0, 0.2)]),
+    seed=st.integers(0, 2**16),
+)
+def test_jvp_linearity_figures_match_numpy(evidence, dtype, n, m, a, b, bend, scales, seed):
+    """jvp_linearity's scale and rel_error equal NumPy float64 2-norm figures, a and b of any sign.
+
+    On x -> A x whose tangent rule adds c |t|^2 (c = 0: linear), NumPy float64
+    from the dtype's values: J t = A t + c |t|^2, the tangent a u + b v formed in
+    the dtype, diff = |J(a u + b v) - (a J u + b J v)|, scale = |a| |J u| + |b| |J v|
+    (2-norms), rel_error = diff / scale. Bound: an entry of J t evaluated in the
+    dtype errs by at most (n + 2) eps times the sum of its terms' magnitudes,
+    T t = |A| |t| + |c| |t|^2 (an n-term dot product, an n-term sum of squares, a
+    product and a sum), and the float64 norms of m entries by (m + 2) eps64 <= (m + 2)
+    eps: gamma = (n + m + 4) eps."""
+    assume(a != 0.0 or b != 0.0)
+    rng = np.random.default_rng(seed)
+    a_mat = rng.normal(size=(m, n)).astype(dtype).astype(np.float64)
+    c = (bend * rng.uniform(0.5, 1.5, size=m)).astype(dtype).astype(np.float64)
+    x = rng.normal(size=n).astype(dtype)
+    u = (scales[0] * rng.normal(size=n)).astype(dtype)
+    v = (scales[1] * rng.normal(size=n)).astype(dtype)
+    r = checks.jvp_linearity(
+        _bent_tangent(a_mat, c, dtype), jnp.asarray(x), jnp.asarray(u), jnp.asarray(v), a, b
+    )
+    w = np.asarray(a, dtype) * u + np.asarray(b, dtype) * v  # the tangent as formed in the dtype
+
+    def tangent(t):
+        t64 = t.astype(np.float64)
+        return a_mat @ t64 + c * np.sum(t64**2)
+
+    def terms(t):
+        t64 = np.abs(t.astype(np.float64))
+        return np.linalg.norm(np.abs(a_mat) @ t64 + np.abs(c) * np.sum(t64**2))
+
+    ju, jv, jw = tangent(u), tangent(v), tangent(w)
+    diff = np.linalg.norm(jw - (a * ju + b * jv))
+    scale = abs(a) * np.linalg.norm(ju) + abs(b) * np.linalg.norm(jv)
+    gamma = (n + m + 4) * EPS[dtype]
+    scale_bound = gamma * (abs(a) * terms(u) + abs(b) * terms(v))
+    diff_bound = gamma * terms(w) + scale_bound
+    rel = diff / scale
+    rel_bound = (diff_bound + rel * scale_bound) / (scale - scale_bound)
+    assert scale > 2 * scale_bound
+    assert evidence.record(
+        "linearity figures vs NumPy",
+        f"{dtype} {m}x{n}, a={a}, b={b}, c={bend}, |u|:|v| = {scales}",
+        {**r, "expected_scale": scale, "expected_rel_error": rel},
+        {"scale_abs": scale_bound, "rel_error_abs": rel_bound},
+        abs(r["scale"] - scale) <= scale_bound and abs(r["rel_error"] - rel) <= rel_bound,
+    ), (r, scale, rel, scale_bound, rel_bound)
 
 
 @pytest.mark.claims("jvp-vjp-identities", "dot-product-transpose")

@@ -224,6 +224,48 @@ def test_safe_norm_has_a_subgradient_at_zero_and_the_right_hessian(evidence, see
     assert all(ok)
 
 
+@pytest.mark.claims("safe-norm-any-shape")
+@pytest.mark.parametrize("shape", [(), (1,), (5,), (2, 3), (3, 1, 2)])
+@pytest.mark.parametrize("dtype", [FLOAT64, jnp.float32])
+def test_safe_norm_tangent_is_the_full_inner_product_for_any_shape(evidence, shape, dtype):
+    """safe_norm's JVP is sum(x * t) / |x| and its gradient x / |x|, for a scalar, vectors, a matrix
+    and a 3-d array, against NumPy float64 on the dtype's values.
+
+    |x| is over every entry (the Frobenius norm of a matrix), the inner product
+    over every entry too. Bound for k = x.size entries: the k-term sum of products
+    errs by at most k eps/2 times sum |x t|, the k-term |x| by (k/2 + 1) eps/2
+    relatively, the quotient by eps/2: within (k + 2) eps sum |x t| / |x| for the
+    tangent, (k + 2) eps |x_i| / |x| for each gradient entry, (k + 2) eps |x| for |x|."""
+    rng = np.random.default_rng(sum(shape) + len(shape))
+    x = rng.normal(size=shape).astype(dtype)
+    t = rng.normal(size=shape).astype(dtype)
+    x64, t64 = x.astype(np.float64), t.astype(np.float64)
+    norm = float(np.sqrt(np.sum(x64**2)))
+    k = x.size
+    eps = float(jnp.finfo(dtype).eps)
+    primal, tangent = jax.jvp(rules.safe_norm, (jnp.asarray(x),), (jnp.asarray(t),))
+    grad = jax.grad(rules.safe_norm)(jnp.asarray(x))
+    cond = f"shape {shape} {jnp.dtype(dtype).name}"
+    ok = [
+        evidence.allclose(
+            "|x| over every entry", cond, primal, norm, rtol=0, atol=(k + 2) * eps * norm
+        ),
+        evidence.allclose(
+            "tangent sum(x t) / |x|",
+            cond,
+            tangent,
+            np.sum(x64 * t64) / norm,
+            rtol=0,
+            atol=(k + 2) * eps * np.sum(np.abs(x64 * t64)) / norm,
+        ),
+        evidence.allclose(
+            "grad x / |x| of x's shape", cond, grad, x64 / norm, rtol=(k + 2) * eps, atol=0
+        ),
+    ]
+    assert np.shape(primal) == () and np.shape(tangent) == ()
+    assert all(ok)
+
+
 @pytest.mark.claims("clip-gradient-cotangent")
 @pytest.mark.parametrize(("lo", "hi"), [(-1.0, 1.0), (-0.25, 2.0)])
 def test_clip_gradient_clips_only_the_cotangent(evidence, lo, hi):
@@ -537,6 +579,70 @@ def test_fixed_point_budget_is_that_many_numpy_steps(evidence, batch, iterations
         rtol=1e-13,
         atol=1e-14,
     )
+
+
+@pytest.mark.claims("implicit-adjoint-budget")
+@pytest.mark.ieee_float64
+@pytest.mark.parametrize("iterations", [1, 2, 3, 6])
+def test_adjoint_solve_stops_at_the_iteration_budget(evidence, iterations):
+    """With a budget too small to converge, the implicit VJP pulls back exactly that many adjoint
+    iterations, not one more or one fewer: NumPy float64.
+
+    The forward solve stops at the budget too (k steps z <- tanh(W z + U x + b)
+    from 0), so the reference is built on that z: with d = 1 - tanh(W z + U x + b)^2
+    (one step's derivative at z), a_0 = v, a_(j+1) = v + W^T (d a_j), and the
+    cotangents of one step for d a_k: W-bar = (d a_k) z^T, U-bar = (d a_k) x^T,
+    b-bar = d a_k, x-bar = U^T (d a_k). Bound: each of the k forward and k adjoint
+    iterations and the one pullback is a dot product of at most n + d_in = 8 terms
+    (8 eps relatively) and a tanh or its derivative (4 eps allowed); the map
+    contracts, so earlier errors do not grow: (2k + 1) 12 eps times the largest
+    cotangent entry. The budgets k - 1 and k + 1 give cotangents at least 100 times
+    that far away, so the comparison tells k from its neighbours."""
+    n, d_in = 5, 3
+    kp, kx, kv = jax.random.split(jax.random.key(7), 3)
+    params = model.init(kp, n, d_in, contraction=0.9)
+    x = jax.random.normal(kx, (d_in,), jnp.float64)
+    v = jax.random.normal(kv, (n,), jnp.float64)
+    w, u, b = (np.asarray(p) for p in params)
+    xn, vn = np.asarray(x), np.asarray(v)
+    z = np.zeros(n)
+    for _ in range(iterations):
+        z = np.tanh(w @ z + u @ xn + b)
+    d = 1 - np.tanh(w @ z + u @ xn + b) ** 2
+
+    def cotangents(count: int) -> list[np.ndarray]:
+        a = vn
+        for _ in range(count):
+            a = vn + w.T @ (d * a)
+        da = d * a
+        return [np.outer(da, z), np.outer(da, xn), da, u.T @ da]
+
+    _, pullback = jax.vjp(lambda p, y: rules.fixed_point_implicit(p, y, iterations), params, x)
+    params_bar, x_bar = pullback(v)
+    got = [*params_bar, x_bar]
+    want = cotangents(iterations)
+    scale = max(float(np.abs(c).max()) for c in want)
+    tol = (2 * iterations + 1) * 12 * float(jnp.finfo(jnp.float64).eps) * scale
+    gaps = {
+        f"budget {k}": max(
+            float(np.abs(c - e).max()) for c, e in zip(cotangents(k), want, strict=True)
+        )
+        for k in (iterations - 1, iterations + 1)
+    }
+    cond = f"budget {iterations}"
+    ok = [
+        evidence.record(
+            "neighbouring budgets are distinguishable",
+            cond,
+            gaps,
+            {"at_least": 100 * tol},
+            min(gaps.values()) >= 100 * tol,
+        )
+    ] + [
+        evidence.allclose(f"{name}-bar = {iterations} adjoint steps", cond, g, e, rtol=0, atol=tol)
+        for name, g, e in zip(("W", "U", "b", "x"), got, want, strict=True)
+    ]
+    assert all(ok)
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.0])

@@ -331,6 +331,97 @@ def test_walker_counts_every_nested_equation(evidence):
     assert all(ok)
 
 
+def _ordered_program(x):
+    a = jnp.sin(x)
+
+    def body(c, _):
+        return jax.jit(lambda y: jnp.exp(jnp.tanh(y)))(c) * 2.0, None
+
+    b, _ = jax.lax.scan(body, a, None, length=2)
+    c = jax.lax.cond(b[0] > 0, jnp.cos, jnp.negative, b)
+    return jnp.log(c)
+
+
+# `_ordered_program` read top to bottom, each equation followed at once by its
+# sub-programs' equations (depth first), before the next equation of its own level.
+# `cond` holds its branches as (false, true): branches[0] is `negative`.
+ORDERED_WALK = [
+    ("sin", ""),
+    ("scan", ""),
+    ("jit", "scan.jaxpr"),
+    ("tanh", "scan.jaxpr/jit.jaxpr"),
+    ("exp", "scan.jaxpr/jit.jaxpr"),
+    ("mul", "scan.jaxpr"),
+    ("slice", ""),
+    ("squeeze", ""),
+    ("gt", ""),
+    ("convert_element_type", ""),
+    ("cond", ""),
+    ("neg", "cond.branches[0]"),
+    ("cos", "cond.branches[1]"),
+    ("log", ""),
+]
+
+
+@pytest.mark.claims("walk-depth-first-order")
+def test_walk_is_depth_first_in_program_order(evidence):
+    """walk lists each equation, then its sub-programs' equations, before the next one: the order of
+    a program read by hand and of JAX's printed jaxpr.
+
+    A scan holding a jit, a cond of two branches, equations before, between and
+    after them: breadth first (all top-level equations first), an equation after
+    its sub-programs, or any reordering of a level gives another sequence. JAX's
+    printed jaxpr names each equation's primitive before its nested programs, so
+    the names in printed order are a second reference."""
+    closed = jax.make_jaxpr(_ordered_program)(X4)
+    walked = [(e.primitive, e.path) for e in jaxpr_audit.walk(closed.jaxpr)]
+    printed = re.findall(r" = ([a-z_][a-z0-9_-]*)", str(closed))
+    assert evidence.record(
+        "depth-first walk in program order",
+        "scan(jit), cond(2 branches) between plain equations",
+        {"walked": walked, "printed": printed},
+        {"expected": ORDERED_WALK},
+        walked == ORDERED_WALK and [p for p, _ in walked] == printed,
+    ), walked
+
+
+@pytest.mark.claims("sub-jaxprs-open")
+def test_an_open_jaxpr_param_is_a_sub_program(evidence):
+    """sub_jaxprs returns an open Jaxpr param as (its key, that very Jaxpr), in params order among
+    closed ones and other values; the walk enters the open jaxpr jax.checkpoint holds.
+
+    Params built by hand: open jaxprs first, between and last, a `ClosedJaxpr`
+    (given as its `.jaxpr`) and plain values that give nothing. Then a real open
+    jaxpr: JAX 0.10 keeps `jax.checkpoint`'s body as a `Jaxpr`, not a `ClosedJaxpr`
+    (checked first, so the test says if JAX changes that)."""
+    body = jax.make_jaxpr(lambda y: jnp.sin(y) * 2.0)(X4).jaxpr
+    tail = jax.make_jaxpr(jnp.exp)(X4).jaxpr
+    closed = jax.make_jaxpr(jnp.cos)(X4)
+    params = {"body": body, "n": 3, "closed": closed, "name": "f", "tail": tail, "flag": True}
+    found = jaxpr_audit.sub_jaxprs(params)
+    expected = [("body", body), ("closed", closed.jaxpr), ("tail", tail)]
+    by_hand = [k for k, _ in found] == [k for k, _ in expected] and all(
+        got is want for (_, got), (_, want) in zip(found, expected, strict=True)
+    )
+
+    checkpointed = jax.checkpoint(lambda y: jnp.sin(y) * 2.0)
+    program = jax.make_jaxpr(lambda y: jnp.cos(checkpointed(y)))(X4).jaxpr
+    remat = program.eqns[0]
+    held = remat.params["jaxpr"]
+    is_open = isinstance(held, jex_core.Jaxpr) and not isinstance(held, jex_core.ClosedJaxpr)
+    name = remat.primitive.name  # JAX's name for it (`remat2` in JAX 0.10)
+    inner = f"{name}.jaxpr"
+    walked = [(e.primitive, e.path) for e in jaxpr_audit.walk(program)]
+    want_walk = [(name, ""), ("sin", inner), ("mul", inner), ("cos", "")]
+    assert evidence.record(
+        "open Jaxpr params are sub-programs",
+        "hand-built params; jax.checkpoint's body",
+        {"found": [k for k, _ in found], "checkpoint_param_open": is_open, "walked": walked},
+        {"expected": [k for k, _ in expected], "walked": want_walk},
+        by_hand and is_open and walked == want_walk,
+    ), (found, walked)
+
+
 def _printed_counts(fn, x) -> dict[str, int]:
     """Counts of `name` in every `outputs = name[...] inputs` line of JAX's printed jaxpr."""
     text = str(jax.make_jaxpr(fn)(x))
@@ -479,6 +570,41 @@ def test_unsupported_programs_are_rejected_with_reason_and_location(
             )
         )
     assert all(ok)
+
+
+@pytest.mark.claims("check-callback-no-mode-check")
+@pytest.mark.parametrize("name", sorted(primitives.CALLBACK_PRIMITIVES))
+def test_a_callback_is_refused_as_a_callback_only_not_for_its_modes(evidence, name):
+    """A differentiated callback under a jvp+vjp policy raises one finding, host-callback, though
+    the table lists neither mode for it; a while loop under the same policy gets its mode check.
+
+    The equation is built by hand (differentiated, float32 output, at top level),
+    so every other rule is off: the only findings possible are host-callback and
+    one mode-unsupported per missing mode. The table's modes are read first: a
+    callback with both modes would make the test prove nothing. The control, a
+    `while` (no reverse mode), shows the mode check is live under this policy.
+    A real `pure_callback` program is audited too."""
+    policy = jaxpr_audit.Policy(modes=("jvp", "vjp"))
+    missing = [m for m in policy.modes if m not in primitives.TABLE[name].modes]
+
+    def equation(primitive):
+        return jaxpr_audit.Equation(primitive, "", ("float32[4]",), "here.py:1:0 (f)", True)
+
+    callback = [(f.rule, f.primitive) for f in jaxpr_audit.check(equation(name), policy)]
+    loop = [(f.rule, f.primitive) for f in jaxpr_audit.check(equation("while"), policy)]
+    program = [
+        (f.rule, f.primitive) for f in jaxpr_audit.audit(with_callback, (X4,), policy).findings
+    ]
+    assert evidence.record(
+        "callback: host-callback only, no mode check",
+        f"{name}, differentiated, modes jvp+vjp",
+        {"callback": callback, "while": loop, "pure_callback program": program, "missing": missing},
+        {"callback": [("host-callback", name)], "while": [("mode-unsupported", "while")]},
+        missing == ["jvp", "vjp"]
+        and callback == [("host-callback", name)]
+        and loop == [("mode-unsupported", "while")]
+        and program == [("host-callback", "pure_callback")],
+    ), (callback, loop, program)
 
 
 @pytest.mark.claims("walk-differentiated-inherited", "check-mode-unsupported")

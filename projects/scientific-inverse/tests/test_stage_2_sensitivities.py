@@ -132,6 +132,129 @@ def test_discrete_derivative_equals_finite_differences(system, dt, evidence):
     ), rel
 
 
+# Where the floor of the finite-difference step takes over: |theta_j| = 1, crossed on
+# both sides of +1 and -1 (2**-20 away: resolved by 40000 ulp in theta_j +- h), and 0.
+_JUST = 2.0**-20
+_STEP_VALUES = np.array(
+    [0.0, 0.5, 1 - _JUST, 1.0, 1 + _JUST, 2.0, -(1 - _JUST), -1.0, -(1 + _JUST), -3.0]
+)
+
+
+@pytest.mark.claims("fd-step-floor")
+@pytest.mark.parametrize("rel_step", [None, 1e-3])
+def test_fd_step_is_relative_with_a_floor_of_rel_step(rel_step, monkeypatch, evidence):
+    """The FD step is rel_step * max(1, |theta_j|): a zero parameter still gets rel_step.
+
+    Ten parameter values: exactly 0, 0.5, and 2**-20 below, at and above 1 and -1,
+    plus 2 and -3, with the default `rel_step` (1e-5) and 1e-3. The only parameter
+    the physical checks let be 0 is the damping, and 0 - h is then a negative
+    damping that `discrete_loss` refuses, so a stand-in loss observes the step: it
+    keeps every point it is evaluated at and returns
+    sum_j (t_j - theta_j) |t_j - theta_j|, whose central difference in j is the step
+    itself. Expected steps are computed here from the documented formula, and the
+    evaluation points must be theta +- h e_j bit for bit, nothing else moved;
+    the returned derivative must equal h (1e-9: round-off of theta_j + h is at
+    most eps * 3 / 1e-5 = 7e-11 relative)."""
+    theta = _STEP_VALUES.copy()
+    rel = 1e-5 if rel_step is None else rel_step
+    h = rel * np.where(np.abs(theta) > 1.0, np.abs(theta), 1.0)
+    points: list[np.ndarray] = []
+
+    def stand_in(system, t, y0, ts, data, dt):
+        t = np.array(t, dtype=np.float64)
+        points.append(t)
+        d = t - theta
+        return float(np.sum(d * np.abs(d)))
+
+    monkeypatch.setattr(S, "discrete_loss", stand_in)
+    kwargs = {} if rel_step is None else {"rel_step": rel_step}
+    grad = S.finite_difference_grad(*ARGS[:1], theta, *ARGS[2:], 0.05, **kwargs)
+    exact_points = []
+    for j in range(theta.shape[0]):
+        up, down = theta.copy(), theta.copy()
+        up[j], down[j] = theta[j] + h[j], theta[j] - h[j]
+        exact_points.append(
+            sum(p.tobytes() == up.tobytes() for p in points) == 1
+            and sum(p.tobytes() == down.tobytes() for p in points) == 1
+        )
+    moved = [float(p[j] - theta[j]) for p in points for j in np.flatnonzero(p != theta)]
+    rel_err = np.abs(grad - h) / h
+    passed = len(points) == 2 * theta.shape[0] and all(exact_points) and rel_err.max() <= 1e-9
+    assert evidence.record(
+        "finite-difference step rel_step * max(1, |theta_j|)",
+        f"rel_step {rel:g}, theta_j in {theta.tolist()}",
+        {
+            "evaluations": len(points),
+            "points_are_theta_pm_h": exact_points,
+            "displacement_of_each_point": moved,
+            "fd_of_signed_square": grad,
+            "max_rel_error_vs_h": float(rel_err.max()),
+        },
+        {"expected_h": h, "points": "bitwise", "rtol": 1e-9},
+        passed,
+    ), (grad, h, exact_points)
+
+
+def _theta_input(kind: str) -> tuple[object, object]:
+    """(theta passed in, the whole buffer behind it) for each kind of input."""
+    theta = PROBLEM["theta"]
+    if kind == "numpy":
+        given = theta.copy()
+        return given, given
+    if kind == "numpy-view":  # every other entry of a longer float64 buffer
+        buffer = np.full(2 * theta.shape[0], -7.0)
+        buffer[::2] = theta
+        return buffer[::2], buffer
+    with jax.enable_x64(True):
+        given = jnp.asarray(theta)
+    assert given.dtype == jnp.float64
+    return given, given
+
+
+@pytest.mark.claims("fd-theta-not-modified")
+@pytest.mark.parametrize("kind", ["numpy", "numpy-view", "jax"])
+def test_fd_leaves_theta_unmodified(kind, monkeypatch, evidence):
+    """finite_difference_grad leaves `theta` bit for bit as it was, during and after the call.
+
+    Inputs it could write into: a float64 NumPy array (which `np.asarray` returns
+    as is), a strided float64 view into a longer buffer (the whole buffer is
+    compared) and a float64 JAX array (on a CPU `np.asarray` shares its memory,
+    read-only). The real loss is wrapped so that at every evaluation the caller's
+    buffer still holds its original bits and the evaluated point shares no memory
+    with it; afterwards the buffer is compared byte for byte, and the gradient
+    equals, bit for bit, the one from a plain list of the same numbers."""
+    given, buffer = _theta_input(kind)
+    before = np.array(buffer).tobytes()
+    loss = S.discrete_loss
+    during: list[bool] = []
+
+    def spy(system, t, y0, ts, data, dt):
+        during.append(
+            np.array(buffer).tobytes() == before
+            and not (isinstance(buffer, np.ndarray) and np.shares_memory(t, buffer))
+        )
+        return loss(system, t, y0, ts, data, dt)
+
+    monkeypatch.setattr(S, "discrete_loss", spy)
+    grad = S.finite_difference_grad(ARGS[0], given, *ARGS[2:], 0.05)
+    monkeypatch.undo()
+    from_list = S.finite_difference_grad(ARGS[0], PROBLEM["theta"].tolist(), *ARGS[2:], 0.05)
+    after = np.array(buffer).tobytes() == before
+    passed = len(during) == 6 and all(during) and after and np.array_equal(grad, from_list)
+    assert evidence.record(
+        "finite differences leave theta unmodified",
+        f"theta given as {kind}",
+        {
+            "unchanged_at_each_evaluation": during,
+            "unchanged_after": after,
+            "gradient": grad,
+            "gradient_from_list": from_list,
+        },
+        {"theta": "bitwise", "gradient": "bitwise"},
+        passed,
+    ), (during, after, grad, from_list)
+
+
 @pytest.mark.claims("discrete-derivative-checked", "sensitivity-state-layout", "sensitivity-rhs")
 def test_two_continuous_references_agree(evidence):
     """The exact-solution and SciPy forward-sensitivity gradients agree to 1e-8."""

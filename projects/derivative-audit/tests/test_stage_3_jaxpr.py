@@ -1329,3 +1329,46 @@ def test_a_wide_dtype_in_any_output_of_an_equation_is_refused(
         {"sort_refused": sort_refused},
         ok,
     ), observed
+
+
+@pytest.mark.claims("jaxpr-walk-and-reject")
+@pytest.mark.parametrize("transform", ["plain", "grad"])
+def test_a_checkpointed_program_is_walked_not_flagged_unknown(evidence, transform):
+    """`jax.checkpoint` (the `remat2` primitive in this JAX) is a documented call: the
+    audit walks into its body and reports nothing for a clean float32 program, plain and
+    under `grad` (whose backward pass rematerialises the body).
+
+    Changed condition: the same body without `jax.checkpoint` gives the same leaf
+    primitives and no findings either, so the wrapper alone is what is judged."""
+    body = lambda y: jnp.sin(y) * 2.0  # noqa: E731
+    wrapped = jax.checkpoint(body)
+
+    def program(fn):
+        plain = lambda y: jnp.cos(fn(y))  # noqa: E731
+        return plain if transform == "plain" else jax.grad(lambda y: jnp.sum(plain(y)))
+
+    result = jaxpr_audit.audit(program(wrapped), (X4,), F32)
+    bare = jaxpr_audit.audit(program(body), (X4,), F32)
+    names = [e.primitive for e in result.equations]
+    leaves = {n for n in names if n not in {"remat2", "remat", "checkpoint", "pjit", "jit"}}
+    bare_leaves = {e.primitive for e in bare.equations} - {"pjit", "jit"}
+    observed = {
+        "findings": [f.rule for f in result.findings],
+        "wrapper_seen": any(n in {"remat2", "remat", "checkpoint"} for n in names),
+        "body_walked": "sin" in leaves,
+        "same_leaves_as_unwrapped": leaves == bare_leaves,
+    }
+    assert evidence.record(
+        "jax.checkpoint program: walked into, no findings",
+        f"cos(checkpoint(sin(y) * 2)), {transform}",
+        observed,
+        None,
+        observed
+        == {
+            "findings": [],
+            "wrapper_seen": True,
+            "body_walked": True,
+            "same_leaves_as_unwrapped": True,
+        }
+        and not bare.findings,
+    ), observed

@@ -83,7 +83,7 @@ TABLE: dict[str, PrimitiveDoc] = {
     ),
     # Control flow and calls: the audit walks into their sub-jaxprs.
     **_rows(
-        "jit pjit closed_call core_call remat checkpoint",
+        "jit pjit closed_call core_call remat remat2 checkpoint",
         "A call of a sub-program (`jax.jit`, `jax.checkpoint`); the audit walks into it.",
     ),
     **_rows(

@@ -138,6 +138,16 @@ def test_dot_product_figures_match_numpy(n, m, dtype, delta, su, sw, seed):
         assert r["rel_error"] <= 50 * EPS[dtype]
 
 
+def _float64_jvp_on_the_cpu(fn, x, u) -> np.ndarray:
+    """The float64 JVP that judges a finite difference, computed on JAX's CPU device:
+    IEEE float64 whatever the default backend (a TPU emulates float64; there a float64
+    reference was off by about 4e-4 relative, a floor under every float32 error)."""
+    cpu = jax.devices("cpu")[0]
+    x64 = jax.device_put(jnp.asarray(x, jnp.float64), cpu)
+    u64 = jax.device_put(jnp.asarray(u, jnp.float64), cpu)
+    return np.asarray(jax.jvp(fn, (x64,), (u64,))[1], np.float64)
+
+
 def _sweep_reference(steps, errors, h):
     """What `analyse_sweep` must report, from its docstring: the least positive
     error; slopes over steps >= 3 h* (error < 1e-2) and <= h*/3 (error < 0.1)."""
@@ -600,7 +610,7 @@ def test_central_difference_at_the_theory_step(problems, evidence, name):
     float32's eps, against the float64 JVP (the exact answer)."""
     p64 = problems[(name, "float64")]
     (u, _), _ = _directions(p64, 8)
-    reference = np.asarray(jax.jvp(p64.fn, (p64.x,), (u,))[1], np.float64)
+    reference = _float64_jvp_on_the_cpu(p64.fn, p64.x, u)
     ok = []
     for dtype in ("float64", "float32"):
         p = problems[(name, dtype)]
@@ -633,7 +643,7 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(
     steps = checks.sweep_steps(-13, -1, 3)
     p64 = problems[(name, "float64")]
     (u, _), _ = _directions(p64, 9)
-    reference = np.asarray(jax.jvp(p64.fn, (p64.x,), (u,))[1], np.float64)
+    reference = _float64_jvp_on_the_cpu(p64.fn, p64.x, u)
     ok = []
     for dtype in ("float64", "float32"):
         p = problems[(name, dtype)]
@@ -924,7 +934,7 @@ def test_finite_differences_are_judged_against_a_float64_jvp(evidence, pass_refe
     # The construction itself: the float32 JVP is far off, the float64 one is not.
     one = jnp.ones(1, jnp.float32)
     float32_jvp_error = abs(float(jax.jvp(fn, (x,), (one,))[1][0]) - exact) / exact
-    float64_jvp = jax.jvp(fn, (x.astype(jnp.float64),), (one.astype(jnp.float64),))[1]
+    float64_jvp = _float64_jvp_on_the_cpu(fn, x, one)
     assert float32_jvp_error >= 1e-2
     assert abs(float(float64_jvp[0]) - exact) / exact <= 1e-9
     central = [c for c in report["checks"] if c["check"].startswith("central_difference")]

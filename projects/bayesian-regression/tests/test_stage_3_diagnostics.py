@@ -496,6 +496,66 @@ def test_split_halves_of_one_chain_match_arviz(n, evidence):
     )
 
 
+# Chain means of the between-term check: offsets of about half the AR(1) sd (1.15). With
+# them the ESS with the term and without it differ by a third or more (ArviZ on the fixed
+# draws: 171 vs 258 on 2 chains, 32 vs 744 on 4), far beyond the 1e-9 of the comparison.
+CHAIN_SHIFTS = [0.0, 0.6, -0.4, 0.3]
+BETWEEN_TERM_MIN_EFFECT = 0.1  # relative ESS change the draws must show with vs without the term
+
+
+@pytest.mark.claims("ess-between-term-only-with-chains")
+@pytest.mark.parametrize("chains", [1, 2, 4])
+def test_ess_adds_the_between_chain_variance_only_with_several_chains(chains, evidence):
+    """basic_ess equals ArviZ's unsplit ESS (1e-9) on 1 chain, where var+ has no between-chain
+    term, and on 2 and 4 chains with shifted means, where it has one.
+
+    Rule (`diagnostics.basic_ess`): var+ = W (n - 1) / n "plus the variance of the chain means
+    (ddof=1) when chains > 1". Reference: ArviZ's `ess(method="identity")`, its `_ess` on
+    the draws as given (no splitting), which adds `var(chain means, ddof=1)` to var+ only
+    when there is more than one chain. Fixed AR(1) draws (phi 0.5, 500 per chain, chain `i`
+    shifted by `CHAIN_SHIFTS[i]`): NumPy code, the same figures on any backend.
+
+    Power: subtracting each chain's mean leaves every chain's autocovariance, hence W and
+    every lag, unchanged and zeroes the variance of the chain means, so ArviZ's ESS of
+    the centred chains is the ESS without the between term; on 2 and 4 chains it must
+    differ from the ESS with it by more than `BETWEEN_TERM_MIN_EFFECT`, so an ESS that
+    never adds the term fails. On 1 chain the term is undefined (the variance of one
+    mean with ddof=1 is 0/0) and centring changes nothing: an ESS that always adds it
+    works with a NaN var+ and does not match."""
+    n = 500
+    x = _ar1(jax.random.key(50 + chains), chains, n, 0.5, CHAIN_SHIFTS[:chains])
+    mine = diagnostics.basic_ess(x)
+    expected = float(array_stats.ess(x, method="identity"))
+    centred = x - x.mean(axis=1, keepdims=True)
+    without_term = float(array_stats.ess(centred, method="identity"))
+    effect = abs(without_term - expected) / expected
+    cond = f"{chains} x {n} AR(1) draws, chain means shifted by {CHAIN_SHIFTS[:chains]}"
+    ok = evidence.allclose(
+        "ESS vs ArviZ's unsplit ESS (between-chain term only with chains > 1)",
+        cond,
+        mine,
+        expected,
+        rtol=1e-9,
+        atol=0.0,
+    )
+    several = chains > 1
+    discriminates = evidence.record(
+        "ESS with vs without the between-chain term (ArviZ, chain means removed)",
+        cond,
+        {
+            "ess_expected": expected,
+            "ess_without_between_term": without_term,
+            "relative_effect": effect,
+            "variance_of_chain_means": float(np.var(x.mean(axis=1), ddof=1)) if several else None,
+        },
+        {"min_relative_effect": BETWEEN_TERM_MIN_EFFECT}
+        if several
+        else {"max_relative_effect": 1e-9},
+        effect > BETWEEN_TERM_MIN_EFFECT if several else effect <= 1e-9,
+    )
+    assert ok and discriminates, (mine, expected, without_term)
+
+
 @pytest.mark.claims("ess-constant-draws")
 def test_constant_draws_have_the_full_sample_size():
     """Draws that never move give ESS = chains x n, for 3 x 5 and 1 x 8."""

@@ -608,6 +608,24 @@ REFUSALS = {
         data.DataError,
         r"`y` holds `1` non-finite values \(NaN or inf\), the first at index `\(0,\)`",
     ),
+    "prior mean for another width": lambda x, y, p, p1: (
+        (x, y, p1),
+        (x, y, p),
+        model.ModelError,
+        r"`prior.mean` must have shape `\(2,\)`, but it has shape `\(1,\)`",
+    ),
+    "prior scale 0 built by hand": lambda x, y, p, p1: (
+        (x, y, p._replace(scale=0.0)),
+        (x, y, p._replace(scale=1e-3)),
+        model.ModelError,
+        r"`prior.scale` must be a finite number in `\(0.0, inf\)`, but it is `0.0`",
+    ),
+    "prior rate NaN built by hand": lambda x, y, p, p1: (
+        (x, y, p._replace(rate=float("nan"))),
+        (x, y, p._replace(rate=1e-3)),
+        model.ModelError,
+        r"`prior.rate` must be a finite number in `\(0.0, inf\)`, but it is `nan`",
+    ),
     "prior a plain tuple": lambda x, y, p, p1: (
         (x, y, tuple(p)),
         (x, y, model.Prior(*tuple(p))),
@@ -621,16 +639,15 @@ REFUSALS = {
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_exact_posterior_refuses_bad_input(case, evidence):
     """exact_posterior raises the documented error, naming the argument and the problem, for a
-    wrong shape, a wrong dtype, an empty design, a NaN or inf, a prior that is not a `Prior`;
-    the input just beside each is accepted.
+    wrong shape, a wrong dtype, an empty design, a NaN or inf, a prior that is not a `Prior` or
+    does not fit (a mean for another width, a scale or rate out of range built by hand); the
+    input just beside each is accepted.
 
     Rule (`model.exact_posterior`): "Raises `DataError` for a design or targets of the wrong
     shape or dtype, empty or holding NaN or inf; `ModelError` for a prior that does not fit
     them." Each refused input has a neighbour that differs only in the respect checked, and
     that neighbour must give a finite posterior of the right shapes: a check that refused
-    too much (every integer array, every large value) fails there. Not checked here: a
-    `Prior` whose mean has the wrong length for `x`, which is refused, but as a `DataError`
-    (from `check_prior`), not the docstring's `ModelError`."""
+    too much (every integer array, every large value) fails there."""
     x, y, prior, prior1 = _refusal_inputs()
     refused, accepted, error, message = REFUSALS[case](x, y, prior, prior1)
     with pytest.raises(error, match=message) as info:

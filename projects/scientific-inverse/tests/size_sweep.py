@@ -15,7 +15,7 @@ patched in place).
 
 Parts:
 - `study`: the tiny study (`Config.tiny()`) under `--keys` seeds (the test uses
-  seed 0); the study tests of `test_stage_3_inverse.py` are called on each result
+  seed 0); the study tests of `test_stage_3_study.py` are called on each result
   with an in-memory `evidence` whose `record` lets a test run on past a failed
   check, so every check's figures are kept. The Fisher check is computed with the
   seed's own held-out split (`expected_fisher_se(config)`). The prediction test's
@@ -33,9 +33,9 @@ Parts:
   uniform draws from their strategies' ranges plus every corner of the ranges.
 - `order`: the stage-1 order-4 tests over the seeds of their random batches.
 
-For each figure the JSON keeps its limit (read from the test modules), quantiles,
-largest value, exceedance count and, where a noise model gives one, the analytic
-size; `command` and `seconds` say how it was made.
+For each figure the JSON keeps its limit (read from the test modules and
+`stage_3_limits`), quantiles, largest value, exceedance count and, where a noise
+model gives one, the analytic size; `command` and `seconds` say how it was made.
 """
 
 from __future__ import annotations
@@ -59,10 +59,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import conftest  # noqa: E402  (the tests' strict JAX flags and their Evidence)
+import stage_3_limits as s3lim  # noqa: E402
 import test_stage_1_simulation as s1  # noqa: E402
 import test_stage_2_sensitivities as s2  # noqa: E402
-import test_stage_3_inverse as s3  # noqa: E402
 import test_stage_3_prediction as s3p  # noqa: E402
+import test_stage_3_statistics as s3s  # noqa: E402
+import test_stage_3_study as s3  # noqa: E402
 
 from scientific_inverse import identifiability, solver, train  # noqa: E402
 from scientific_inverse import sensitivity as sens  # noqa: E402
@@ -148,7 +150,7 @@ def study_figures(module: types.ModuleType, config: Config) -> dict:
         "long window, fitted times",
         np.array(refined["se"]),
         expected,
-        rtol=s3.fisher_rtol(refined["n"] - 2),
+        rtol=s3lim.fisher_rtol(refined["n"] - 2),
         atol=0.0,
     )
     short, long_ = result["short_window"], refined
@@ -255,18 +257,18 @@ def sweep_study(keys: int) -> dict:
     n_held = f[0]["n_heldout"]
     z = np.array([x["z"] for x in f])
     abs_z = np.abs(z).max(axis=1)
-    z_lim = s3.z_limit(dof)
+    z_lim = s3lim.z_limit(dof)
     ratio = np.array([x["se_ratio"] for x in f])
-    r_low, r_high = s3.se_ratio_range(f[0]["seeds"])
+    r_low, r_high = s3lim.se_ratio_range(f[0]["seeds"])
     fisher_err = np.abs(np.array([x["fisher_ratio"] for x in f]) - 1.0).max(axis=1)
     sigma = np.array([x["sigma_hat_over_noise"] for x in f])
     resid_ratio = np.array([x["fisher_ratio"] for x in f]) / sigma[:, None]
-    rtol = s3.fisher_rtol(dof)
+    rtol = s3lim.fisher_rtol(dof)
     rmse_obs = np.array([x["rmse_observed_over_noise"] for x in f])
-    o_low, o_high = s3.rmse_over_noise_range(n_held)
+    o_low, o_high = s3lim.rmse_over_noise_range(n_held)
     covered = np.array([x["covered"] for x in f])
     seeds = f[0]["seeds"]
-    floor = s3.coverage_floor(seeds, 0.95)
+    floor = s3lim.coverage_floor(seeds, 0.95)
     misses = seeds - covered
     miss_rate = misses.sum(axis=0) / (len(f) * seeds)
     miss_upper = [stats.beta.ppf(0.99, m + 1, len(f) * seeds - m) for m in misses.sum(axis=0)]
@@ -504,21 +506,21 @@ def sweep_model(splits: int = 20_000, draws: int = 200_000) -> dict:
     info_f = total[None] - info_h
     mu = np.sort(np.real(np.linalg.eigvals(np.linalg.solve(info_f, info_h))), axis=1)[:, ::-1]
     # The test's limit, per split: n_h limit^2 / sigma^2 = 2 mu_max ln(1 / SIZE).
-    tail = _quadratic_form_tail(mu, 2 * mu[:, 0] * math.log(1 / s3.SIZE))
+    tail = _quadratic_form_tail(mu, 2 * mu[:, 0] * math.log(1 / s3lim.SIZE))
     tail_before = _quadratic_form_tail(mu, np.full(splits, n_held * 0.5**2))  # noise / 2
-    limit_over_noise = np.sqrt(2 * mu[:, 0] * math.log(1 / s3.SIZE) / n_held)
+    limit_over_noise = np.sqrt(2 * mu[:, 0] * math.log(1 / s3lim.SIZE) / n_held)
     # Held-out RMSE vs the noisy values: noncentral chi2(n_h) given the prediction error.
     pick = rng.integers(0, splits, draws)
     xi = rng.standard_normal((draws, 2))
     lam = mu[pick, 0] * xi[:, 0] ** 2 + mu[pick, 1] * xi[:, 1] ** 2
-    low, high = s3.rmse_over_noise_range(n_held)
+    low, high = s3lim.rmse_over_noise_range(n_held)
     obs_low = stats.ncx2.cdf(n_held * low**2, n_held, lam)
     obs_high = stats.ncx2.sf(n_held * high**2, n_held, lam)
     seeds = config.coverage_seeds
-    r_low, r_high = s3.se_ratio_range(seeds)
-    rtol = s3.fisher_rtol(dof)
-    z_lim = s3.z_limit(dof)
-    floor = s3.coverage_floor(seeds, config.confidence)
+    r_low, r_high = s3lim.se_ratio_range(seeds)
+    rtol = s3lim.fisher_rtol(dof)
+    z_lim = s3lim.z_limit(dof)
+    floor = s3lim.coverage_floor(seeds, config.confidence)
     sizes = {
         "estimate vs truth: Student t(dof), 2 parameters": float(
             1 - (1 - 2 * stats.t.sf(z_lim, dof)) ** 2
@@ -542,12 +544,12 @@ def sweep_model(splits: int = 20_000, draws: int = 200_000) -> dict:
         ),
     }
     for conf in (0.8, 0.95):
-        lo, hi = s3.coverage_band(s3.LINEAR_DATA_SETS, conf)
+        lo, hi = s3lim.coverage_band(s3s.LINEAR_DATA_SETS, conf)
         sizes[f"linear model coverage, level {conf}: Binomial, 2 parameters, 2 sides"] = float(
             2
             * (
-                stats.binom.cdf(lo - 1, s3.LINEAR_DATA_SETS, conf)
-                + stats.binom.sf(hi, s3.LINEAR_DATA_SETS, conf)
+                stats.binom.cdf(lo - 1, s3s.LINEAR_DATA_SETS, conf)
+                + stats.binom.sf(hi, s3s.LINEAR_DATA_SETS, conf)
             )
         )
     before = {
@@ -592,7 +594,7 @@ def sweep_model(splits: int = 20_000, draws: int = 200_000) -> dict:
         "held_out": n_held,
         "splits": splits,
         "rmse_draws": draws,
-        "size_per_check_SIZE": s3.SIZE,
+        "size_per_check_SIZE": s3lim.SIZE,
         "sizes": sizes,
         "stage_3_total_union_bound": float(sum(sizes.values())),
         "sizes_of_the_limits_before": before,
@@ -602,8 +604,8 @@ def sweep_model(splits: int = 20_000, draws: int = 200_000) -> dict:
             "fisher_rtol": rtol,
             "rmse_over_noise_range": [low, high],
             "coverage_floor_of_24": floor,
-            "linear_coverage_band_0.8": list(s3.coverage_band(s3.LINEAR_DATA_SETS, 0.8)),
-            "linear_coverage_band_0.95": list(s3.coverage_band(s3.LINEAR_DATA_SETS, 0.95)),
+            "linear_coverage_band_0.8": list(s3lim.coverage_band(s3s.LINEAR_DATA_SETS, 0.8)),
+            "linear_coverage_band_0.95": list(s3lim.coverage_band(s3s.LINEAR_DATA_SETS, 0.95)),
         },
         "power_at_half_and_0.9_or_factor_up_down": power,
         "held_out_mse_eigenvalue_sum_mean": float(mu.sum(axis=1).mean()),
@@ -636,9 +638,9 @@ def _coverage_at_half(seeds: int, floor: int) -> float:
 
 
 def linear_verdict(module, conf: float, seed: int) -> tuple[bool, list[float], float]:
-    content, covered = s3.linear_model_intervals(module.laplace, conf, seed)
-    s = s3.LINEAR_DATA_SETS
-    low, high = s3.coverage_band(s, conf)
+    content, covered = s3s.linear_model_intervals(module.laplace, conf, seed)
+    s = s3s.LINEAR_DATA_SETS
+    low, high = s3lim.coverage_band(s, conf)
     count = covered.sum(axis=0)
     z = (count - s * conf) / math.sqrt(s * conf * (1 - conf))
     ok = bool(np.all(np.abs(content - conf) <= 1e-9)) and bool(
@@ -648,11 +650,11 @@ def linear_verdict(module, conf: float, seed: int) -> tuple[bool, list[float], f
 
 
 def sweep_linear(keys: int, rewrite_keys: int, bug_keys: int) -> dict:
-    out = {"data_sets": s3.LINEAR_DATA_SETS, "test_seeds": {"0.8": 80, "0.95": 95}}
+    out = {"data_sets": s3s.LINEAR_DATA_SETS, "test_seeds": {"0.8": 80, "0.95": 95}}
     seeds = np.random.default_rng(7).integers(0, 2**31, keys)
     for conf in (0.8, 0.95):
-        s = s3.LINEAR_DATA_SETS
-        low, high = s3.coverage_band(s, conf)
+        s = s3s.LINEAR_DATA_SETS
+        low, high = s3lim.coverage_band(s, conf)
         sd = math.sqrt(s * conf * (1 - conf))
         res = [linear_verdict(train, conf, int(k)) for k in seeds]
         z = np.array([r[1] for r in res])
@@ -702,12 +704,12 @@ def sweep_linear(keys: int, rewrite_keys: int, bug_keys: int) -> dict:
 def row_ratio(module, seed: int, confidence: float, scaled: bool = True) -> float:
     """The row-by-row test's largest |actual - reference| / (atol + rtol |reference|);
     `scaled=False`: with atol 0 (the test's tolerance before its atol was added)."""
-    fits = s3._fits(seed)
+    fits = s3s._fits(seed)
     lap = module.laplace(fits, confidence)
     worst = 0.0
-    for _, got, want, atol in s3.laplace_against_rows(lap, fits, confidence):
+    for _, got, want, atol in s3s.laplace_against_rows(lap, fits, confidence):
         err = np.abs(np.asarray(got) - np.asarray(want))
-        bound = (atol if scaled else 0.0) + s3.ROW_RTOL * np.abs(np.asarray(want))
+        bound = (atol if scaled else 0.0) + s3s.ROW_RTOL * np.abs(np.asarray(want))
         with np.errstate(divide="ignore", invalid="ignore"):
             worst = max(worst, float(np.max(np.where(err == 0, 0.0, err / bound))))
     return worst
@@ -730,7 +732,7 @@ def sweep_rows(keys: int) -> dict:
         r = np.array([row_ratio(module, int(s), float(c)) for s, c in pairs])
         before = np.array([row_ratio(module, int(s), float(c), scaled=False) for s, c in pairs])
         worst = int(np.argmax(before))
-        jac = s3._fits(int(seeds[worst])).jac
+        jac = s3s._fits(int(seeds[worst])).jac
         out[name] = {
             **summary(r, 1.0),
             "before_atol_0": {
@@ -891,7 +893,7 @@ def main(argv: list[str]) -> int:
         "the command that made it and its seconds.",
         "jax": jax.__version__,
         "backend": jax.default_backend(),
-        "SIZE_per_stage_3_check": s3.SIZE,
+        "SIZE_per_stage_3_check": s3lim.SIZE,
         "parts": old.get("parts", {}),
     }
     sections = {

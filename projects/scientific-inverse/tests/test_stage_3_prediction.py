@@ -17,10 +17,10 @@ tolerance, so a prediction error measured on the wrong times fails. Likewise the
 short-window fit's extrapolation error runs over the times after its last
 observation only.
 
-Its own study runs (not the `study` fixture of `test_stage_3_inverse.py`); with
+Its own study runs (not the `study` fixture of `test_stage_3_study.py`); with
 the tiny config's batch shape it reuses that module's compiled fit when both run
-in one session. Its records join `test_stage_3_inverse.py`'s in the stage's one
-evidence file.
+in one session. Its records join those of `test_stage_3_study.py` and
+`test_stage_3_statistics.py` in the stage's one evidence file.
 """
 
 import math

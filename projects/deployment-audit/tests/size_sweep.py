@@ -46,8 +46,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import conftest  # noqa: E402  (the suite's JAX settings and its `Evidence`)
 import test_stage_1_artifact as s1  # noqa: E402
-import test_stage_2_export as s2  # noqa: E402
-import test_stage_3_serving as s3  # noqa: E402
+import test_stage_2_export_verify as s2v  # noqa: E402
+import test_stage_2_precision as s2p  # noqa: E402
+import test_stage_3_capacity as s3c  # noqa: E402
+import test_stage_3_server as s3s  # noqa: E402
 
 from deployment_audit import data, export, loadgen, model, serve, train  # noqa: E402
 from deployment_audit.config import Config, LoadConfig  # noqa: E402
@@ -161,11 +163,13 @@ def training_figures(train_mod, seed: int) -> dict:
     if not ok:
         out["failed"].append("stage 1 accuracy")
     for which in models:
-        ok, records = call_test(s2.test_int8_is_per_channel_and_its_error_is_bounded, models, which)
+        ok, records = call_test(
+            s2p.test_int8_is_per_channel_and_its_error_is_bounded, models, which
+        )
         out[f"int8 {which}"] = records[0]["observed"]["effects"]
         if not ok:
             out["failed"].append(f"stage 2 int8 {which}")
-        ok, records = call_test(s2.test_precision_policies_against_numpy, models, which)
+        ok, records = call_test(s2p.test_precision_policies_against_numpy, models, which)
         out[f"policies {which}"] = {
             r["check"].split(" ")[0]: r["observed"]["max_abs_error"] / r["tolerance"]["atol"]
             for r in records
@@ -190,7 +194,7 @@ def training_figures(train_mod, seed: int) -> dict:
     out["premise_threshold"] = 4 * 4 * ulp
     mean, scale = data.spec_arrays(first["_spec"]["preprocessing"])
     inputs = (np.asarray(first["_golden"]["inputs"], np.float64) - mean) * scale
-    f64 = s2._numpy_forward(first["_params"], inputs)
+    f64 = s2v._numpy_forward(first["_params"], inputs)
     out["golden_f32_vs_f64_in_ulps"] = float(np.abs(golden - f64).max() / ulp)
     out["bits"] = first["params_sha256"]
     return out
@@ -257,7 +261,7 @@ def sweep_training(keys: int, rewrite_keys: int) -> dict:
     # Stage 2: int8 effects against their bounds, per model and policy.
     effects = {}
     for which in ("hidden (32,)", "hidden (48, 24)"):
-        for policy, (acc_bound, fraction) in s2.EFFECT_BOUNDS.items():
+        for policy, (acc_bound, fraction) in s2p.EFFECT_BOUNDS.items():
             change = np.array([abs(r[f"int8 {which}"][policy]["accuracy_change"]) for r in rows])
             flips = np.array([r[f"flips {which}"][policy] for r in rows])
             signed = np.array(
@@ -310,7 +314,7 @@ def sweep_training(keys: int, rewrite_keys: int) -> dict:
     # The drift test's premise: every golden row's top-2 margin, after a drift that may
     # shrink it by 2 x the 2x drift, above the premise threshold (4 rounding windows).
     margins = np.concatenate([r["golden_margins"] for r in rows])
-    need = np.array([r["premise_threshold"] for r in rows]) + 2 * 2 * s2.SELF_TEST_ATOL
+    need = np.array([r["premise_threshold"] for r in rows]) + 2 * 2 * s2v.SELF_TEST_ATOL
     density = {str(m): float(np.mean(margins < m) / m) for m in (0.05, 0.1, 0.2, 0.5)}
     f0 = max(density.values())
     rows_per_run = len(rows[0]["golden_margins"])
@@ -322,7 +326,7 @@ def sweep_training(keys: int, rewrite_keys: int) -> dict:
         "density_near_zero_per_unit": density,
         "size_linear_density": float(rows_per_run * f0 * need.mean()),
         "size_linear_density_former_10x_drift": float(
-            rows_per_run * f0 * (10 + 2) * 2 * s2.SELF_TEST_ATOL
+            rows_per_run * f0 * (10 + 2) * 2 * s2v.SELF_TEST_ATOL
         ),
         "golden_f32_vs_f64_in_ulps": summary([r["golden_f32_vs_f64_in_ulps"] for r in rows]),
     }
@@ -331,20 +335,20 @@ def sweep_training(keys: int, rewrite_keys: int) -> dict:
 
 def sweep_schedule(keys: int) -> dict:
     """The schedule test's figures under `keys` keys (key(11) is the test's)."""
-    rate = s3.SCHEDULE_WORKLOAD[0]
+    rate = s3c.SCHEDULE_WORKLOAD[0]
     figures = []
     for i in range(keys):
-        figures.append(s3.schedule_figures(jax.random.key(i))[1])
+        figures.append(s3c.schedule_figures(jax.random.key(i))[1])
         if i % 2000 == 1999:
             print(f"  schedule: {i + 1} keys", flush=True)
     rel = np.array([f["mean_gap_s"] * rate - 1 for f in figures])
     cv = np.array([f["gap_cv"] for f in figures])
     frac = np.array([f["size_fractions"][1] for f in figures])
-    n = s3.SCHEDULE_WORKLOAD[1] - 1  # gaps
+    n = s3c.SCHEDULE_WORKLOAD[1] - 1  # gaps
     gamma = stats.gamma(n, scale=1 / n)  # the mean of n unit exponentials
-    limits = s3.SCHEDULE_LIMITS
+    limits = s3c.SCHEDULE_LIMITS
     lim = limits["mean_gap_relative"]
-    within = [s3.schedule_within_limits(f) for f in figures]
+    within = [s3c.schedule_within_limits(f) for f in figures]
     size_mean = float(gamma.cdf(1 - lim) + gamma.sf(1 + lim))
     cv_sd = 1 / np.sqrt(n)
     return {
@@ -388,25 +392,25 @@ def sweep_schedule(keys: int) -> dict:
 
 
 def sweep_md1(keys: int) -> dict:
-    out = {"keys": keys, "limit": s3.MD1_LIMIT}
+    out = {"keys": keys, "limit": s3c.MD1_LIMIT}
     for rho in (0.5, 0.8):
         signed = []
         for i in range(keys):
-            f = s3.md1_figures(jax.random.key(100_000 + i), rho)
+            f = s3c.md1_figures(jax.random.key(100_000 + i), rho)
             signed.append(f["simulated_mean_s"] / f["theory_s"] - 1)
         signed = np.array(signed)
-        fit = normal_tail(np.abs(signed), s3.MD1_LIMIT, True)
+        fit = normal_tail(np.abs(signed), s3c.MD1_LIMIT, True)
         mu, sd_up = float(signed.mean()), sd_upper_99(float(signed.std(ddof=1)), len(signed))
         out[f"rho {rho}"] = {
-            **summary(np.abs(signed), s3.MD1_LIMIT),
+            **summary(np.abs(signed), s3c.MD1_LIMIT),
             "signed_mean": mu,
             "signed_sd": float(signed.std(ddof=1)),
             "signed_skew": float(stats.skew(signed)),
             "size_normal_two_sided_sd_upper_99": float(
-                stats.norm.sf((s3.MD1_LIMIT - mu) / sd_up)
-                + stats.norm.cdf((-s3.MD1_LIMIT - mu) / sd_up)
+                stats.norm.sf((s3c.MD1_LIMIT - mu) / sd_up)
+                + stats.norm.cdf((-s3c.MD1_LIMIT - mu) / sd_up)
             ),
-            "margin_in_sd_upper_99": float((s3.MD1_LIMIT - abs(mu)) / sd_up),
+            "margin_in_sd_upper_99": float((s3c.MD1_LIMIT - abs(mu)) / sd_up),
             "abs_normal_fit": fit,
         }
         print(f"  md1 rho {rho}: sd {signed.std(ddof=1):.4f}, max |e| {np.abs(signed).max():.4f}")
@@ -451,15 +455,15 @@ def sweep_load(runs: int) -> dict:
         artifact = Path(tmp) / "artifact"
         exported = export.export_model(first["_params"], first["_spec"]["preprocessing"])
         export.write_artifact(artifact, exported, first["_spec"], first["_golden"])
-        with loadgen.ServerProcess(artifact, s3.SERVE) as server:
+        with loadgen.ServerProcess(artifact, s3s.SERVE) as server:
             ready = server.wait_ready()
             for seed in range(runs):
                 config = LoadConfig.tiny().model_copy(
                     update={"seed": seed, "request_timeout_s": 60.0, "max_seconds_per_rate": 300.0}
                 )
-                result = loadgen.measure(server.url, config, s3.SERVE, ready)
+                result = loadgen.measure(server.url, config, s3s.SERVE, ready)
                 checks = result["simulated_queue"]["checks"]
-                verdict = s3.queue_model_verdict(checks, s3._metrics(server)["batches"])
+                verdict = s3s.queue_model_verdict(checks, s3s._metrics(server)["batches"])
                 out["records"].append(
                     {
                         "seed": seed,

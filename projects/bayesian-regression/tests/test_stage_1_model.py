@@ -501,3 +501,170 @@ def test_bad_inputs_are_clear_errors():
         Config.from_json('{"prior_shape": -2.0}')
     x_ok, y_ok = data.validate(np.ones((5, 2)), np.arange(5.0))
     assert x_ok.dtype == jnp.float32 and y_ok.shape == (5,)
+
+
+def _refusal_inputs():
+    """Small valid inputs built in NumPy: `x` `(12, 2)` and `y` `(12,)` float32, and priors for
+    2 and for 1 feature."""
+    t = np.arange(12.0)
+    x = np.stack([np.sin(t), np.cos(0.7 * t)], axis=1).astype(np.float32)
+    y = (x @ np.array([1.0, -0.5]) + 0.1 * np.sin(3.0 * t)).astype(np.float32)
+    return x, y, model.make_prior(2, 1.5, 2.0, 1.0), model.make_prior(1, 1.5, 2.0, 1.0)
+
+
+def _with(a, index, value):
+    out = np.array(a)
+    out[index] = value
+    return out
+
+
+# id -> (refused arguments, accepted neighbour, error type, what the message must say), each
+# from `_refusal_inputs()`. A neighbour differs from its refused input in the one respect
+# checked: one axis more or less, one row more or less, the dtype, one entry finite again
+# (a large one, so the check is on finiteness, not size), a `Prior` rather than a plain
+# tuple of the same fields.
+REFUSALS = {
+    "x 1-D": lambda x, y, p, p1: (
+        (x[:, 0], y, p1),
+        (x[:, :1], y, p1),
+        data.DataError,
+        r"`x` must have 2 dimensions, but it has shape `\(12,\)`",
+    ),
+    "x 3-D": lambda x, y, p, p1: (
+        (x[None], y, p),
+        (x, y, p),
+        data.DataError,
+        r"`x` must have 2 dimensions, but it has shape `\(1, 12, 2\)`",
+    ),
+    "y 2-D": lambda x, y, p, p1: (
+        (x, y[:, None], p),
+        (x, y, p),
+        data.DataError,
+        r"`y` must have 1 dimensions, but it has shape `\(12, 1\)`",
+    ),
+    "y one target too many": lambda x, y, p, p1: (
+        (x, np.append(y, np.float32(0.5)), p),
+        (x, y, p),
+        data.DataError,
+        r"`y` must have shape `\(12,\)`, but it has shape `\(13,\)`",
+    ),
+    "y one target too few": lambda x, y, p, p1: (
+        (x, y[:-1], p),
+        (x[:-1], y[:-1], p),
+        data.DataError,
+        r"`y` must have shape `\(12,\)`, but it has shape `\(11,\)`",
+    ),
+    "x int32": lambda x, y, p, p1: (
+        (np.round(3 * x).astype(np.int32), y, p),
+        (np.round(3 * x).astype(np.float32), y, p),
+        data.DataError,
+        r"`x` must be a floating-point array, but its dtype is `int32`",
+    ),
+    "y int32": lambda x, y, p, p1: (
+        (x, np.round(3 * y).astype(np.int32), p),
+        (x, np.round(3 * y).astype(np.float32), p),
+        data.DataError,
+        r"`y` must be a floating-point array, but its dtype is `int32`",
+    ),
+    "y complex64": lambda x, y, p, p1: (
+        (x, y.astype(np.complex64), p),
+        (x, y, p),
+        data.DataError,
+        r"`y` must be a floating-point array, but its dtype is `complex64`",
+    ),
+    "x no rows": lambda x, y, p, p1: (
+        (x[:0], y[:0], p),
+        (x[:1], y[:1], p),
+        data.DataError,
+        r"`x` is empty \(shape `\(0, 2\)`\)",
+    ),
+    "x no columns": lambda x, y, p, p1: (
+        (x[:, :0], y, p1),
+        (x[:, :1], y, p1),
+        data.DataError,
+        r"`x` is empty \(shape `\(12, 0\)`\)",
+    ),
+    "x NaN": lambda x, y, p, p1: (
+        (_with(x, (3, 1), np.nan), y, p),
+        (_with(x, (3, 1), 0.0), y, p),
+        data.DataError,
+        r"`x` holds `1` non-finite values \(NaN or inf\), the first at index `\(3, 1\)`",
+    ),
+    "x inf": lambda x, y, p, p1: (
+        (_with(x, (7, 0), np.inf), y, p),
+        (_with(x, (7, 0), 1e6), y, p),
+        data.DataError,
+        r"`x` holds `1` non-finite values \(NaN or inf\), the first at index `\(7, 0\)`",
+    ),
+    "y -inf": lambda x, y, p, p1: (
+        (x, _with(y, 5, -np.inf), p),
+        (x, _with(y, 5, -1e6), p),
+        data.DataError,
+        r"`y` holds `1` non-finite values \(NaN or inf\), the first at index `\(5,\)`",
+    ),
+    "y NaN": lambda x, y, p, p1: (
+        (x, _with(y, 0, np.nan), p),
+        (x, _with(y, 0, 0.0), p),
+        data.DataError,
+        r"`y` holds `1` non-finite values \(NaN or inf\), the first at index `\(0,\)`",
+    ),
+    "prior mean for another width": lambda x, y, p, p1: (
+        (x, y, p1),
+        (x, y, p),
+        model.ModelError,
+        r"`prior.mean` must have shape `\(2,\)`, but it has shape `\(1,\)`",
+    ),
+    "prior scale 0 built by hand": lambda x, y, p, p1: (
+        (x, y, p._replace(scale=0.0)),
+        (x, y, p._replace(scale=1e-3)),
+        model.ModelError,
+        r"`prior.scale` must be a finite number in `\(0.0, inf\)`, but it is `0.0`",
+    ),
+    "prior rate NaN built by hand": lambda x, y, p, p1: (
+        (x, y, p._replace(rate=float("nan"))),
+        (x, y, p._replace(rate=1e-3)),
+        model.ModelError,
+        r"`prior.rate` must be a finite number in `\(0.0, inf\)`, but it is `nan`",
+    ),
+    "prior a plain tuple": lambda x, y, p, p1: (
+        (x, y, tuple(p)),
+        (x, y, model.Prior(*tuple(p))),
+        model.ModelError,
+        r"`prior` must be a `Prior` \(see `make_prior`\), not `<class 'tuple'>`",
+    ),
+}
+
+
+@pytest.mark.claims("exact-posterior-refuses-bad-input")
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_exact_posterior_refuses_bad_input(case, evidence):
+    """exact_posterior raises the documented error, naming the argument and the problem, for a
+    wrong shape, a wrong dtype, an empty design, a NaN or inf, a prior that is not a `Prior` or
+    does not fit (a mean for another width, a scale or rate out of range built by hand); the
+    input just beside each is accepted.
+
+    Rule (`model.exact_posterior`): "Raises `DataError` for a design or targets of the wrong
+    shape or dtype, empty or holding NaN or inf; `ModelError` for a prior that does not fit
+    them." Each refused input has a neighbour that differs only in the respect checked, and
+    that neighbour must give a finite posterior of the right shapes: a check that refused
+    too much (every integer array, every large value) fails there."""
+    x, y, prior, prior1 = _refusal_inputs()
+    refused, accepted, error, message = REFUSALS[case](x, y, prior, prior1)
+    with pytest.raises(error, match=message) as info:
+        model.exact_posterior(*refused)
+    post = model.exact_posterior(*accepted)
+    d = np.shape(accepted[0])[1]
+    fields = [np.asarray(f) for f in post]
+    neighbour_ok = (
+        isinstance(post, model.Posterior)
+        and fields[0].shape == (d,)
+        and fields[1].shape == (d, d)
+        and all(np.all(np.isfinite(f)) for f in fields)
+    )
+    assert evidence.record(
+        "exact_posterior refuses bad input, accepts its neighbour",
+        case,
+        {"error": type(info.value).__name__, "message": str(info.value), "neighbour": neighbour_ok},
+        {"error": error.__name__, "message": message},
+        neighbour_ok,
+    ), post

@@ -89,12 +89,16 @@ def check_data(x, y) -> tuple[jax.Array, jax.Array]:
 
 
 def check_prior(prior, num_features: int) -> None:
-    """Checks a `Prior` against `num_features` weights (also one built by hand)."""
+    """Checks a `Prior` against `num_features` weights (also one built by hand); raises
+    `ModelError` naming the field, as `make_prior` does for the same values."""
     if not isinstance(prior, Prior):
         raise ModelError(f"`prior` must be a `Prior` (see `make_prior`), not `{type(prior)}`.")
-    check_array(prior.mean, "prior.mean", shape=(num_features,), floating=True)
-    for name in ("scale", "shape", "rate"):
-        check_number(getattr(prior, name), f"prior.{name}", low=0.0, low_open=True)
+    try:
+        check_array(prior.mean, "prior.mean", shape=(num_features,), floating=True)
+        for name in ("scale", "shape", "rate"):
+            check_number(getattr(prior, name), f"prior.{name}", low=0.0, low_open=True)
+    except DataError as err:
+        raise ModelError(str(err)) from None
 
 
 def check_posterior(post, num_features: int | None = None, query: str = "x_new") -> int:

@@ -1,6 +1,6 @@
 """Shared test set-up: JAX strict mode, float32 matrix products, the `gpu` marker,
 one `stage<id>` marker per stage of `project.toml`, the `evidence` fixture and the
-backend's `elementwise_excess`.
+backend's `elementwise_extra`.
 
 Evidence: every stage test records what it compared (check, condition,
 observed error, tolerance, passed) through the module-scoped `evidence`
@@ -14,6 +14,7 @@ import json
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,58 +179,93 @@ def _scaled_error(got: np.ndarray, exact: np.ndarray) -> float:
     return float(np.max(np.abs(got - exact) / np.maximum(np.abs(exact), 1.0)))
 
 
-def measure_elementwise_excess() -> dict[str, float]:
-    """Per function of `_elementwise_cases`, how many times the running backend's float32
-    result errs more (against float64) than the same jitted function on the CPU, the
-    backend every tolerance of the stage tests was set on. Where this process has no
-    CPU device (`JAX_PLATFORMS` names another backend alone), the reference is NumPy's
-    and SciPy's float32 evaluation (SciPy's special functions round a float64 result).
-    On a CPU the two evaluations are one program on one device: every ratio is 1."""
+def measure_elementwise_extra(backend: dict[str, Callable] | None = None) -> dict[str, float]:
+    """Per function of `_elementwise_cases`, how much more the running backend's float32
+    result errs (against float64) than the same jitted function on the CPU, the backend
+    every tolerance of the stage tests was set on: `max(0, err_backend - err_cpu)`, each
+    `err` the largest `_scaled_error` over the function's sample, so in the function's
+    own units (absolute where `|f| <= 1`, relative above). Where this process has no CPU
+    device (`JAX_PLATFORMS` names another backend alone), the reference is NumPy's and
+    SciPy's float32 evaluation (SciPy's special functions round a float64 result). On a
+    CPU the two evaluations are one program on one device: every figure is exactly 0.
+
+    `backend` replaces, by name, the JAX function run on the backend (the CPU reference
+    keeps the true one): `tests/test_elementwise_bound.py` simulates a less exact chip
+    with it."""
     try:
         cpu = jax.devices("cpu")[0]
     except RuntimeError:
         cpu = None
+    backend = backend or {}
     out = {}
     for name, (jax_fn, ref_fn, sample) in _elementwise_cases().items():
         x32 = sample.astype(np.float32)
         exact = ref_fn(x32.astype(np.float64))
-        backend = np.asarray(jax.jit(jax_fn)(x32), np.float64)
+        on_backend = np.asarray(jax.jit(backend.get(name, jax_fn))(x32), np.float64)
         if cpu is not None:
             faithful = np.asarray(jax.jit(jax_fn)(jax.device_put(x32, cpu)), np.float64)
         else:
             faithful = np.asarray(ref_fn(x32), np.float32).astype(np.float64)
-        backend_err, faithful_err = _scaled_error(backend, exact), _scaled_error(faithful, exact)
-        floor = float(np.finfo(np.float32).eps) / 4  # a faithful error of exactly 0
-        out[name] = backend_err / max(faithful_err, floor)
+        extra = _scaled_error(on_backend, exact) - _scaled_error(faithful, exact)
+        out[name] = max(0.0, extra)
     return out
 
 
-class ElementwiseExcess:
-    """`measure_elementwise_excess()`, read per check: `excess("exp", "log")` is the
-    largest ratio of the functions a figure passes through, at least 1."""
+# What multiplies a first-order propagation bound (below): the sample's worst error
+# (4096 points a function) can sit below the function's worst over the points a
+# check visits, and a backend rounds the sums that carry an elementwise error in
+# its own order (and may fuse or fold them); the second-order terms, products of two
+# errors of order 1e-4, are far below either.
+PROPAGATION_SAFETY = 4.0
 
-    def __init__(self, ratios: dict[str, float]) -> None:
-        self.ratios = ratios
 
-    def __call__(self, *names: str) -> float:
-        return max(1.0, *(self.ratios[name] for name in names))
+class ElementwiseExtra:
+    """`measure_elementwise_extra()`, propagated to a check's figure.
+
+    `extra(*terms)`: an absolute bound on how much more the figure may err on this
+    backend than on a CPU, from the float32 elementwise evaluations it is made of. A
+    term `(name, coef, value)` is one evaluation of function `name` (or an array of
+    them, all entering the figure) whose output has magnitude `value`, entering the
+    figure with weight `coef = |d figure / d f|`: its error there is at most
+    `delta_f * max(1, |value|)` (the scaled units of `_scaled_error`), so the bound is
+    `PROPAGATION_SAFETY * sum |coef| * delta_f * max(1, |value|)` over the terms and
+    their entries. A check adds it to its CPU `atol` (its `rtol` stays the CPU's).
+    Exactly 0.0 on a CPU, where every `delta_f` is 0: every CPU tolerance is unchanged.
+    The terms of the model's figures are written out in `propagation.py`.
+    """
+
+    def __init__(self, deltas: dict[str, float], safety: float = PROPAGATION_SAFETY) -> None:
+        self.deltas = deltas
+        self.safety = safety
+
+    def __call__(self, *terms: tuple[str, Any, Any]) -> float:
+        total = 0.0
+        for name, coef, value in terms:
+            delta = self.deltas[name]
+            if delta == 0.0:
+                continue
+            coef, value = np.broadcast_arrays(np.abs(coef), np.abs(value))
+            total += delta * float(np.sum(coef * np.maximum(value, 1.0)))
+        return self.safety * total
 
 
 @pytest.fixture(scope="session")
-def elementwise_excess() -> ElementwiseExcess:
-    """How many times the running backend's float32 elementwise functions (exp, log, a
-    power, a square root, log-gamma, digamma, trigamma) err more than the CPU's, per
-    function (`measure_elementwise_excess()`); a check asks for the functions its figure
-    passes through. Exactly 1 on a CPU; a TPU v5e's `exp` and `log` err up to about 130
-    and 5,800 units of roundoff (measured there), a CPU's 1 to 2.
+def elementwise_extra() -> ElementwiseExtra:
+    """How much more the running backend's float32 elementwise functions (exp, log, a
+    power, a square root, log-gamma, digamma, trigamma) err than the CPU's, per function
+    (`measure_elementwise_extra()`), propagated to a check's figure through the terms
+    the check names (`ElementwiseExtra`; the terms of the model's figures are in
+    `propagation.py`). Exactly 0 on a CPU. A TPU v5e's `log` erred up to about 1,100
+    times the CPU's worst (about 9e-5 against 8e-8) over 1e-3..1e3.
 
     A check whose figure passes through these functions (a log density, the log
-    evidence, `E[log sigma^2]`, the dual-averaging iterates) multiplies its float32
-    tolerance by the largest of their ratios, so a backend with less exact functions
-    gets a proportionally wider bound and a CPU keeps its own. Checks of matrix
-    products, solves and factorizations alone keep theirs: the session asks for float32
-    products (above)."""
-    return ElementwiseExcess(measure_elementwise_excess())
+    evidence, `E[log sigma^2]`, `Var[log sigma^2]`, `H[q]`, the dual-averaging iterates)
+    adds the propagated bound to its float32 `atol`: the backend's extra error enters
+    in proportion to the weight each evaluation has in the figure, not as a factor on
+    a tolerance set mostly by the rounding of products and sums. Checks of matrix
+    products, solves and factorizations alone keep float32's tolerances: the session
+    asks for float32 products (above)."""
+    return ElementwiseExtra(measure_elementwise_extra())
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,17 @@ Another backend (a TPU's exp and log round differently from a CPU's) sends a cha
 along another path after a few hundred steps, as another key or a rewrite of the
 learner's arithmetic does: what bounds a statistical test's chance of failing correct
 code there is its size over keys and rewrites, stated in its docstring, not the bits of
-the test key. Deterministic comparisons whose figures pass through exp, log or a power
-have their float32 tolerances times the backend's `elementwise_excess` (conftest; 1 on a
-CPU); matrix products run in float32 on every backend (conftest).
+the test key. Deterministic comparisons whose figures pass through exp, log, a square root
+or a power add to their float32 `atol` the backend's `elementwise_extra` (conftest; 0 on a
+CPU): those functions' extra error on the running backend, propagated through the
+evaluations each figure is made of (`propagation.py`); matrix products run in float32 on
+every backend (conftest).
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import propagation
 import pytest
 from scipy import stats
 from stat_checks import (
@@ -154,7 +157,7 @@ def test_dual_averaging_finds_the_step_for_the_target(target, evidence):
 
 @pytest.mark.claims("dual-averaging-step-size")
 @pytest.mark.parametrize("step0", [1.0, 0.05])
-def test_dual_averaging_update_is_hoffman_gelman_algorithm_5(step0, evidence, elementwise_excess):
+def test_dual_averaging_update_is_hoffman_gelman_algorithm_5(step0, evidence, elementwise_extra):
     """Every iterate of `dual_averaging_update` is Algorithm 5 of Hoffman & Gelman (2014),
     written out here in float64 with the paper's constants (gamma 0.05, t0 10, kappa 0.75,
     mu = log(10 eps_0), log eps_bar_0 = 0, H_bar_0 = 0).
@@ -163,11 +166,18 @@ def test_dual_averaging_update_is_hoffman_gelman_algorithm_5(step0, evidence, el
     converges reaches; here the first 25 iterates are compared one by one, over an
     acceptance sequence that swings both sides of the target, for two initial steps.
     The iterates pass through log (mu = log 10 + log eps_0), a square root and
-    `m**-0.75`: the tolerance is float32's times the backend's `elementwise_excess` (a
-    TPU's float32 log 10 is off by about 2e-5, which shifts every log step by as much)."""
+    `m**-0.75`: `atol` is float32's plus the backend's `elementwise_extra` at the worst
+    iterate (`propagation.dual_averaging`, weights from the float64 iterates): `log 10`
+    and `log eps_0` weight 1 in every log step and its average (a TPU's float32 log 10
+    is off by about 2e-5, which shifts every log step by as much); `sqrt(k)` weight
+    `|H_bar_k| / gamma` in log step k and that times the averaging weight in later
+    averages; `k**-0.75` weight `|log step_k - avg_(k-1)|`, decayed by the later
+    `(1 - eta)` factors, in the averages; `H_bar` none."""
     target = 0.8
     accepts = 0.5 + 0.45 * np.sin(np.arange(25) * 1.3)
-    ex = elementwise_excess("log", "pow", "sqrt")
+    extra = max(
+        elementwise_extra(*terms) for terms in propagation.dual_averaging(step0, accepts, target)
+    )
     da = hmc.dual_averaging_init(jnp.float32(step0))
     mu, h_bar, log_avg = np.log(10.0 * step0), 0.0, 0.0
     got, want = [], []
@@ -184,8 +194,8 @@ def test_dual_averaging_update_is_hoffman_gelman_algorithm_5(step0, evidence, el
         f"initial step {step0}, target {target}, 25 swinging acceptances",
         np.array(got),
         np.array(want),
-        rtol=1e-4 * ex,
-        atol=1e-5 * ex,
+        rtol=1e-4,
+        atol=1e-5 + extra,
     )
 
 
@@ -201,7 +211,7 @@ def _scale_from_raw(raw: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("log_scale", [-2.3, 0.0, 1.5])
 @pytest.mark.parametrize("dim", [1, 4])
 def test_entropy_matches_scipy_on_both_signs_of_log_det(
-    family, log_scale, dim, evidence, elementwise_excess
+    family, log_scale, dim, evidence, elementwise_extra
 ):
     """`vi.entropy` equals SciPy's Gaussian entropy of `N(loc, L L^T)`, with `L` built
     in NumPy from the documented parametrization.
@@ -210,8 +220,9 @@ def test_entropy_matches_scipy_on_both_signs_of_log_det(
     constant `d/2 (1 + log 2 pi)`, in one and four dimensions, with a non-zero
     lower triangle in the full-rank family: the ELBO test alone starts every
     scale at 0.1, where some wrong combinations of the two terms agree. `log |det L|`
-    passes through exp and log: the tolerance is times the backend's
-    `elementwise_excess`."""
+    passes through exp and log: `atol` adds the backend's `elementwise_extra`
+    (`propagation.entropy`: each `exp(raw_ii)` relative weight 1, each `log` weight 1 at
+    `|raw_ii|`, raw values as given, in float64)."""
     rng = np.random.default_rng(100 + dim)
     loc = rng.normal(size=dim)
     if family == "meanfield":
@@ -223,13 +234,15 @@ def test_entropy_matches_scipy_on_both_signs_of_log_det(
     params = vi.VIParams(jnp.asarray(loc, jnp.float32), jnp.asarray(raw, jnp.float32))
     scale = _scale_from_raw(np.asarray(params.raw_scale, np.float64))
     exact = stats.multivariate_normal(loc, scale @ scale.T).entropy()
+    raw64 = np.asarray(params.raw_scale, np.float64)
+    extra = elementwise_extra(*propagation.entropy(raw64 if raw64.ndim == 1 else np.diag(raw64)))
     assert evidence.allclose(
         "q entropy vs scipy.stats.multivariate_normal",
         f"{family}, d = {dim}, log scales near {log_scale}",
         vi.entropy(params),
         exact,
         rtol=0.0,
-        atol=1e-4 * dim * elementwise_excess("exp", "log"),
+        atol=1e-4 * dim + extra,
     )
 
 

@@ -11,11 +11,13 @@ server: every mutant gets its own process, which imports the mutated source
 fresh, and no process that started a JAX backend is ever forked.
 
 Outcomes: `killed` (a test failed, or collection failed because the mutant
-broke an import), `timed out` (the tests ran past three times the
-unmutated run plus 30 s: a hang a learner sees), `survived` (every test
-passed), and `equivalent` (survived, and `mutation.toml` says why no test
-can tell it apart). A stage's score is (killed + timed out) / (mutants -
-equivalent).
+broke an import, in each of `KILL_RUNS` runs: the first failing test, or the
+stage's tests after a collection error, is run again; a kill that does not
+repeat is reported `survived`, with how many runs killed it), `timed out`
+(the tests ran past three times the unmutated run plus 30 s: a hang a learner
+sees), `survived` (every test passed), and `equivalent` (survived, and
+`mutation.toml` says why no test can tell it apart). A stage's score is
+(killed + timed out) / (mutants - equivalent).
 
 The report, `<project>/mutation-report.json`, holds per stage the code hash
 (`mutants.stage_hash`), the counts, the score and every mutant's outcome,
@@ -50,6 +52,7 @@ from mutants import (
     stage_hash,
     stage_mutants,
 )
+from mutation_readme import rewrite_readme
 from ready_projects import learning_checked
 from schedule import Job, Worker, run_jobs
 from scratch import copy_project, run_pytest, stage_ids, stage_tests
@@ -61,6 +64,10 @@ KILLED, SURVIVED, TIMEOUT, EQUIVALENT = "killed", "survived", "timed out", "equi
 OUTCOMES = (KILLED, SURVIVED, TIMEOUT, EQUIVALENT)
 DETECTED = (KILLED, TIMEOUT)
 MIN_SCORE, MAX_EQUIVALENT = 0.9, 0.10
+# A mutant counts as killed only when it is killed in each of this many runs: the run
+# of the stage's tests, then its first failing test (or, for a collection error, the
+# stage's tests) again. A kill that does not repeat is a verdict of chance.
+KILL_RUNS = 3
 
 
 @dataclass
@@ -69,6 +76,7 @@ class Result:
     outcome: str
     detail: str  # the first failing test, or why the run counts as it does
     seconds: float
+    kill_runs: int = 0  # runs that killed it, up to KILL_RUNS (0 unless it was killed)
 
 
 class Copies:
@@ -109,7 +117,11 @@ def mutant_job(
     timeout: float,
     mutant: Mutant,
     estimate: float,
+    kill_runs: int = KILL_RUNS,
 ) -> Job:
+    """The job that runs ``tests`` on ``mutant`` in the worker's copy; a kill is
+    rerun until it has killed ``kill_runs`` times (the matrix's confirmation of a
+    reported kill, already repeated when scored, runs once)."""
     source = mutated_source(project, mutant)
 
     def action(worker: Worker) -> Result:
@@ -119,10 +131,19 @@ def mutant_job(
         target.write_text(source, encoding="utf-8")
         try:
             run = run_pytest(copy, tests, cache, timeout=timeout, runner=worker.runner)
+            outcome, detail = judge(run.code, run.output, run.first_failure)
+            runs = 1 if outcome == KILLED else 0
+            again = [run.first_failure] if run.code == 1 and run.first_failure else tests
+            while outcome == KILLED and runs < kill_runs:
+                rerun = run_pytest(copy, again, cache, timeout=timeout, runner=worker.runner)
+                if judge(rerun.code, rerun.output, rerun.first_failure)[0] != KILLED:
+                    outcome = SURVIVED
+                    detail = f"killed in {runs} of {runs + 1} runs, not each: {detail}"
+                    break
+                runs += 1
         finally:
             target.write_text(original, encoding="utf-8")
-        outcome, detail = judge(run.code, run.output, run.first_failure)
-        return Result(mutant, outcome, detail, run.seconds)
+        return Result(mutant, outcome, detail, run.seconds, runs if outcome == KILLED else 0)
 
     return Job(mutant.key, f"mutants:{mutant.stage}", estimate, action)
 
@@ -165,6 +186,8 @@ def stage_report(
             "detail": declared.get(r.mutant.key, r.detail),
             "seconds": round(r.seconds, 2),
         }
+        if outcome == KILLED:
+            row["kill_runs"] = r.kill_runs
         rows.append(row)
     judged = len(results) - counts[EQUIVALENT]
     score = (counts[KILLED] + counts[TIMEOUT]) / judged if judged else 1.0
@@ -182,6 +205,7 @@ def stage_report(
         "timed_out": counts[TIMEOUT],
         "equivalent": counts[EQUIVALENT],
         "score": round(score, 4),
+        "kill_runs_required": KILL_RUNS,
         "seconds": round(seconds, 1),
         "mutants": rows,
     }
@@ -325,55 +349,6 @@ def print_scores(project: Path, reports: dict[str, dict]) -> int:
     return status
 
 
-def accelerator_cell(summary: dict | None) -> str:
-    """A stage's README cell for its last run on an accelerator, from
-    `catalog_compiler.accelerator.stage_summaries`: the verdict, the device, the
-    date and commit it ran at, and whether the stage's code has changed since."""
-    if summary is None:
-        return "not run"
-    cell = f"{summary['verdict']} on {summary['device']} ({summary['ran_on']}, {summary['commit']})"
-    return cell if summary["current"] else f"{cell}; code changed since"
-
-
-def readme_table(project: Path) -> str:
-    """The README stage table: an accelerator column from `accelerator-report.json`
-    and a mutation-score column from the mutation report."""
-    from catalog_compiler.accelerator import stage_summaries
-    from scratch import manifest
-
-    report = json.loads((project / REPORT).read_text(encoding="utf-8"))["stages"]
-    chip = stage_summaries(project) or {}
-    lines = [
-        "| Stage | Deliverable | Test file | Hardware | Accelerator | Mutation score |",
-        "|---|---|---|---|---|---|",
-    ]
-    for s in manifest(project)["stages"]:
-        r = report.get(s["id"])
-        score = (
-            f"{r['score']:.2f} ({r['killed'] + r['timed_out']}/"
-            f"{r['mutants_run'] - r['equivalent']})"
-            if r
-            else "not run"
-        )
-        tests = ", ".join(f"`{t}`" for t in s["tests"])
-        lines.append(
-            f"| {s['id']}. {s['title']} | {s['deliverable']} | {tests} | "
-            f"{s.get('hardware', 'cpu')} | {accelerator_cell(chip.get(s['id']))} | {score} |"
-        )
-    return "\n".join(lines)
-
-
-def rewrite_readme(project: Path) -> None:
-    import re
-
-    readme = project / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    table = re.compile(r"^\| Stage \| Deliverable \|.*?\n(?:\|.*\n)+", re.M)
-    if not table.search(text):
-        raise ValueError(f"{project.name}/README.md has no stage table")
-    readme.write_text(table.sub(lambda _: readme_table(project) + "\n", text, count=1), "utf-8")
-
-
 def confirm_jobs(
     projects: list[Path], per_stage: int, seed: str, work: Path, cache: Path
 ) -> list[Job]:
@@ -403,7 +378,7 @@ def confirm_jobs(
                 if mutant is None:  # The code moved on: the contract test says stale.
                     continue
                 job = mutant_job(
-                    project, copies, stage_tests(project, stage), cache, 600, mutant, 3.0
+                    project, copies, stage_tests(project, stage), cache, 600, mutant, 3.0, 1
                 )
                 job.name, job.part = f"{project.name}/{stage}: {key}", "mutants"
                 jobs.append(job)

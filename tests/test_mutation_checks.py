@@ -7,8 +7,9 @@ check that each outcome is reported as such, that a declared equivalent is
 counted apart, that the score follows the counts, that keys survive edits
 elsewhere in the file, that the sample is fixed by its seed, that a report
 goes stale when a covered file changes (and only then), that the rerun of
-reported kills fails on a kill that does not reproduce, and that its draw
-follows the stage's code hash alone (the same code, the same draw).
+reported kills fails on a kill that does not reproduce, that its draw
+follows the stage's code hash alone (the same code, the same draw), and that a
+kill counts only when it repeats in each of `KILL_RUNS` runs.
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ def test_survivor_killed_and_score_are_reported(toy: Path):
     judged = report["mutants_run"] - report["equivalent"]
     assert report["score"] == round((report["killed"] + report["timed_out"]) / judged, 4)
     assert report["score"] < 1 and status == 1, "a stage under 0.9 fails the run"
+    assert report["kill_runs_required"] == mutate.KILL_RUNS == 3
+    killed = [r for r in report["mutants"] if r["outcome"] == mutate.KILLED]
+    assert killed and all(r["kill_runs"] == mutate.KILL_RUNS for r in killed)
     assert report["code_hash"] == mutants.stage_hash(
         toy, "2", stage_tests(toy, "2"), mutants.stage_targets(toy, "2")
     )
@@ -221,6 +225,58 @@ def test_the_rerun_of_reported_kills_fails_on_one_that_does_not_reproduce(
     finally:
         worker.close()
     assert result.outcome == mutate.SURVIVED
+
+
+@pytest.mark.parametrize(
+    ("codes", "outcome", "runs"),
+    [
+        ([1, 1, 1], "killed", 3),  # killed each time
+        ([1, 0], "survived", 0),  # the failing test passes when run again
+        ([1, 1, 0], "survived", 0),  # ... or on the third run
+        ([0], "survived", 0),  # never killed: one run
+        ([2, 2, 2], "killed", 3),  # a collection error, each time
+    ],
+)
+def test_a_kill_counts_only_when_it_repeats_in_each_run(
+    toy: Path, tmp_path: Path, monkeypatch, codes, outcome, runs
+):
+    """The run that kills is followed by reruns of its first failing test (the
+    stage's tests after a collection error); one that passes makes the mutant a
+    survivor, whose detail says how many runs killed it."""
+    from schedule import Worker
+    from scratch import Run
+
+    script = iter(codes)
+    asked: list[list[str]] = []
+
+    def fake_pytest(copy, nodes, cache, timeout=0, runner=None, **_):
+        asked.append(list(nodes))
+        code = next(script)
+        output = {
+            0: "1 passed",
+            1: "FAILED tests/test_stage_2.py::test_mean[3] - assert 4 == 3",
+            2: "ERROR tests/test_stage_2.py - ImportError: collection error",
+        }[code]
+        return Run(code, output, 0.5)
+
+    monkeypatch.setattr(mutate, "run_pytest", fake_pytest)
+    mutant = mutants.stage_mutants(toy, "2").mutants[0]
+    copies = mutate.Copies(toy, tmp_path)
+    tests = stage_tests(toy, "2")
+    job = mutate.mutant_job(toy, copies, tests, tmp_path / "cache", 60, mutant, 1.0)
+    worker = Worker(tmp_path / "cache")
+    try:
+        result = job.action(worker)
+    finally:
+        worker.close()
+    assert (result.outcome, result.kill_runs) == (outcome, runs)
+    assert len(asked) == len(codes), "a run too many or too few"
+    if codes[0] == 1:
+        assert asked[1:] == [["tests/test_stage_2.py::test_mean[3]"]] * (len(codes) - 1)
+    if codes[0] == 2:
+        assert asked[1:] == [tests] * (len(codes) - 1)
+    if outcome == "survived" and codes[0] != 0:
+        assert result.detail.startswith(f"killed in {len(codes) - 1} of {len(codes)} runs")
 
 
 def test_the_rerun_draws_by_the_stage_code_hash_alone(toy: Path, tmp_path: Path):

@@ -112,10 +112,42 @@ def check_stage(project: Path, stage: str) -> None:
     assert entry["equivalent"] <= mutate.MAX_EQUIVALENT * len(entry["mutants"]), (
         f"{where}: {entry['equivalent']} equivalents of {len(entry['mutants'])} mutants"
     )
+    assert not unrepeated_kills(entry), f"{where}: kills not repeated: {unrepeated_kills(entry)}"
     declared = mutants.equivalents(project, stage)
     for row in entry["mutants"]:
         if row["outcome"] == mutate.EQUIVALENT:
             assert declared.get(row["key"], "").strip(), f"{where}: {row['key']} has no reason"
+
+
+def unrepeated_kills(entry: dict) -> list[str]:
+    """Keys of rows called killed that were not killed in each of the runs the stage
+    was scored under (`kill_runs_required`; a stage scored before the rule has no
+    such field, and its kills ran once)."""
+    required = entry.get("kill_runs_required")
+    if required is None:
+        return []
+    assert required >= mutate.KILL_RUNS, f"scored under {required} runs < {mutate.KILL_RUNS}"
+    return [
+        r["key"]
+        for r in entry["mutants"]
+        if r["outcome"] == mutate.KILLED and r.get("kill_runs") != required
+    ]
+
+
+def test_a_kill_that_ran_once_is_refused_once_the_rule_applies():
+    """Negative control of `unrepeated_kills`: a row killed in fewer runs than its
+    stage was scored under is named; with the field absent (scored before the
+    rule) nothing is."""
+    rows = [
+        {"key": "a", "outcome": mutate.KILLED, "kill_runs": 3},
+        {"key": "b", "outcome": mutate.KILLED, "kill_runs": 1},
+        {"key": "c", "outcome": mutate.KILLED},
+        {"key": "d", "outcome": mutate.SURVIVED},
+    ]
+    assert unrepeated_kills({"kill_runs_required": 3, "mutants": rows}) == ["b", "c"]
+    assert unrepeated_kills({"mutants": rows}) == []
+    with pytest.raises(AssertionError):
+        unrepeated_kills({"kill_runs_required": 1, "mutants": rows})
 
 
 @pytest.mark.parametrize("project", READY, ids=lambda p: p.name)

@@ -11,7 +11,14 @@ Streaming is shown to hold one tensor at a time: its peak resident memory,
 measured in a subprocess, is a fraction of the eager conversion's, with two
 instruments (`VmHWM`, and `ru_maxrss` from a clean forked task, which is what
 a machine without `VmHWM` uses), each first shown to see a source-sized
-allocation by a control child, else the test skips naming the reading.
+allocation by a control child, else the test skips naming the reading; and
+it never maps the source: no mapping of the source file in /proc/self/maps,
+read at every function call and return of a conversion in a fresh
+interpreter, where `safe_open` (to list the names, or held open) is seen
+mapped. The header reader of the streaming path agrees with the safetensors
+library (names, dtypes, shapes, metadata, and byte ranges holding the bytes of
+the tensors it loads) on 21 files, and refuses 28 kinds of damaged header that
+the library refuses too, naming the problem.
 Changed conditions: another architecture and float64 targets
 for the streamed file; both artifact formats. Bad files are refused with
 the tensor named and nothing written (an `--input` file; a run folder's
@@ -37,7 +44,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file as numpy_save_file
 from safetensors.torch import save_file as torch_save_file
 
@@ -47,6 +54,7 @@ from weight_conversion import (
     data,
     model,
     pipeline,
+    safetensors_header,
     sources,
     streaming,
     synthetic,
@@ -164,6 +172,368 @@ def test_describe_damage_names_what_is_cut_off(tmp_path, blob, expected):
     unreadable.write_bytes(_safetensors_blob(b"{nope"))
     assert streaming.describe_damage(unreadable).startswith("the header cannot be read (")
     assert streaming.describe_damage(tmp_path / "absent").startswith("the header cannot be read (")
+
+
+# --- The streaming path's own header reader, against the safetensors library ---------
+
+# NumPy dtypes by safetensors code, for the randomly drawn files below.
+_NUMPY_CODES = {
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "U16": np.uint16,
+    "I16": np.int16,
+    "F16": np.float16,
+    "U32": np.uint32,
+    "I32": np.int32,
+    "F32": np.float32,
+    "U64": np.uint64,
+    "I64": np.int64,
+    "F64": np.float64,
+}
+
+
+def _drawn_numpy_file(path: Path, rng: np.random.Generator) -> None:
+    """1 to 8 tensors of drawn dtypes and shapes (0-d and zero-size ones among them)."""
+    tensors = {}
+    for i in range(int(rng.integers(1, 9))):
+        code = str(rng.choice(sorted(_NUMPY_CODES)))
+        shape = tuple(int(d) for d in rng.integers(0, 5, int(rng.integers(0, 4))))
+        dtype = np.dtype(_NUMPY_CODES[code])
+        if dtype.kind in "iub":  # every value of the type possible
+            info = np.iinfo(np.uint8 if code == "BOOL" else dtype)
+            values = rng.integers(info.min, info.max, shape, dtype=info.dtype, endpoint=True)
+            values = values % 2 if code == "BOOL" else values
+        else:
+            values = rng.standard_normal(shape) * 100
+        tensors[f"t{i}.{code.lower()}"] = np.asarray(values).astype(dtype)  # 0-d kept an array
+    metadata = {"drawn": str(len(tensors))} if rng.integers(2) else None
+    numpy_save_file(tensors, str(path), metadata=metadata)
+
+
+def _edge_blobs(rng: np.random.Generator) -> dict[str, bytes]:
+    """Well-formed files the library's own writer does not produce: the format allows them."""
+    data = rng.integers(0, 256, 24, dtype=np.uint8).tobytes()
+    w, z = dict(F32, data_offsets=[0, 8]), {"dtype": "I64", "shape": [0, 3]}
+    pieces = {
+        "whitespace-around-the-json": b' \t{"w": ' + json.dumps(w).encode() + b"}    ",
+        "metadata-null": {"__metadata__": None, "w": w},
+        "ranges-listed-out-of-order": {
+            "b": dict(F32, data_offsets=[8, 16]),
+            "a": w,
+            "c": {"dtype": "F64", "shape": [], "data_offsets": [16, 24]},
+        },
+        "zero-size-tensors-first-and-last": {
+            "z0": dict(z, data_offsets=[0, 0]),
+            "w": w,
+            "z1": dict(z, data_offsets=[8, 8]),
+        },
+        "an-entry-with-an-unknown-field": {"w": dict(w, note="kept")},
+        "no-tensors": {},
+    }
+    sizes = {"ranges-listed-out-of-order": 24, "no-tensors": 0}
+    return {
+        label: _safetensors_blob(header, data[: sizes.get(label, 8)])
+        for label, header in pieces.items()
+    }
+
+
+def _what_safetensors_reads(path: Path) -> tuple[dict, dict | None]:
+    """Per tensor, as the safetensors library reports it: (dtype code, shape, the bytes of
+    the tensor it loads); and the metadata. Through PyTorch, which holds every dtype."""
+    out = {}
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():
+            piece = f.get_slice(name)
+            tensor = f.get_tensor(name).contiguous().reshape(-1)
+            loaded = tensor.view(torch.uint8).numpy().tobytes()
+            out[name] = (piece.get_dtype(), tuple(piece.get_shape()), loaded)
+        return out, f.metadata()
+
+
+def test_header_reader_agrees_with_safetensors(evidence, tmp_path):
+    """The streaming path's header reader gives the names, dtypes, shapes and metadata that
+    safetensors reports, and byte ranges holding exactly the bytes of the tensors safetensors
+    loads, for: a PyTorch source (metadata, a tied tensor stored once, int64 scalars), a file
+    of bfloat16 and float8 (no NumPy dtype), 12 files of drawn NumPy dtypes and shapes, the
+    streamed output, and 6 well-formed files of unusual layout. `streaming._read`'s arrays
+    are the ones safetensors loads, bit for bit."""
+    rng = np.random.default_rng(7)
+    torch.manual_seed(7)
+    files = {"torch-source": tmp_path / "torch.safetensors"}
+    pipeline.save_torch_source(sources.TorchDigitNet(Arch()).eval(), files["torch-source"])
+    files["bfloat16-float8"] = tmp_path / "bf16.safetensors"
+    torch_save_file(
+        {
+            "bf16": torch.randn(3, 5).to(torch.bfloat16),
+            "f8": torch.randn(7).to(torch.float8_e4m3fn),
+            "f32": torch.randn(2, 2),
+        },
+        str(files["bfloat16-float8"]),
+        metadata={"m": "x"},
+    )
+    for i in range(12):
+        files[f"drawn-{i}"] = tmp_path / f"drawn-{i}.safetensors"
+        _drawn_numpy_file(files[f"drawn-{i}"], rng)
+    spec = checkpoint.target_spec(model.abstract_model(Arch()))
+    files["streamed-output"] = streaming.convert_file(
+        files["torch-source"], tmp_path / "out.safetensors", torch_map(Arch()), Arch(), spec
+    )
+    for label, blob in _edge_blobs(rng).items():
+        files[label] = tmp_path / f"{label}.safetensors"
+        files[label].write_bytes(blob)
+    observed, ok = {}, True
+    for label, path in files.items():
+        theirs, metadata = _what_safetensors_reads(path)
+        header = safetensors_header.read_header(path)
+        blob = path.read_bytes()
+        start = header.data_start
+        ours = {
+            name: (e.dtype, e.shape, blob[start + e.begin : start + e.end])
+            for name, e in header.tensors.items()
+        }
+        held = [n for n, e in header.tensors.items() if e.dtype not in ("BF16", "F8_E4M3")]
+        read = streaming._read(path, header, held)
+        with safe_open(str(path), framework="numpy") as f:
+            same_arrays = all(
+                read[n].dtype == f.get_tensor(n).dtype
+                and read[n].shape == f.get_tensor(n).shape
+                and read[n].tobytes() == f.get_tensor(n).tobytes()
+                for n in held
+            )
+        agree = ours == theirs and header.metadata == metadata and same_arrays
+        observed[label] = {
+            "tensors": len(ours),
+            "dtypes": sorted({e.dtype for e in header.tensors.values()}),
+            "agree": agree,
+        }
+        ok &= agree and sorted(ours) == list(theirs)
+    assert evidence.record(
+        "source header read without safetensors == what safetensors reads",
+        f"{len(files)} files",
+        observed,
+        None,
+        ok,
+    ), observed
+
+
+def _damaged(header: object, data: bytes = b"", length: int | None = None) -> bytes:
+    return _safetensors_blob(header, data, length)
+
+
+_A, _B = dict(F32, data_offsets=[0, 8]), dict(F32, data_offsets=[8, 16])
+HEADER_DAMAGE = {
+    # label: (the file, or its JSON header and data; the start of the reader's message)
+    "empty": (b"", "the file is empty"),
+    "shorter-than-the-length": (b"\x01\x02\x03", "the header cannot be read (unpack requires"),
+    "header-cut-short": (
+        _damaged({"a": _A}, bytes(8))[:20],
+        "the header claims 61 bytes but the file has 12 after it",
+    ),
+    "header-length-past-the-file": (
+        _damaged({"a": _A}, bytes(8), length=10**6),
+        "the header claims 1000000 bytes but the file has 69 after it",
+    ),
+    "header-over-the-limit": (None, "the header claims 100000001 bytes, more than"),
+    "not-utf8": (_damaged(b'{"\xff": 1}'), "the header cannot be read ("),
+    "not-json": (_damaged(b"{tensor:"), "the header cannot be read ("),
+    "json-nan": (
+        _damaged(b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "x": NaN}}'),
+        "the header cannot be read (`NaN` is not JSON)",
+    ),
+    "not-an-object": (_damaged([1, 2]), "the header is a JSON list, not an object"),
+    "metadata-not-strings": (
+        _damaged({"__metadata__": {"n": 1}, "a": _A}, bytes(8)),
+        "the header's `__metadata__` is not an object of strings",
+    ),
+    "offsets-missing": (_damaged({"a": F32}, bytes(8)), "tensor `a` has no valid `data_offsets`"),
+    "offsets-negative": (
+        _damaged({"a": dict(F32, data_offsets=[-8, 0])}, bytes(8)),
+        "tensor `a` has no valid `data_offsets`",
+    ),
+    "offsets-boolean": (
+        _damaged({"a": {"dtype": "BOOL", "shape": [1], "data_offsets": [False, True]}}, bytes(1)),
+        "tensor `a` has no valid `data_offsets`",
+    ),
+    "offsets-past-the-data": (
+        _damaged({"a": _A, "b": _B}, bytes(12)),
+        "tensor `b` needs bytes 8..16 of the data section, but the file holds only 12",
+    ),
+    "end-before-begin": (
+        _damaged({"a": {"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}}, bytes(8)),
+        "tensor `a` has data_offsets [8, 0]: its end before its begin",
+    ),
+    "overlapping-ranges": (
+        _damaged({"a": _A, "b": dict(F32, data_offsets=[4, 12])}, bytes(12)),
+        "tensor `b` (bytes 4..12) overlaps `a`",
+    ),
+    "the-same-range-twice": (
+        _damaged({"a": _A, "b": _A}, bytes(8)),
+        "tensor `b` (bytes 0..8) overlaps `a`",
+    ),
+    "empty-tensor-inside-another": (
+        _damaged({"a": _A, "z": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]}}, bytes(8)),
+        "tensor `z` (bytes 4..4) overlaps `a`",
+    ),
+    "gap-between-tensors": (
+        _damaged({"a": _A, "b": dict(F32, data_offsets=[12, 20])}, bytes(20)),
+        "bytes 8..12 of the data section belong to no tensor (a gap before `b`)",
+    ),
+    "gap-before-the-first": (
+        _damaged({"a": dict(F32, data_offsets=[4, 12])}, bytes(12)),
+        "bytes 0..4 of the data section belong to no tensor (a gap before `a`)",
+    ),
+    "trailing-bytes": (
+        _damaged({"a": _A}, bytes(9)),
+        "the data section holds 9 bytes but its tensors end at 8: 1 trailing bytes",
+    ),
+    "size-not-shape-times-dtype": (
+        _damaged({"a": dict(F32, data_offsets=[0, 12])}, bytes(12)),
+        "tensor `a` spans 12 bytes (data_offsets [0, 12]), but its shape (2,) of F32 needs 8",
+    ),
+    "float64-sized-as-float32": (
+        _damaged({"a": {"dtype": "F64", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)),
+        "tensor `a` spans 8 bytes (data_offsets [0, 8]), but its shape (2,) of F64 needs 16",
+    ),
+    "sub-byte-values-not-whole-bytes": (
+        _damaged({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}, bytes(2)),
+        "tensor `a`: 3 values of F4 do not fill a whole number of bytes",
+    ),
+    "unknown-dtype": (
+        _damaged({"a": {"dtype": "f32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)),
+        'tensor `a` has dtype "f32", not one safetensors defines',
+    ),
+    "shape-negative": (
+        _damaged({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8)),
+        "tensor `a` has no valid `shape`",
+    ),
+    "shape-missing": (
+        _damaged({"a": {"dtype": "F32", "data_offsets": [0, 8]}}, bytes(8)),
+        "tensor `a` has no valid `shape`",
+    ),
+    "shape-overflows-u64": (
+        _damaged({"a": {"dtype": "F32", "shape": [2**40, 2**40, 0], "data_offsets": [0, 0]}}),
+        "tensor `a` has shape [1099511627776, 1099511627776, 0]: too many values",
+    ),
+}
+
+
+@pytest.mark.parametrize("label", list(HEADER_DAMAGE))
+def test_header_reader_refuses_what_safetensors_refuses(tmp_path, label):
+    """Each damaged header, which safetensors itself refuses, is refused by the streaming
+    path's reader with the message naming the problem (the tensor, where there is one): by
+    `describe_damage`, and by `convert_file` as a `MappingError`, nothing written."""
+    blob, message = HEADER_DAMAGE[label]
+    path = tmp_path / "damaged.safetensors"
+    if blob is None:  # a length past safetensors' limit; the file sparse, as long as it claims
+        with path.open("wb") as f:
+            f.write(struct.pack("<Q", 100_000_001) + b"{}")
+            f.truncate(8 + 100_000_001)
+    else:
+        path.write_bytes(blob)
+    with pytest.raises(SafetensorError), safe_open(str(path), framework="numpy") as f:
+        f.keys()
+    with pytest.raises(safetensors_header.HeaderDamage) as info:
+        safetensors_header.read_header(path)
+    assert str(info.value).startswith(message), str(info.value)
+    assert streaming.describe_damage(path) == str(info.value)
+    rules, spec = synthetic.linear_stack(1, 2)
+    dst = tmp_path / "out" / "converted.safetensors"
+    with pytest.raises(MappingError) as refused:
+        streaming.convert_file(path, dst, rules, synthetic.ARCH, spec)
+    assert refused.value.problems == [f"cannot open `{path}`: {info.value}"]
+    assert not (tmp_path / "out").exists()
+
+
+# The streaming conversion in a fresh interpreter, /proc/self/maps read at every function
+# call and return (a profile hook) while it runs: the mapped files naming the source, and
+# how many samples each rule's span held (`progress` reports the count after each rule).
+_MAPS_DURING_CONVERSION = """
+import json, os, sys
+from pathlib import Path
+from weight_conversion import streaming, synthetic
+src, dst, mode, layers, width = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], *sys.argv[4:]
+needle = os.path.realpath(src)
+seen = {"samples": 0, "mapped": [], "after_each_rule": []}
+def sample(frame, event, arg):
+    seen["samples"] += 1
+    with open("/proc/self/maps") as maps:
+        hits = [line.split()[-1] for line in maps if needle in line]
+    if hits and not seen["mapped"]:
+        seen["mapped"] = [hits[0], event, frame.f_code.co_name]
+if mode == "names-listed-with-safe_open":  # as the conversion did before: listed, then closed
+    from safetensors import safe_open
+    read = streaming._source_header
+    def listed_first(path):
+        with safe_open(str(path), framework="numpy") as f:
+            list(f.keys())
+        return read(path)
+    streaming._source_header = listed_first
+rules, spec = synthetic.linear_stack(int(layers), int(width))
+sys.setprofile(sample)
+if mode == "source-held-by-safe_open":
+    from safetensors import safe_open
+    with safe_open(str(src), framework="numpy") as held:
+        streaming.convert_file(src, dst, rules, synthetic.ARCH, spec)
+else:
+    streaming.convert_file(
+        src, dst, rules, synthetic.ARCH, spec,
+        progress=lambda done, total: seen["after_each_rule"].append(seen["samples"]),
+    )
+sys.setprofile(None)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.claims("streamed-conversion")
+def test_streaming_never_maps_its_source(evidence, tmp_path):
+    """While the streaming conversion runs, no mapping of the source file appears in
+    /proc/self/maps, read at every function call and return of the conversion (a profile
+    hook, samples during every rule), in a fresh interpreter; a source under gVisor counts
+    whole in the peak memory once mapped, even to list its names. Negative controls, same
+    instrument: the names listed through `safe_open` first (as the conversion did before,
+    the handle closed again at once) and the source held open by `safe_open` while the
+    conversion runs, each seen mapped; if a control is not, the test skips, naming it."""
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("/proc/self/maps is absent here: the mappings cannot be observed")
+    layers, width = 4, 64
+    src = tmp_path / "src.safetensors"
+    synthetic.write_source(src, layers, width)
+    runs = {}
+    for mode in ("streaming", "names-listed-with-safe_open", "source-held-by-safe_open"):
+        dst = tmp_path / f"{mode}.safetensors"
+        cmd = [sys.executable, "-c", _MAPS_DURING_CONVERSION, str(src), str(dst), mode]
+        done = subprocess.run(
+            [*cmd, str(layers), str(width)], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        assert read_all(dst).keys() == read_all(tmp_path / "streaming.safetensors").keys()
+    for mode in ("names-listed-with-safe_open", "source-held-by-safe_open"):
+        if not runs[mode]["mapped"]:
+            pytest.skip(
+                f"the instrument cannot see a mapping here: the control `{mode}` read "
+                f"{runs[mode]['samples']} samples of /proc/self/maps, none naming the source"
+            )
+    stream = runs["streaming"]
+    per_rule = np.diff([0, *stream["after_each_rule"]]).tolist()
+    observed = {
+        mode: {"samples": r["samples"], "source_mapped_at": r["mapped"]} for mode, r in runs.items()
+    }
+    observed["streaming"]["samples_per_rule"] = per_rule
+    ok = (
+        stream["mapped"] == []
+        and len(per_rule) == 2 * layers
+        and min(per_rule) > 0
+        and all(runs[m]["mapped"] for m in runs if m != "streaming")
+    )
+    assert evidence.record(
+        "streaming conversion never maps its source (/proc/self/maps at every call)",
+        f"{layers} x {width}x{width} float32; controls: safe_open listing, safe_open held",
+        observed,
+        None,
+        ok,
+    ), observed
 
 
 @pytest.mark.claims("stream-header-order", "stream-progress")

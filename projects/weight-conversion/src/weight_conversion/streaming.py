@@ -1,11 +1,14 @@
 """Conversion from a safetensors file to a safetensors file, tensor by tensor.
 
-`convert_file` never holds the whole source: it reads the source header
-(names, dtypes, shapes) to check the names against the map, writes the
-output header (whose shapes come from the target model), then for each rule
-reads only that rule's tensors (positioned reads of their byte ranges, after
-`safe_open` has validated the file), transforms them, appends the result and
-lets them go.
+`convert_file` never holds the whole source, and never memory-maps it: it reads
+the source header (names, dtypes, shapes, byte ranges) with plain reads and
+checks it (`safetensors_header.read_header`: the documented format, validated
+as the safetensors library validates it), checks the names against the map,
+writes the output header (whose shapes come from the target model), then for
+each rule reads only that rule's tensors (positioned reads of their byte
+ranges), transforms them, appends the result and lets them go. (`safe_open`
+maps the whole file, and under gVisor a mapping counts whole in the peak
+resident memory even when only the names are read: see `safetensors_header`.)
 
 safetensors offers no incremental writer (`save_file` takes a complete
 dict), so the output is written here in the documented format: an 8-byte
@@ -13,9 +16,9 @@ little-endian header length, the JSON header (padded with spaces to a
 multiple of 8), then each tensor's bytes at its `data_offsets`. The tests
 read every file back with the safetensors library itself.
 
-Errors (a name the map does not know, a truncated file, an unsupported
-dtype, a wrong shape, a NaN or infinite value) raise `MappingError` naming
-the tensor; the output is written to a temporary name and renamed only when
+Errors (a damaged header, a name the map does not know, a truncated file, an
+unsupported dtype, a wrong shape, a NaN or infinite value) raise `MappingError`
+naming the tensor; the output is written to a temporary name and renamed only when
 complete, and folders made for it are removed again, so nothing is left behind.
 
 `convert_file_eager` is the baseline: `load_file` everything, convert, and
@@ -30,10 +33,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from weight_conversion.config import Arch
+from weight_conversion.safetensors_header import (  # describe_damage: used by the loaders
+    Header,
+    HeaderDamage,
+    describe_damage,
+    read_header,
+)
 from weight_conversion.weight_map import MappingError, Rule, apply_rule, check_names, convert
 
 DTYPE_CODES = {
@@ -65,88 +74,46 @@ _NUMPY_DTYPES = {
 Spec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 
 
-def describe_damage(path: str | Path) -> str | None:
-    """For a safetensors file that does not open: which tensor is cut off.
-
-    Reads only the header (8-byte little-endian length, then JSON) and compares
-    each tensor's byte range with the file size."""
-    path = Path(path)
+def _source_header(path: Path) -> Header:
+    """The source's header, read and checked without mapping the file; `MappingError`
+    names what is damaged."""
     try:
-        size = path.stat().st_size
-        if size == 0:
-            return "the file is empty"
-        with path.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > size - 8:
-                return f"the header claims {length} bytes but the file has {size - 8} after it"
-            header = json.loads(f.read(length))
-    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as err:
-        return f"the header cannot be read ({err})"
-    if not isinstance(header, dict):
-        return f"the header is a JSON {type(header).__name__}, not an object of tensors"
-    data_size = size - 8 - length
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(x, int) for x in offsets)
-        ):
-            return f"tensor `{name}` has no valid `data_offsets` in the header"
-        begin, end = offsets
-        if end > data_size:
-            return (
-                f"tensor `{name}` needs bytes {begin}..{end} of the data section, but the "
-                f"file holds only {data_size} (truncated)"
-            )
-    return None
+        return read_header(path)
+    except HeaderDamage as damage:
+        raise MappingError([f"cannot open `{path}`: {damage}"]) from None
 
 
-def _source_keys(path: Path) -> list[str]:
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            return list(f.keys())
-    except (SafetensorError, OSError) as err:
-        raise MappingError([f"cannot open `{path}`: {describe_damage(path) or err}"]) from None
-
-
-def _read(path: Path, names: list[str]) -> dict[str, np.ndarray]:
+def _read(path: Path, header: Header, names: list[str]) -> dict[str, np.ndarray]:
     """Only `names`, each read from its byte range of `path` into a new array.
 
-    Positioned reads rather than `safe_open`'s memory map: a lazy handle reads few pages
-    on Linux, but a sandbox that maps files differently (gVisor, on some accelerator
-    machines) counted the whole source in the peak resident memory of a conversion that
-    re-opened it per rule (25 MB source: 26 MB added, eager 52 MB). The file already
-    opened with `safe_open` (`_source_keys`), which validated its header."""
+    Positioned reads, never a memory map: a sandbox that maps files differently
+    (gVisor, on some accelerator machines) counts a whole mapped source in the peak
+    resident memory of the process (see `safetensors_header`). `header` is the one
+    `_source_header` read and checked (ranges within the file, sizes = shape x dtype)."""
     try:
-        with path.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-            out = {}
+        out = {}
+        with path.open("rb", buffering=0) as f:
             for name in names:
-                if name not in header or name == "__metadata__":
+                entry = header.tensors.get(name)
+                if entry is None:
                     continue
-                entry = header[name]
-                dtype = _NUMPY_DTYPES.get(entry["dtype"])
+                dtype = _NUMPY_DTYPES.get(entry.dtype)
                 if dtype is None:
                     raise TypeError(
-                        f"dtype {entry['dtype']} of `{name}` is not one of "
-                        f"{', '.join(_NUMPY_DTYPES)}"
+                        f"dtype {entry.dtype} of `{name}` is not one of {', '.join(_NUMPY_DTYPES)}"
                     )
-                begin, end = entry["data_offsets"]
-                array = np.empty(entry["shape"], dtype)
-                if end - begin != array.nbytes:
-                    raise ValueError(
-                        f"`{name}` spans {end - begin} bytes, its shape {array.nbytes}"
-                    )
-                f.seek(8 + length + begin)
-                if f.readinto(memoryview(array).cast("B")) != array.nbytes:
-                    raise ValueError(f"`{name}` is cut off")
+                array = np.empty(entry.shape, dtype)
+                if array.nbytes:  # (a view of a zero-size array cannot be cast to bytes)
+                    view, done = memoryview(array).cast("B"), 0
+                    f.seek(header.data_start + entry.begin)
+                    while done < array.nbytes:
+                        got = f.readinto(view[done:])
+                        if not got:
+                            raise ValueError(f"`{name}` is cut off")
+                        done += got
                 out[name] = array
             return out
-    except (OSError, TypeError, ValueError, KeyError, struct.error) as err:
+    except (OSError, TypeError, ValueError) as err:
         damage = describe_damage(path)
         raise MappingError(
             [f"cannot read source tensor(s) {names} from `{path}`: {damage or err}"]
@@ -193,7 +160,8 @@ def convert_file(
     [claim:stream-progress]
     """
     src, dst = Path(src), Path(dst)
-    keys = _source_keys(src)
+    header = _source_header(src)
+    keys = sorted(header.tensors)  # in the order safetensors lists them
     problems = check_names(rules, keys, spec.keys())
     if problems:
         raise MappingError(problems)
@@ -207,7 +175,7 @@ def convert_file(
             out.write(output_header(spec, order, metadata))
             # --- exercise stage 3: Per rule: read its tensors lazily, convert, write the bytes. ---
             for done, rule in enumerate(rules, start=1):
-                arrays = _read(src, list(rule.sources))
+                arrays = _read(src, header, list(rule.sources))
                 converted = apply_rule(rule, arrays, arch, spec)
                 del arrays
                 for path in rule.targets:  # the order of the header's offsets

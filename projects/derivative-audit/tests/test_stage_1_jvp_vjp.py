@@ -628,6 +628,31 @@ def test_central_difference_at_the_theory_step(problems, evidence, name):
     assert all(ok)
 
 
+# The sweep is judged along three random directions, each on every band, and a
+# dtype's claims hold when two of the three pass: one direction in several hundred
+# is ill-conditioned enough (|J u| far below |J|) to move a figure out of its band
+# (tests/size_sweep.py), two of three almost never.
+SWEEP_SEEDS = (9, 10, 11)
+SWEEP_PASSES_NEEDED = 2
+
+
+def _sweep_in_bands(a: dict, dtype: str, float32_excess: dict) -> bool:
+    """One direction's sweep analysis against the bands of the sweep test."""
+    decades = np.log10(float32_excess["tanh"]) if dtype == "float32" else 0.0
+    tight = (
+        abs(np.log10(a["best_step"] / a["theory_step"])) <= 1.0 + decades / 3
+        and a["best_rel_error"] <= 100 * a["expected_best_rel_error"] * 10 ** (2 * decades / 3)
+        and a["roundoff_slope"] is not None
+        and -1.4 <= a["roundoff_slope"] <= -0.6
+    )
+    if dtype == "float64":
+        tight = tight and a["truncation_slope"] is not None
+        tight = tight and 1.7 <= a["truncation_slope"] <= 2.3
+    else:
+        tight = tight and 3.0 - 2 * decades / 3 <= a["trusted_digits"] <= 6.5
+    return bool(tight)
+
+
 @pytest.mark.claims("fd-sweep-regimes", "central-difference-in-x-dtype")
 @pytest.mark.parametrize("name", ["matmul_chain", "scan_recurrence"])
 def test_error_vs_step_sweep_shows_truncation_and_roundoff(
@@ -639,35 +664,67 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(
     in float32 the best error is about eps32^(2/3): 4 to 6 digits, no more. A backend
     whose float32 tanh errs E times more than a faithful one (E about 1 on a CPU)
     rounds like eps' = E eps: its best step is E^(1/3) larger, its best error E^(2/3)
-    larger, so the bounds move by log10(E) / 3 decades and (2/3) log10(E) digits."""
+    larger, so the bounds move by log10(E) / 3 decades and (2/3) log10(E) digits.
+    Along each of three random directions (`SWEEP_SEEDS`): best step within
+    1 + log10(E)/3 decades of h*, best error at most 100 eps^(2/3) E^(2/3), round-off
+    slope in [-1.4, -0.6], and in float64 the truncation slope in [1.7, 2.3], in
+    float32 the trusted digits in [3 - (2/3) log10(E), 6.5]; per dtype, two of the
+    three directions must pass (`SWEEP_PASSES_NEEDED`).
+
+    SIZE (`tests/size_sweep.py`, `evidence/size_sweep.json`, on a CPU). One direction
+    fails a band where it is ill-conditioned: for scan_recurrence (whose Jacobian is
+    singular) about 3e-3 of uniform directions in float64 (the best step 1.1 decades
+    from h*) and 7e-4 in float32 (the round-off slope, fitted over few steps); for
+    matmul_chain none of 1,536 (an unlucky rounding can put the least error a decade
+    left of the minimum: a rarer failure). These rates come from 1,536 directions
+    per problem drawn half uniformly, half concentrated where |J u| is small, weighted
+    back to uniform; over 256 plain keys one direction failed (scan_recurrence float32,
+    round-off slope -1.66) and no triple. Two of three: size at most 9.1e-5 for
+    matmul_chain and 8.9e-5 for scan_recurrence (95% bounds on one direction's rate;
+    0 and 2.8e-5 at the estimates). With the test's own directions and the rounding
+    redrawn (x moved up to 4 float32 ulps, 128 times) nothing failed (modelled size
+    below 2e-9); the rewrites `central-difference-halved-then-divided` (the same bits)
+    and `theory-step-by-cube-root` (h* moved by ulps) change no verdict over 256 keys.
+    POWER. `fd-forgets-the-two` fails every band along every direction;
+    `theory-step-square-root` the float64 best step and truncation slope along every
+    direction; a forward difference the float64 truncation slope (about 1); a
+    difference off by a factor 1 + c fails at the test's directions from c = 5.6e-10
+    (matmul_chain) and 1.8e-9 (scan_recurrence) in float64, 5.6e-4 and 3.2e-3 in
+    float32, and at every triple of keys from 3.2e-9 and 5.6e-9 (float64). The steps
+    are exact enough that `divides-by-the-asked-step` changes nothing here
+    (`test_central_difference_divides_by_the_step_taken` catches it).
+    """
     steps = checks.sweep_steps(-13, -1, 3)
     p64 = problems[(name, "float64")]
-    (u, _), _ = _directions(p64, 9)
-    reference = _float64_jvp_on_the_cpu(p64.fn, p64.x, u)
+    tangents, references = [], []
+    for seed in SWEEP_SEEDS:
+        (u, _), _ = _directions(p64, seed)
+        tangents.append(u)
+        references.append(_float64_jvp_on_the_cpu(p64.fn, p64.x, u))
     ok = []
     for dtype in ("float64", "float32"):
         p = problems[(name, dtype)]
-        errors = checks.fd_sweep(p.fn, p.x, u.astype(p.x.dtype), steps, reference)
-        a = checks.analyse_sweep(steps, errors, p.x.dtype, p.x)
         decades = np.log10(float32_excess["tanh"]) if dtype == "float32" else 0.0
-        tight = (
-            abs(np.log10(a["best_step"] / a["theory_step"])) <= 1.0 + decades / 3
-            and a["best_rel_error"] <= 100 * a["expected_best_rel_error"] * 10 ** (2 * decades / 3)
-            and a["roundoff_slope"] is not None
-            and -1.4 <= a["roundoff_slope"] <= -0.6
-        )
-        if dtype == "float64":
-            tight = tight and a["truncation_slope"] is not None
-            tight = tight and 1.7 <= a["truncation_slope"] <= 2.3
-        else:
-            tight = tight and 3.0 - 2 * decades / 3 <= a["trusted_digits"] <= 6.5
+        passed = []
+        for seed, u, reference in zip(SWEEP_SEEDS, tangents, references, strict=True):
+            errors = checks.fd_sweep(p.fn, p.x, u.astype(p.x.dtype), steps, reference)
+            a = checks.analyse_sweep(steps, errors, p.x.dtype, p.x)
+            passed.append(
+                evidence.record(
+                    "error-vs-step sweep",
+                    f"{name} {dtype}, direction {seed}",
+                    a,
+                    {"best_step_within_decades": 1 + decades / 3, "slopes": [2, -1]},
+                    _sweep_in_bands(a, dtype, float32_excess),
+                )
+            )
         ok.append(
             evidence.record(
-                "error-vs-step sweep",
+                "error-vs-step sweep, directions passing",
                 f"{name} {dtype}",
-                a,
-                {"best_step_within_decades": 1 + decades / 3, "slopes": [2, -1]},
-                tight,
+                {"passed": sum(passed), "of": len(passed)},
+                {"at_least": SWEEP_PASSES_NEEDED},
+                sum(passed) >= SWEEP_PASSES_NEEDED,
             )
         )
     assert all(ok)

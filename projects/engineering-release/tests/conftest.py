@@ -204,7 +204,31 @@ def registry_template(artifacts, tmp_path_factory):
 @pytest.fixture(scope="session")
 def released_template(registry_template, tmp_path_factory):
     """Both models evaluated and approved by a trusted key, model A (seed 0)
-    released with in-process readiness (stage 4 code)."""
+    released with in-process readiness (stage 4 code).
+
+    Premise: both tiny models pass the default `Policy` (accuracy >= 0.9 and min
+    class recall >= 0.75, on 35 to 37 held-out digits a class); otherwise releasing
+    them is refused and every stage-3 and stage-4 test built on this template fails.
+    The seeds are fixed and training is no exercise, so a solution's code cannot
+    move these models; rounding (another CPU, a TPU, another jax) could, and so
+    would another key.
+
+    Size over rounding: none seen. Under two cross-entropies written by hand (1,000
+    seeds each, other bits on every seed) not one held-out prediction changed; seed
+    0 has 24 errors to spare in all and 6 in its closest class (3), seed 1 has 15
+    and 4 (class 8). Size over training keys: about 1e-4 per model, 2e-4 for the two,
+    above the 1e-4 target. 1 of 10,000 seeds was refused (seed 5501: class 9 at
+    26/36), 3 more sat on a class's limit; exact 95% upper bound 4.7e-4 per model.
+    Accuracy alone: 8e-11 per model (logit-normal fit, 6.4 spreads; the sample's
+    lower tail is lighter than the fit's). Min class recall binds: its logit-normal
+    fit (4.6e-6) understates the sample's lower tail (58 values past 3 sd, 13.5
+    expected) and a per-class count model (negative binomial, union over classes,
+    4.2e-3) overstates it, so the observed rate is the estimate. 1,000 seeds with
+    the init and shuffle keys split the other way: none refused. Power: this is a
+    premise, not a test; a training that does not learn (labels not aligned with
+    their images, one epoch of twelve, the step size divided by the batch size) is
+    refused on every seed. (sweep: evidence/size_sweep.json, the `size_sweep`
+    script beside the tests)"""
     from engineering_release import release, signing
 
     root, models = registry_template

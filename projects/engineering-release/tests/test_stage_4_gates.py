@@ -91,7 +91,18 @@ def register_and_approve(state, model_dir: Path, pem: Path, policy: Policy | Non
 )
 def test_gates_refuse_and_change_nothing(released, tmp_path, evidence):
     """Each failing gate (unknown id, foreign key, other data, policy, threshold) gives every
-    reason; nothing changes."""
+    reason; nothing changes.
+
+    Size: the final release of B rests on the `released_template` premise (seed 1
+    passes the default policy with 15 errors to spare in all and 4 in class 8: none
+    seen over rounding, about 1e-4 per model over training keys; see that fixture).
+    The strict-threshold verdict needs model C (seed 2) to miss at least one of the
+    359 digits: over 10,000 seeds at least 7 were missed (logit-normal fit: below
+    1e-100). The gates themselves are deterministic. Power: the seeded bugs of
+    these gates (a threshold checked against the wrong field, the signature not
+    verified, the bound evaluation's metrics taken unverified) fail it, as
+    seeded_bugs.toml lists. (sweep: evidence/size_sweep.json, the `size_sweep`
+    script beside the tests)"""
     state, models, _ = released
     pem = state.keys / "approver.pem"
     from engineering_release import train

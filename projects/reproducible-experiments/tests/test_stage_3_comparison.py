@@ -123,7 +123,14 @@ def test_analysis_of_a_hand_written_record(sqlite_store):
     """analyze reports each incomplete pair, foreign runs and the verdict as written by hand.
 
     Every way a pair can be incomplete, foreign children on both sides of the
-    spec's hash, and the verdict under each rule, against values written here."""
+    spec's hash, and the verdict under each rule, against values written here.
+
+    Size of the exact intervals (three analyses with two complete pairs, 4,000
+    resamples, confidence 0.9): 3 x 1.9e-252, exact, as in
+    `test_paired_comparison_from_the_store`; 1,000 seeds under the reference and the
+    three reformulations that touch resampling gave (-0.125, 0.25) and (0.125, 0.25)
+    every time. (sweep: evidence/size_sweep.json, the `size_sweep` script beside the
+    tests)"""
     client = sqlite_store.client()
     _, exp_id = sqlite_store.new_experiment(client, "hand")
     spec = _hand_spec([0, 1, 2, 3, 4, 5, 6, 7], True, f"hand-{time.time_ns()}")
@@ -272,13 +279,28 @@ def test_spec_hash_is_of_its_canonical_json():
 @pytest.mark.claims("bootstrap-two-sided")
 @pytest.mark.parametrize("confidence", [0.9, 0.8])
 def test_bootstrap_interval_against_enumeration_and_scipy(evidence, confidence):
-    """bootstrap_ci sits on the exact alpha/2 bootstrap quantiles and SciPy's (1e-3).
+    """bootstrap_ci sits on the exact alpha/2 bootstrap quantiles and SciPy's (1.25e-3).
 
     Six distinct paired differences: the interval must sit on the exact
     alpha/2 and 1 - alpha/2 quantiles of the enumerated bootstrap (6^6 resamples),
     within Monte Carlo error, and agree with `scipy.stats.bootstrap`'s percentile
     interval; the alpha and 1 - alpha quantiles (a one-sided mistake) are far
-    outside that error. Repeated at two confidence levels."""
+    outside that error. Repeated at two confidence levels.
+
+    Size: 1.8e-12, computed exactly (both bounds, both comparisons, both
+    confidences): the resampled means are atoms of a known discrete distribution,
+    and an inverted-CDF bound of 40,000 draws leaves an atom only through a
+    binomial count. Against every SciPy interval seen over 256 of its generator
+    seeds (its draws would change with its release): at most 1.4e-8. Sweep: 1,000
+    seeds x 2 confidences under the reference and the three reformulations that
+    touch resampling: none failed; the largest distances were 3.3e-4 (low bounds)
+    and 1.17e-3 (the 90% high bound, 7 atoms up, on 24 of 1,000 seeds), against
+    1.25e-3. The former tolerance, 1e-3, failed those 24 seeds: exact size 0.027.
+    Power: a tail level moved 0.025 toward the middle fails with probability 0.97
+    to 1 (0.02: 0.13 to 1); the one-sided alpha levels (seeded bug) land 5.7e-3
+    off and resampling without replacement (seeded bug) 1.9e-2 off: all 16 seeds
+    tried fail. (sweep: evidence/size_sweep.json, the `size_sweep` script beside
+    the tests)"""
     import scipy.stats
 
     diffs = np.array([0.031, -0.012, 0.058, 0.004, 0.022, -0.027])
@@ -294,9 +316,12 @@ def test_bootstrap_interval_against_enumeration_and_scipy(evidence, confidence):
         method="percentile",
         random_state=np.random.default_rng(5),
     ).confidence_interval
-    # Monte Carlo error of a 40,000-draw quantile here: about 3e-4; the gap between
-    # the alpha/2 and alpha quantiles: about 3e-3.
-    tol = 1e-3
+    # The resampled means are atoms 1/6000 apart (multiples of 0.001 / 6), unevenly
+    # spread: near the 0.95 quantile the next atoms up lie 5e-4, 8.3e-4 and 1.17e-3
+    # away, so a correct 40,000-draw bound lands 7 atoms (1.17e-3) off the exact one
+    # with chance 0.027. 1.25e-3 sits halfway between 7 and 8 atom steps; the gap
+    # between the alpha/2 and alpha quantiles is 3.67e-3 to 5.33e-3 (> 2 tol).
+    tol = 1.25e-3
     observed = {
         "ours": [low, high],
         "exact_alpha_half": exact,
@@ -328,7 +353,21 @@ def test_bootstrap_seed_fixes_the_bits_and_only_the_seed_does():
     generator built from a constant would give one). Each interval is also
     checked to be a sane one, so the spread is not noise: it contains the
     sample mean and its width is within a factor 2 of the normal approximation
-    2 * 1.96 * sd / sqrt(n) (the plug-in sd, which is the bootstrap's)."""
+    2 * 1.96 * sd / sqrt(n) (the plug-in sd, which is the bootstrap's).
+
+    Size: below 1e-7. Two of the 8 intervals coincide only if both bounds are the
+    same resampled multisets, each drawn in both runs: at most 28 (2000 x 20! /
+    20^20)^2 = 6e-8. A bound on the wrong side of the mean needs 1,950 of 2,000
+    resampled means on one side: 1e-500. The width ratio over 2,048 intervals
+    (256 blocks of 8 seeds, under the reference and each of the three
+    reformulations that touch resampling) was 0.93 to 1.07, its log normal with sd
+    0.021, so 0.5 and 2 lie 33 sd away. No repeat differed, no two of a variant's
+    2,048 intervals shared a bound. Power: a generator shared across calls (the
+    repeat differs) or built from a constant (one interval) fails always;
+    resampling without replacement (seeded bug: width 0, one interval) fails every
+    block; a width off by a factor 2 fails. The one-sided alpha levels (width about
+    0.84 of the normal one) pass here: the interval test above catches them.
+    (sweep: evidence/size_sweep.json, the `size_sweep` script beside the tests)"""
     # 20 continuous values: the resampled means are (almost surely) all distinct,
     # so two seeds landing on the same pair of bounds would be a coincidence.
     diffs = np.random.default_rng(2024).normal(0.01, 0.03, size=20)
@@ -402,7 +441,20 @@ def test_decision_rule_both_directions_and_a_minimum_difference(evidence):
 )
 @pytest.mark.parametrize("require_complete", [True, False])
 def test_paired_comparison_from_the_store(evidence, store, tmp_path, require_complete):
-    """Paired differences equal SQL's, a failed arm's pair is incomplete, the CI is exact."""
+    """Paired differences equal SQL's, a failed arm's pair is incomplete, the CI is exact.
+
+    Size of the interval check (1e-12 from the enumeration): 1.9e-252 per analysis,
+    exact. With 2 complete pairs each extreme resampled mean has probability 1/4,
+    and the 5% and 95% inverted-CDF bounds of 4,000 resamples are those atoms unless
+    fewer than 200 (201) draws land on one: Binomial(4000, 1/4), mean 1,000, sd 27.
+    Sweep: 1,000 seeds under the reference and the three reformulations that touch
+    resampling, on this test's recorded differences and the hand-written record's:
+    every interval exact; the fewest draws on an extreme atom, 913. Power: a bound
+    that is not a resampled mean (a normal approximation) fails, as does resampling
+    without replacement (both bounds the mean) and a lower tail level of 0.275 or
+    more (probability 0.9998); the one-sided alpha levels fall on the same atoms
+    here, and the interval test catches them. (sweep: evidence/size_sweep.json, the
+    `size_sweep` script beside the tests)"""
     client = store.client()
     name, exp_id = store.new_experiment(client, "compare")
     spec = _spec(f"{store.kind}-{int(require_complete)}-{time.time_ns()}", require_complete)

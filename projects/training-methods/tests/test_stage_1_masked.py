@@ -163,7 +163,7 @@ def test_corruption_split_matches_its_probabilities(config, corpus, evidence, ra
     Within 5 binomial standard deviations on 2048 examples; the same key gives the same
     corruption, and unselected tokens are untouched.
 
-    SIZE (`tests/size_sweep.py`, `evidence/size_sweep.json`): a correct corruption fails
+    SIZE (the size sweep, `evidence/size_sweep.json`): a correct corruption fails
     with probability 3.0e-6 at rate 0.15 and 2.5e-6 at rate 0.4 (exact binomial tails
     of the four shares, summed; the three shares of the selected tokens averaged over
     the selected count; 14,354 real tokens). Over 1,024 keys under the reference and

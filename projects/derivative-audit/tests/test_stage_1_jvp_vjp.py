@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import rounding_model
 from click.testing import CliRunner
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
@@ -636,14 +637,22 @@ SWEEP_SEEDS = (9, 10, 11)
 SWEEP_PASSES_NEEDED = 2
 
 
-def _sweep_in_bands(a: dict, dtype: str, float32_excess: dict) -> bool:
-    """One direction's sweep analysis against the bands of the sweep test."""
+@pytest.fixture(scope="module")
+def tanh_error_profile() -> dict:
+    """The running backend's float32 tanh error, smooth part and total (`rounding_model`)."""
+    return rounding_model.tanh_error_profile()
+
+
+def _sweep_in_bands(a: dict, dtype: str, float32_excess: dict, judge_roundoff: bool = True) -> bool:
+    """One direction's sweep analysis against the bands of the sweep test; the
+    round-off slope only where `judge_roundoff` (its premise, rounding-like errors,
+    holds on the backend)."""
     decades = np.log10(float32_excess["tanh"]) if dtype == "float32" else 0.0
+    slope_ok = a["roundoff_slope"] is not None and -1.4 <= a["roundoff_slope"] <= -0.6
     tight = (
         abs(np.log10(a["best_step"] / a["theory_step"])) <= 1.0 + decades / 3
         and a["best_rel_error"] <= 100 * a["expected_best_rel_error"] * 10 ** (2 * decades / 3)
-        and a["roundoff_slope"] is not None
-        and -1.4 <= a["roundoff_slope"] <= -0.6
+        and (slope_ok or not judge_roundoff)
     )
     if dtype == "float64":
         tight = tight and a["truncation_slope"] is not None
@@ -656,7 +665,7 @@ def _sweep_in_bands(a: dict, dtype: str, float32_excess: dict) -> bool:
 @pytest.mark.claims("fd-sweep-regimes", "central-difference-in-x-dtype")
 @pytest.mark.parametrize("name", ["matmul_chain", "scan_recurrence"])
 def test_error_vs_step_sweep_shows_truncation_and_roundoff(
-    problems, evidence, float32_excess, name
+    problems, evidence, float32_excess, tanh_error_profile, name
 ):
     """The error-vs-step sweep has slope +2 right of its minimum, -1 left, minimum near h*.
 
@@ -669,7 +678,10 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(
     1 + log10(E)/3 decades of h*, best error at most 100 eps^(2/3) E^(2/3), round-off
     slope in [-1.4, -0.6], and in float64 the truncation slope in [1.7, 2.3], in
     float32 the trusted digits in [3 - (2/3) log10(E), 6.5]; per dtype, two of the
-    three directions must pass (`SWEEP_PASSES_NEEDED`).
+    three directions must pass (`SWEEP_PASSES_NEEDED`). The float32 round-off slope
+    assumes the evaluation errs like rounding; where the backend's float32 tanh errs
+    smoothly instead (`rounding_model`: a smooth part of 0.46 ulp on a CPU, about 180
+    on a TPU v5e) that slope is recorded with the reason and not judged.
 
     SIZE (`tests/size_sweep.py`, `evidence/size_sweep.json`, on a CPU). One direction
     fails a band where it is ill-conditioned: for scan_recurrence (whose Jacobian is
@@ -705,6 +717,15 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(
     for dtype in ("float64", "float32"):
         p = problems[(name, dtype)]
         decades = np.log10(float32_excess["tanh"]) if dtype == "float32" else 0.0
+        # float64 rounds as IEEE or as an emulation's rounding: noise either way.
+        judge_roundoff = dtype == "float64" or rounding_model.roundoff_slope_judged(
+            tanh_error_profile
+        )
+        bands = {"best_step_within_decades": 1 + decades / 3, "slopes": [2, -1]}
+        if not judge_roundoff:
+            bands["roundoff_slope_not_judged"] = (
+                f"the backend's float32 tanh errs smoothly, not like rounding: {tanh_error_profile}"
+            )
         passed = []
         for seed, u, reference in zip(SWEEP_SEEDS, tangents, references, strict=True):
             errors = checks.fd_sweep(p.fn, p.x, u.astype(p.x.dtype), steps, reference)
@@ -714,8 +735,8 @@ def test_error_vs_step_sweep_shows_truncation_and_roundoff(
                     "error-vs-step sweep",
                     f"{name} {dtype}, direction {seed}",
                     a,
-                    {"best_step_within_decades": 1 + decades / 3, "slopes": [2, -1]},
-                    _sweep_in_bands(a, dtype, float32_excess),
+                    bands,
+                    _sweep_in_bands(a, dtype, float32_excess, judge_roundoff),
                 )
             )
         ok.append(

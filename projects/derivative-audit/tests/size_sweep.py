@@ -94,7 +94,7 @@ SOURCE_TEXTS = {
         "references.append(_float64_jvp_on_the_cpu(p64.fn, p64.x, u))",
         "errors = checks.fd_sweep(p.fn, p.x, u.astype(p.x.dtype), steps, reference)",
         "a = checks.analyse_sweep(steps, errors, p.x.dtype, p.x)",
-        "_sweep_in_bands(a, dtype, float32_excess)",
+        "_sweep_in_bands(a, dtype, float32_excess, judge_roundoff)",
         "sum(passed) >= SWEEP_PASSES_NEEDED",
     ),
     s1._sweep_in_bands: (

@@ -1,11 +1,20 @@
-"""Shared test set-up: JAX strict mode, two CPU devices, stage and `gpu` markers,
-the `evidence` fixture, and the shared tiny data and SFT model.
+"""Shared test set-up: JAX strict mode, two CPU devices, stage, `gpu` and `ieee_float64`
+markers, the `evidence` fixture, and the shared tiny data and SFT model.
 
 Evidence: every stage test records what it compared (check, condition,
 observed error, tolerance, passed) through the module-scoped `evidence`
 fixture; the records go to `evidence/stage_<n>.json` (directory overridable
 with the `EVIDENCE_DIR` environment variable) when the module finishes, so a
 person can read the observed figures after the run, passed or failed.
+
+Tolerances that depend on the backend: checks of a figure made through float32
+`log_softmax` (cross-entropy, InfoNCE, sequence log-probabilities) or `log_sigmoid`
+(DPO losses) against a float64 reference multiply their relative tolerance by the
+`log_softmax_excess` / `log_sigmoid_excess` fixture, measured on the running machine
+(`backend_error.py`): about 1 on a CPU, larger on a TPU, whose `exp` and `log` are less
+exact. Every other tolerance is the same on every backend: matrix products run at
+float32 precision everywhere (below), and claims about IEEE float64 arithmetic
+(marker `ieee_float64`) are skipped where JAX's backend is not a CPU.
 """
 
 import datetime
@@ -31,8 +40,23 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Determinism comes from explicit keys, split before use: a reused key is an error.
 jax.config.update("jax_debug_key_reuse", True)
+# The stage claims are about float32 arithmetic. A TPU rounds a float32 matrix
+# product's inputs to bfloat16 unless asked for `highest`; a CPU computes the same
+# bits either way, so the session asks for float32 products on every backend.
+jax.config.update("jax_default_matmul_precision", "highest")
+
+import backend_error  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+# A claim about IEEE float64 arithmetic (Flax and PyTorch at float64, agreeing to about
+# 1e-12) is made on a CPU. A TPU emulates float64 in software, not IEEE-rounded (and
+# flax's float64 initialisers do not compile there), so such a claim means nothing
+# there; the float32 claims are what a TPU is checked on.
+IEEE_FLOAT64_REASON = (
+    "the claim is about IEEE float64 arithmetic on both sides; JAX's "
+    f"`{jax.default_backend()}` backend emulates float64 in software (not IEEE-rounded)"
+)
 
 
 def _stage_of_file() -> dict[str, str]:
@@ -46,6 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # One marker per stage, so that `pytest -m stage2` runs one stage's tests.
     for stage in sorted(set(_stage_of_file().values())):
         config.addinivalue_line("markers", f"stage{stage}: tests of stage {stage}")
+    config.addinivalue_line(
+        "markers", "ieee_float64: a claim about IEEE float64 arithmetic, checked on a CPU only"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -54,6 +81,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         stage = stage_of.get(item.path.name)
         if stage is not None:
             item.add_marker(getattr(pytest.mark, f"stage{stage}"))
+    if jax.default_backend() != "cpu":
+        ieee = pytest.mark.skip(reason=IEEE_FLOAT64_REASON)
+        for item in items:
+            if "ieee_float64" in item.keywords:
+                item.add_marker(ieee)
     if jax.default_backend() == "gpu":
         return
     skip = pytest.mark.skip(reason=f"needs a GPU; JAX backend is `{jax.default_backend()}`")
@@ -143,6 +175,19 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, np.generic | np.ndarray):
         return value.tolist()
     return value
+
+
+@pytest.fixture(scope="session")
+def log_softmax_excess() -> float:
+    """How many times the backend's float32 `jax.nn.log_softmax` errs more than NumPy's
+    float32 evaluation of the same formula (at least 1; `backend_error.py`)."""
+    return backend_error.log_softmax_excess()
+
+
+@pytest.fixture(scope="session")
+def log_sigmoid_excess() -> float:
+    """The same for `jax.nn.log_sigmoid` at the scale of DPO reward margins."""
+    return backend_error.log_sigmoid_excess()
 
 
 @pytest.fixture(scope="module")

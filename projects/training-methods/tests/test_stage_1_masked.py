@@ -219,7 +219,7 @@ def test_corruption_split_matches_its_probabilities(config, corpus, evidence, ra
 
 @pytest.mark.claims("mlm-loss-mean-over-selected", "mlm-loss-strict-dtypes")
 @pytest.mark.parametrize("count", [0, 1, 2, 5, 24])
-def test_loss_and_accuracy_at_every_mask_size(count):
+def test_loss_and_accuracy_at_every_mask_size(log_softmax_excess, count):
     """Masked loss and accuracy equal NumPy at 0, 1, 2, 5 and 24 counted positions (0 if none).
 
     The empty mask, and only it, gives an all-zero gradient; every gradient is finite.
@@ -239,7 +239,8 @@ def test_loss_and_accuracy_at_every_mask_size(count):
     ce = _np_ce(logits, labels)
     ref_loss = float(ce[mask].sum() / count) if count else 0.0
     ref_acc = float((logits.argmax(-1) == labels)[mask].sum() / count) if count else 0.0
-    np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-6, atol=1e-7)
+    # The loss goes through float32 log-softmax: its rtol scales with the backend's excess.
+    np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-6 * log_softmax_excess, atol=1e-7)
     np.testing.assert_allclose(float(acc), ref_acc, rtol=0, atol=1e-7)
     if count == 24:
         assert 0.0 < ref_acc < 1.0

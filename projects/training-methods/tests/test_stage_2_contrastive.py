@@ -76,7 +76,9 @@ def test_mismatched_embeddings_are_refused():
 @pytest.mark.parametrize(
     "source,temperature", [("random", 0.1), ("random", 1.0), ("encoder", 0.05)]
 )
-def test_info_nce_equals_the_pair_loop(config, corpus, evidence, source, temperature):
+def test_info_nce_equals_the_pair_loop(
+    config, corpus, evidence, log_softmax_excess, source, temperature
+):
     """Symmetric InfoNCE equals a float64 loop over all N x N pairs, for random and encoded inputs.
 
     Temperatures 0.1 and 1 (random) and 0.05 (Transformer-encoded prompt and response views).
@@ -94,7 +96,8 @@ def test_info_nce_equals_the_pair_loop(config, corpus, evidence, source, tempera
         f"{source} embeddings, T={temperature}",
         loss,
         reference,
-        rtol=2e-5,
+        # float32 log-softmax: the rtol scales with the backend's excess (conftest).
+        rtol=2e-5 * log_softmax_excess,
         atol=1e-6,
     )
 

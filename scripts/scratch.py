@@ -71,8 +71,12 @@ class Run:
 
     @property
     def first_failure(self) -> str:
-        """The first `FAILED <node>` or `ERROR <node>` line pytest printed, if any."""
-        match = re.search(r"^(FAILED|ERROR) (\S+)", self.output, re.M)
+        """The first `FAILED <node>` or `ERROR <node>` line pytest printed, if any.
+
+        A node's parameter id may hold spaces (`ids=str` of a tuple: `t[(4, 1)]`), so
+        a bracketed id runs to the first `]` that ends the line or precedes the
+        ` - ` of pytest's message."""
+        match = re.search(r"^(FAILED|ERROR) (\S*?\[.*?\]|\S+)(?= - |$)", self.output, re.M)
         return match.group(2) if match else ""
 
 

@@ -277,6 +277,26 @@ def test_a_kill_counts_only_when_it_repeats_in_each_run(
         assert result.detail.startswith(f"killed in {len(codes) - 1} of {len(codes)} runs")
 
 
+@pytest.mark.parametrize(
+    ("output", "node"),
+    [
+        ("FAILED tests/t.py::test_a - assert 4 == 3", "tests/t.py::test_a"),
+        ("FAILED tests/t.py::test_a[3-x] - assert 4 == 3", "tests/t.py::test_a[3-x]"),
+        # `ids=str` of a tuple: spaces inside the brackets, and brackets in the message.
+        ("FAILED tests/t.py::test_a[(4, 1)] - ValueError: [4]", "tests/t.py::test_a[(4, 1)]"),
+        ("x\nFAILED tests/t.py::test_a[(4,), (3, 13)]\n", "tests/t.py::test_a[(4,), (3, 13)]"),
+        ("ERROR tests/t.py - ImportError: x", "tests/t.py"),
+        ("1 passed", ""),
+    ],
+)
+def test_the_first_failure_is_a_whole_node_id(output, node):
+    """A kill is rerun on its first failing node, which must be the node as pytest
+    names it, parameter id and all, or the rerun finds no test."""
+    from scratch import Run
+
+    assert Run(1, output, 0.1).first_failure == node
+
+
 def test_the_rerun_draws_by_the_stage_code_hash_alone(toy: Path, tmp_path: Path):
     """The matrix's verdict must not depend on the commit: the kills it reruns are
     drawn from the stage's code hash (and an optional seed), nothing else."""

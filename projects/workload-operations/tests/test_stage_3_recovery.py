@@ -13,6 +13,7 @@ two damaged steps; two degradations.
 import hashlib
 import json
 import shutil
+import struct
 import threading
 from pathlib import Path
 
@@ -315,6 +316,8 @@ def finished_copy(saved_run, tmp_path):
         "data-above",
         "heldout-below",
         "heldout-above",
+        "loss-ulp-below",
+        "loss-ulp-above",
     ],
 )
 def test_a_request_whose_checksums_differ_in_any_way_is_rejected(finished_copy, forgery):
@@ -323,9 +326,11 @@ def test_a_request_whose_checksums_differ_in_any_way_is_rejected(finished_copy, 
     The request record of step 12 is edited: one array's SHA-256 replaced by a value below
     or above the true digest (as hex strings compare), one array left out, one array the
     state does not hold added (with a digest, or with null, which no restored array's
-    digest equals), or the Grain state digest or the recorded held-out predictions digest
-    replaced by a value below or above the true one. The step itself is intact; it is
-    rejected on that record, with that one reason. Step 9, untouched, is accepted.
+    digest equals), the Grain state digest or the recorded held-out predictions digest
+    replaced by a value below or above the true one, or the recorded held-out loss moved
+    by one float32 unit in the last place either way (the loss is compared bit for bit,
+    not within a tolerance). The step itself is intact; it is rejected on that record,
+    with that one reason. Step 9, untouched, is accepted.
     """
     config, workdir = finished_copy
     dataset = data.make_dataset(config)
@@ -339,6 +344,12 @@ def test_a_request_whose_checksums_differ_in_any_way_is_rejected(finished_copy, 
         record["data_state_sha256"] = forged
     elif forgery.startswith("heldout-"):
         record["heldout"]["predictions_sha256"] = forged
+    elif forgery.startswith("loss-"):
+        # The recorded loss, big-endian float32 bits, moved to its neighbouring float.
+        (loss,) = struct.unpack(">f", bytes.fromhex(record["heldout"]["loss_bits"]))
+        toward = -np.inf if forgery.endswith("-below") else np.inf
+        forged = struct.pack(">f", np.nextafter(np.float32(loss), np.float32(toward))).hex()
+        record["heldout"]["loss_bits"] = forged
     elif forgery == "below":
         sums[key] = "0" * 64
     elif forgery == "above":
@@ -353,11 +364,10 @@ def test_a_request_whose_checksums_differ_in_any_way_is_rejected(finished_copy, 
     expected_bad = [key] if forgery in ("below", "above", "extra") else []
     if forgery.startswith("data-"):
         expected_reasons = ["the Grain iterator state differs from the requested one"]
-    elif forgery.startswith("heldout-"):
-        computed = verdict["figures"]["heldout"]["predictions_sha256"]
-        expected_reasons = [
-            f"held-out `predictions_sha256` is `{computed}`, recorded `{forged}` at save time"
-        ]
+    elif forgery.startswith(("heldout-", "loss-")):
+        field = "predictions_sha256" if forgery.startswith("heldout-") else "loss_bits"
+        computed = verdict["figures"]["heldout"][field]
+        expected_reasons = [f"held-out `{field}` is `{computed}`, recorded `{forged}` at save time"]
     else:
         expected_reasons = [f"checksums differ for {expected_bad or 'the set of arrays'}"]
     assert not verdict["accepted"], verdict

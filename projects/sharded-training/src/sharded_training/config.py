@@ -48,7 +48,9 @@ class Config(BaseModel):
     """Root of the training randomness: parameter init and dropout masks."""
 
     data_seed: int = Field(default=1, ge=0, lt=2**32)
-    """Root of the synthetic data set and of Grain's per-epoch shuffle."""
+    """Root of the synthetic data set and of Grain's per-epoch shuffle: the order in
+    which examples are fed follows it alone, whatever `seed` is
+    [claim:data-seed-alone-orders-the-data]."""
 
     num_examples: int = Field(default=1000, ge=1, le=1_000_000)
     """Rows of the synthetic data set; sample ID = row index. When it is not a

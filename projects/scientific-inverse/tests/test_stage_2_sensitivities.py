@@ -45,7 +45,10 @@ _SYSTEMS = {"oscillator": OSCILLATOR, "pendulum": PENDULUM}
 
 
 def _autodiff_jacobians(system, y, theta):
-    with jax.enable_x64(True):
+    # The reference runs on JAX's CPU device whatever the default backend: the claim
+    # is about the hand-written NumPy Jacobians at float64's rounding, and a TPU
+    # emulates float64 op by op (slowly, and not IEEE-rounded).
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
         f = lambda yy, th: system.rhs(0.0, yy, th, 0.0)  # noqa: E731
         dfdy = jax.jacobian(f, argnums=0)(jnp.asarray(y), jnp.asarray(theta))
         dfdth = jax.jacobian(f, argnums=1)(jnp.asarray(y), jnp.asarray(theta))

@@ -24,6 +24,13 @@ the test (the four shares' tails summed, the three conditional ones averaged
 over the selected count), the power (the smallest shift of each share it
 detects half the time and 99% of the time), and what the two seeded bugs of
 `corrupt` do to the figures. About a minute on a 2-core CPU.
+
+`--part random_symbols` does the same for `test_random_replacements_cover_exactly_
+the_symbols` (every real token selected, 3 and 16 symbols): per formulation, the
+chi-square statistic of the random symbols' counts over keys (quantiles, failures,
+a Kolmogorov-Smirnov test of its p-values against the uniform law the level
+assumes), the test's size from its three checks, and the power against one symbol
+drawn r times as often as each other one.
 """
 
 from __future__ import annotations
@@ -288,24 +295,137 @@ def part_split(args) -> dict:
     return out
 
 
+SYMBOL_COUNTS = (3, 16)
+SYMBOL_TEXTS = (
+    "tokens = _random_tokens(s, (200, 30), s, 0.0)",
+    "c = mlm.corrupt(jax.random.key(30 + s), jnp.asarray(tokens), 1.0, s)",
+    "every_symbol and share_ok and chi2 < CHI2_AT_1E5[s]",
+)
+CHI2_LEVEL = 1e-5
+
+
+def symbol_figures(c, tokens: np.ndarray, s: int) -> dict:
+    """The random-replacement test's figures: the changed count, its share, the
+    chi-square statistic of the symbols' counts, and the verdict of its three checks."""
+    inputs = np.asarray(c.inputs)
+    values = inputs[(inputs != MASK) & (inputs != tokens)]
+    n, p = values.size, 0.1 * (s - 1) / s
+    counts = np.bincount(values - NUM_SPECIAL, minlength=s)
+    chi2 = float(np.sum((counts - n / s) ** 2 / (n / s)))
+    every = set(values.tolist()) == set(range(NUM_SPECIAL, NUM_SPECIAL + s))
+    share_ok = abs(n / tokens.size - p) <= LIMIT * np.sqrt(p * (1 - p) / tokens.size)
+    return {
+        "n": int(n),
+        "chi2": chi2,
+        "passed": bool(every and share_ok and chi2 < s1.CHI2_AT_1E5[s]),
+    }
+
+
+def symbol_power(n: int, s: int, power_wanted: float) -> float:
+    """The ratio r (one symbol drawn r times as often as each other) that the
+    chi-square bound detects with probability ``power_wanted`` at ``n`` draws."""
+    from scipy.optimize import brentq
+
+    bound = s1.CHI2_AT_1E5[s]
+
+    def power(r: float) -> float:
+        q = np.full(s, 1.0 / (s - 1 + r))
+        q[0] = r / (s - 1 + r)
+        nc = n * float(np.sum((q - 1 / s) ** 2 / (1 / s)))
+        return float(stats.ncx2.sf(bound, s - 1, nc)) - power_wanted
+
+    return float(brentq(power, 1.0 + 1e-9, 50.0))
+
+
+def part_random_symbols(args) -> dict:
+    source = inspect.getsource(s1.test_random_replacements_cover_exactly_the_symbols)
+    missing = [t for t in SYMBOL_TEXTS if t not in source]
+    if missing:
+        raise SystemExit(f"The test no longer reads as this sweep assumes; missing: {missing}")
+    out: dict = {"keys": args.keys, "level": CHI2_LEVEL}
+    modules = {"reference": mlm} | {r: rewritten_mlm("reformulations", r) for r in REWRITES}
+    for s in SYMBOL_COUNTS:
+        bound = float(stats.chi2.isf(CHI2_LEVEL, s - 1))
+        if abs(bound - s1.CHI2_AT_1E5[s]) > 1e-3:
+            raise SystemExit(f"CHI2_AT_1E5[{s}] is {s1.CHI2_AT_1E5[s]}, the level gives {bound}")
+        tokens = s1._random_tokens(s, (200, 30), s, 0.0)
+        tokens_j = jnp.asarray(tokens)
+        log = conftest.Evidence("1")
+        s1.test_random_replacements_cover_exactly_the_symbols(log, s)
+        mine = symbol_figures(mlm.corrupt(jax.random.key(30 + s), tokens_j, 1.0, s), tokens, s)
+        if abs(log.records[0]["observed"]["chi2"] - mine["chi2"]) > 1e-9:
+            raise SystemExit(f"s={s}: the sweep's chi-square differs from the test's")
+        p = 0.1 * (s - 1) / s
+        n_expected = round(tokens.size * p)
+        share_tail = float(
+            stats.binom.cdf(
+                np.ceil(tokens.size * p - LIMIT * np.sqrt(tokens.size * p * (1 - p))) - 1,
+                tokens.size,
+                p,
+            )
+            + stats.binom.sf(
+                np.floor(tokens.size * p + LIMIT * np.sqrt(tokens.size * p * (1 - p))),
+                tokens.size,
+                p,
+            )
+        )
+        missing_symbol = float(s * (1 - 1 / s) ** n_expected)
+        rec: dict = {
+            "chi2_bound": s1.CHI2_AT_1E5[s],
+            "the_tests_key": mine,
+            "size": {
+                "chi2": CHI2_LEVEL,
+                "share_outside_5_sd": share_tail,
+                "a_symbol_never_drawn_at_most": missing_symbol,
+                "total_at_most": CHI2_LEVEL + share_tail + missing_symbol,
+            },
+            "power": {
+                "draws": n_expected,
+                "ratio_detected_half": symbol_power(n_expected, s, 0.5),
+                "ratio_detected_99": symbol_power(n_expected, s, 0.99),
+            },
+        }
+        for label, module in modules.items():
+            keys = jax.random.split(jax.random.key(SWEEP_SEED + 100 + s), args.keys)
+            rows = [symbol_figures(module.corrupt(k, tokens_j, 1.0, s), tokens, s) for k in keys]
+            chi2 = np.asarray([r["chi2"] for r in rows])
+            pvalues = stats.chi2.sf(chi2, s - 1)
+            rec[label] = {
+                "keys_failed": int(sum(not r["passed"] for r in rows)),
+                "chi2_quantiles": {
+                    q: float(np.quantile(chi2, float(q))) for q in ("0.5", "0.9", "0.99")
+                },
+                "chi2_max": float(chi2.max()),
+                "ks_pvalues_uniform": float(stats.kstest(pvalues, "uniform").pvalue),
+                "changed_min_max": [min(r["n"] for r in rows), max(r["n"] for r in rows)],
+            }
+        out[f"num_symbols {s}"] = rec
+    return out
+
+
+PARTS = {"split": part_split, "random_symbols": part_random_symbols}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", type=int, default=1024)
     parser.add_argument("--out", type=Path, default=ROOT / "evidence" / "size_sweep.json")
+    parser.add_argument("--part", choices=sorted(PARTS), action="append")
     args = parser.parse_args()
     record = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
     record.setdefault("parts", {})
-    start = time.perf_counter()
-    result = part_split(args)
-    result["wall_s"] = round(time.perf_counter() - start, 1)
-    result["command"] = f"python tests/size_sweep.py --keys {args.keys}"
-    result["written_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    result["jax"] = jax.__version__
-    result["machine"] = f"{platform.machine()}, {jax.default_backend()}"
-    record["parts"]["split"] = result
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print(f"split: {result['wall_s']} s")
+    for name in args.part or sorted(PARTS):
+        start = time.perf_counter()
+        result = PARTS[name](args)
+        result["wall_s"] = round(time.perf_counter() - start, 1)
+        result["command"] = f"python tests/size_sweep.py --keys {args.keys} --part {name}"
+        result["written_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        result["jax"] = jax.__version__
+        result["machine"] = f"{platform.machine()}, {jax.default_backend()}"
+        record["parts"][name] = result
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        print(f"{name}: {result['wall_s']} s")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,11 @@ a time.
 """
 
 import copy
+import hashlib
+import importlib.util
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -221,6 +225,61 @@ def test_metrics_refuse_empty_out_of_range_and_unlabelled_classes(evidence):
         all(o["raised"] and o["is_value_error"] and o["names"] for o in observed.values()),
     ), observed
     assert "[7]" in observed["no label of class 7"]["message"]
+
+
+def _source_digest_of(folder: Path) -> str:
+    """`source_sha256` as the package at ``folder`` computes it: its `evaluation.py`
+    loaded from there, so that the digest reads that folder's modules."""
+    spec = importlib.util.spec_from_file_location("evaluation_of_a_copy", folder / "evaluation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.source_sha256()
+
+
+@pytest.mark.claims("report-binds-model-data-code-runtime")
+def test_source_digest_names_every_module_and_its_bytes(tmp_path, evidence):
+    """The report's source sha256 covers each module's name and bytes, in name order.
+
+    Against sha256 computed here from that definition over the package's files; then, in
+    copies of the package: the same files give the same digest, and a module renamed
+    (keeping its place in name order) or a line moved from one module to the next, which
+    leave the bytes in order unchanged, each give another one.
+    """
+    package = Path(evaluation.__file__).parent
+    modules = sorted(package.glob("*.py"))
+    expected = hashlib.sha256(
+        b"".join(p.name.encode() + b"\n" + p.read_bytes() for p in modules)
+    ).hexdigest()
+
+    def copy(name: str) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(package, folder, ignore=shutil.ignore_patterns("__pycache__"))
+        return folder
+
+    same = _source_digest_of(copy("same"))
+    renamed = copy("renamed")
+    last = modules[-1].name
+    (renamed / last).rename(renamed / f"{last[:-3]}_renamed.py")
+    moved = copy("moved")
+    # The first module of more than one line, and the module after it.
+    i = next(i for i, p in enumerate(modules) if p.read_bytes().strip().count(b"\n"))
+    first, second = moved / modules[i].name, moved / modules[i + 1].name
+    head, _, tail = first.read_bytes().rstrip(b"\n").rpartition(b"\n")
+    first.write_bytes(head + b"\n")
+    second.write_bytes(tail + b"\n" + second.read_bytes())
+    digests = {
+        "package": evaluation.source_sha256(),
+        "copy": same,
+        "module renamed": _source_digest_of(renamed),
+        "line moved between modules": _source_digest_of(moved),
+    }
+    assert evidence.record(
+        "source sha256 over module names and bytes",
+        f"{len(modules)} modules; {last} renamed; a line of {modules[i].name} moved",
+        digests | {"expected": expected},
+        None,
+        digests["package"] == digests["copy"] == expected and len(set(digests.values())) == 3,
+    )
 
 
 @pytest.mark.claims("report-binds-model-data-code-runtime")

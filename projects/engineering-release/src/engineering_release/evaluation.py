@@ -121,7 +121,9 @@ def _check_report_fields(report: object) -> None:
 
 
 def source_sha256() -> str:
-    """sha256 over the package's own `.py` files (name and bytes), in name order."""
+    """sha256 over the package's own `.py` files (name and bytes), in name order: each
+    file as its name, a newline and its bytes, so that a rename or text moved from
+    one module to another gives another digest."""
     h = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):
         h.update(path.name.encode() + b"\n" + path.read_bytes())

@@ -176,7 +176,9 @@ def test_only_the_adapters_train(config, sft_run, runs, evidence, rank):
     """Training leaves the base bitwise unchanged and keeps optimizer state for the adapters only.
 
     Adapters move; the optimizer holds exactly two arrays per adapter (AdamW's moments);
-    the trainable count equals rank * 2 * d_model per adapted layer. Ranks 1, 4 and 16.
+    the trainable count equals rank * 2 * d_model per adapted layer; the adapted layers
+    are the query and value projections of every block (Hu et al. 2021, as the README
+    states), read from the model. Ranks 1, 4 and 16.
     """
     _, base, _, _ = sft_run
     adapted, trained, history = runs[rank]
@@ -197,10 +199,21 @@ def test_only_the_adapters_train(config, sft_run, runs, evidence, rank):
     )
     opt_shapes = sorted(x.shape for x in jax.tree.leaves(history["opt_state"]) if x.ndim)
     adapter_shapes = sorted(x.shape for x in jax.tree.leaves(adapters))
+    # Which layers carry adapters, read from the trained model, not from lora.TARGETS.
+    adapted_layers = [
+        sorted(
+            name
+            for owner in (block.attn, block)
+            for name, layer in vars(owner).items()
+            if isinstance(layer, lora.LoRALinear)
+        )
+        for block in trained.blocks
+    ]
     # q and v of every block: (d_model, d_model) each.
-    expected_count = rank * 2 * config.d_model * len(lora.TARGETS) * config.num_layers
+    expected_count = rank * 2 * config.d_model * 2 * config.num_layers
     passed = (
-        unchanged
+        adapted_layers == [["q", "v"]] * config.num_layers
+        and unchanged
         and moved
         and opt_shapes == sorted(adapter_shapes * 2)
         and lora.count(adapters) == expected_count
@@ -211,6 +224,7 @@ def test_only_the_adapters_train(config, sft_run, runs, evidence, rank):
         {
             "base_unchanged": unchanged,
             "adapters_moved": moved,
+            "adapted_layers": adapted_layers,
             "trainable": lora.count(adapters),
             "expected_trainable": expected_count,
             "optimizer_arrays": len(opt_shapes),

@@ -357,18 +357,7 @@ def part_random_symbols(args) -> dict:
             raise SystemExit(f"s={s}: the sweep's chi-square differs from the test's")
         p = 0.1 * (s - 1) / s
         n_expected = round(tokens.size * p)
-        share_tail = float(
-            stats.binom.cdf(
-                np.ceil(tokens.size * p - LIMIT * np.sqrt(tokens.size * p * (1 - p))) - 1,
-                tokens.size,
-                p,
-            )
-            + stats.binom.sf(
-                np.floor(tokens.size * p + LIMIT * np.sqrt(tokens.size * p * (1 - p))),
-                tokens.size,
-                p,
-            )
-        )
+        share_tail = binomial_fail(tokens.size, p)
         missing_symbol = float(s * (1 - 1 / s) ** n_expected)
         rec: dict = {
             "chi2_bound": s1.CHI2_AT_1E5[s],

@@ -19,6 +19,7 @@ diagnose. The kinds:
   requested, while Orbax is still writing it.
 """
 
+import mmap
 import os
 import signal
 import sys
@@ -96,7 +97,7 @@ class Injector:
         self.observer = observer
         self.emit = emit or (lambda record: None)
         self.extra_delay_s = 0.0
-        self._hoard: list[np.ndarray] = []
+        self._hoard: list[mmap.mmap] = []
 
     def _announce(self) -> None:
         self.emit(
@@ -121,7 +122,7 @@ class Injector:
             # Just past the limit (the group's other members count too), every page
             # touched so that the memory is resident, not just reserved.
             size_mb = max(self.config.memory_limit_mb - resident_mb(), 0.0) + 32.0
-            self._hoard.append(np.ones(int(size_mb * 2**20), np.uint8))
+            self._hoard.append(resident_block(int(size_mb * 2**20)))
         if kind == "exception":
             raise RuntimeError(f"Injected fault at step {step}: the training step failed.")
         if kind == "kill":
@@ -144,6 +145,22 @@ class Injector:
     def delay(self) -> None:
         if self.extra_delay_s:
             time.sleep(self.extra_delay_s)
+
+
+def resident_block(size: int) -> mmap.mmap:
+    """`size` bytes of anonymous memory, every page resident when this returns.
+
+    Not a NumPy array: NumPy advises the kernel to back a large array with huge
+    pages, and where the kernel then compacts memory to find them (transparent
+    huge pages with `defrag` = `madvise`, a common default), touching a few hundred
+    MB can take seconds, longer than `stall_timeout_s` on a loaded machine, so the
+    job would read as stalled before its memory passed the limit. A plain mapping,
+    populated by the kernel in one call where Linux offers `MAP_POPULATE`, takes
+    about 0.3 s per GB."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    block = mmap.mmap(-1, size, flags=flags)
+    np.frombuffer(block, np.uint8)[:: mmap.PAGESIZE] = 1  # One write per page: resident.
+    return block
 
 
 def resident_mb() -> float:

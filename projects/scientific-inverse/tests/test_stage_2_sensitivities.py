@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scientific_inverse import sensitivity as S
@@ -75,6 +75,11 @@ def _autodiff_jacobians(system, y, theta):
         )
 
 
+# Every entry of both Jacobians depends on the state and on every parameter: the
+# drawn examples may sit at m = 1 or at rest, where a power of m or a product with
+# the state drops out, so one point of each system away from both always runs.
+@example(name="oscillator", y=(0.7, -1.3), p=(2.5, 0.4, 3.0))
+@example(name="pendulum", y=(0.9, -0.6), p=(1.7, 0.3, 1.0))
 @settings(max_examples=25, derandomize=True, deadline=None, database=None)
 @given(
     name=st.sampled_from(["oscillator", "pendulum"]),

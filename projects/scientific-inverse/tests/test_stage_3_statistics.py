@@ -271,6 +271,8 @@ def test_fisher_against_finite_differences(free, load):
         ({"y0": np.array([1.0])}, r"`y0` shape \(2,\)"),
         ({"ts": np.array([0.1, np.nan])}, r"`ts` must be a non-empty, finite"),
         ({"ts": np.zeros((2, 2))}, r"`ts` must be a non-empty, finite"),
+        ({"ts": np.array([])}, r"`ts` must be a non-empty, finite"),
+        ({"ts": np.array(0.5)}, r"`ts` must be a non-empty, finite"),
     ],
 )
 def test_fisher_refuses_unusable_inputs(change, match):
@@ -286,6 +288,19 @@ def test_fisher_refuses_unusable_inputs(change, match):
     free = args.pop("free")
     with pytest.raises(ParameterError, match=match):
         identifiability.fisher(**args, free=free)
+
+
+@pytest.mark.claims("identifiability-studied")
+def test_fisher_of_a_single_observation_is_its_rank_one_outer_product():
+    """One observation time is a design: fisher returns J^T J / sigma^2 of rank one (1e-6).
+
+    The boundary of the non-empty rule: `ts` of shape (1,) is accepted, and equals the
+    finite-difference reference, whose determinant is zero to round-off."""
+    theta, y0, ts = np.array([1.0, 0.3, 4.0]), np.array([1.0, 0.0]), np.array([0.7])
+    got = identifiability.fisher(theta, ts, y0, 0.2, free=("c", "k"))
+    want = _fd_fisher(theta, ts, y0, 0.2, ("c", "k"))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert abs(np.linalg.det(got)) <= 1e-9 * np.trace(got) ** 2
 
 
 def test_fisher_takes_free_by_keyword_only():
